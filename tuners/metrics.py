@@ -1,0 +1,168 @@
+"""The tuner's Prometheus metrics: a custom Collector over a small, thread-safe state.
+
+The agent registers one `TunerMetrics` into its own registry (`registry.register(metrics)`); the
+controller, guardrails and drift detector update it. Nothing registers into the global registry.
+Families (documented in docs/metrics.md, section "Tuner (tuners)"):
+
+- tierpilot_tuner_trials_total{state}        counter: finished trials by outcome
+- tierpilot_actuations_total{result}         counter: applies/rollbacks by result
+- tierpilot_tuner_guardrail_blocks_total{reason} counter: changes held back by a guardrail
+- tierpilot_drift_events_total{signal}       counter: change points detected
+- tierpilot_config_info{<knob>...}           gauge 1: the configuration the target runs now
+- tierpilot_tuner_last_good_info{<knob>...}  gauge 1: the last configuration marked good
+- tierpilot_tuner_best_objective_seconds     gauge: best objective value of the current phase
+- tierpilot_tuner_phase                      gauge: tuning phase number (bumps on drift)
+- tierpilot_tuner_trial_in_flight            gauge: 1 while a live trial is applied and measured
+- tierpilot_tuner_dry_run                    gauge: 1 in dry-run mode
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from simulator.knobs import Knobs
+from tuners.base import TRIAL_STATES
+
+ACTUATION_RESULTS: tuple[str, ...] = (
+    "applied", "unchanged", "dry_run", "rolled_back", "reapplied",
+    "retriable_error", "permanent_error", "rollout_timeout", "rejected",
+)
+GUARDRAIL_REASONS: tuple[str, ...] = ("in_flight", "cooldown", "hourly_cap", "invalid")
+KNOB_LABELS: tuple[str, ...] = tuple(Knobs().to_dict())
+
+
+def knob_labels(knobs: Knobs) -> dict[str, str]:
+    return {k: (f"{v:g}" if isinstance(v, float) else str(v)) for k, v in knobs.to_dict().items()}
+
+
+class TunerMetrics(Collector):
+    """Counters and gauges of the tuner, exposed through `collect()`."""
+
+    def __init__(self, *, target: str = "default") -> None:
+        self.target = target
+        self._lock = threading.Lock()
+        self._trials: Counter[str] = Counter({s: 0 for s in TRIAL_STATES})
+        self._actuations: Counter[str] = Counter({r: 0 for r in ACTUATION_RESULTS})
+        self._blocks: Counter[str] = Counter({r: 0 for r in GUARDRAIL_REASONS})
+        self._drift: Counter[str] = Counter()
+        self._config: Knobs | None = None
+        self._last_good: Knobs | None = None
+        self._best: float | None = None
+        self._phase = 0
+        self._in_flight = False
+        self._dry_run = False
+
+    # -- updates -----------------------------------------------------------------------------
+    def trial_finished(self, state: str) -> None:
+        if state not in TRIAL_STATES:
+            raise ValueError(f"trial state {state!r}; valid: {', '.join(TRIAL_STATES)}")
+        with self._lock:
+            self._trials[state] += 1
+
+    def actuation(self, result: str) -> None:
+        if result not in ACTUATION_RESULTS:
+            raise ValueError(f"actuation result {result!r}; valid: {', '.join(ACTUATION_RESULTS)}")
+        with self._lock:
+            self._actuations[result] += 1
+
+    def guardrail_block(self, reason: str) -> None:
+        if reason not in GUARDRAIL_REASONS:
+            raise ValueError(f"guardrail reason {reason!r}; valid: {', '.join(GUARDRAIL_REASONS)}")
+        with self._lock:
+            self._blocks[reason] += 1
+
+    def drift_event(self, signal: str) -> None:
+        with self._lock:
+            self._drift[signal] += 1
+
+    def set_config(self, knobs: Knobs) -> None:
+        with self._lock:
+            self._config = knobs
+
+    def set_last_good(self, knobs: Knobs) -> None:
+        with self._lock:
+            self._last_good = knobs
+
+    def set_best(self, value: float | None) -> None:
+        with self._lock:
+            self._best = value
+
+    def set_phase(self, phase: int) -> None:
+        with self._lock:
+            self._phase = phase
+
+    def set_in_flight(self, in_flight: bool) -> None:
+        with self._lock:
+            self._in_flight = in_flight
+
+    def set_dry_run(self, dry_run: bool) -> None:
+        with self._lock:
+            self._dry_run = dry_run
+
+    # -- reads (tests, CLI) ------------------------------------------------------------------
+    def trials(self, state: str) -> int:
+        with self._lock:
+            return self._trials[state]
+
+    def actuations(self, result: str) -> int:
+        with self._lock:
+            return self._actuations[result]
+
+    # -- Collector ---------------------------------------------------------------------------
+    def describe(self) -> Iterable[Metric]:
+        return []  # families depend on state; an empty describe() keeps registration lazy
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            trials, acts, blocks = dict(self._trials), dict(self._actuations), dict(self._blocks)
+            drift, config, last_good = dict(self._drift), self._config, self._last_good
+            best, phase, in_flight, dry_run = self._best, self._phase, self._in_flight, self._dry_run
+        t = self.target
+        fam = CounterMetricFamily("tierpilot_tuner_trials", "Finished tuning trials by outcome.",
+                                  labels=["target", "state"])
+        for state, n in sorted(trials.items()):
+            fam.add_metric([t, state], n)
+        yield fam
+        fam = CounterMetricFamily("tierpilot_actuations", "Configuration applies and rollbacks by result.",
+                                  labels=["target", "result"])
+        for result, n in sorted(acts.items()):
+            fam.add_metric([t, result], n)
+        yield fam
+        fam = CounterMetricFamily("tierpilot_tuner_guardrail_blocks",
+                                  "Changes held back by a guardrail, by reason.", labels=["target", "reason"])
+        for reason, n in sorted(blocks.items()):
+            fam.add_metric([t, reason], n)
+        yield fam
+        fam = CounterMetricFamily("tierpilot_drift_events", "Workload change points detected, by signal.",
+                                  labels=["target", "signal"])
+        for signal, n in sorted(drift.items()):
+            fam.add_metric([t, signal], n)
+        yield fam
+        for name, doc, knobs in (
+            ("tierpilot_config_info", "The cache-tier configuration the target runs now (labels).", config),
+            ("tierpilot_tuner_last_good_info", "The last configuration marked good (labels).", last_good),
+        ):
+            if knobs is not None:
+                labels = {"target": t, **knob_labels(knobs)}
+                g = GaugeMetricFamily(name, doc, labels=list(labels))
+                g.add_metric(list(labels.values()), 1.0)
+                yield g
+        if best is not None:
+            g = GaugeMetricFamily("tierpilot_tuner_best_objective_seconds",
+                                  "Best objective value (TTFT quantile, s) in the current phase.", labels=["target"])
+            g.add_metric([t], best)
+            yield g
+        for name, doc, value in (
+            ("tierpilot_tuner_phase", "Tuning phase number; a new phase starts on drift.", phase),
+            ("tierpilot_tuner_trial_in_flight", "1 while a live trial is applied and being measured.",
+             int(in_flight)),
+            ("tierpilot_tuner_dry_run", "1 when the tuner proposes changes without applying them.",
+             int(dry_run)),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["target"])
+            g.add_metric([t], float(value))
+            yield g

@@ -1,0 +1,215 @@
+"""The optuna implementation of `Tuner`: ask/tell over persistent storage.
+
+- Samplers: `tpe` (multivariate TPE), `random`, `grid` (the space's grid); all seedable.
+- Storage: any optuna RDB URL. SQLite by default (`sqlite:///tierpilot.db`); PostgreSQL
+  (`postgresql+psycopg2://user@host:port/db`) lets several agents share studies. `None` keeps the
+  study in memory (tests, throw-away twin runs).
+- Constraints: the space's memory constraints are recorded with `Trial.set_constraint` at ask
+  time. (Optuna 5 deprecated the sampler argument `constraints_func` in favour of
+  `set_constraint`; both write the same trial attribute, which TPE's constrained mode and
+  `best_trial`/`best_trials` read.)
+- Crash safety: each trial carries its `owner`; `resume()` fails this owner's trials still
+  RUNNING (in flight when the previous process died). Finished trials are already in storage.
+- The last good configuration lives in the study's user attributes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
+from optuna.trial import FrozenTrial, TrialState
+
+from simulator.knobs import Knobs
+from tuners.base import Candidate, TrialRecord
+from tuners.objective import Evaluation, ObjectiveSpec
+from tuners.space import CandidateError, SearchSpace
+
+log = logging.getLogger("tierpilot.tuner")
+
+SAMPLERS: tuple[str, ...] = ("tpe", "random", "grid")
+DEFAULT_STORAGE = "sqlite:///tierpilot.db"
+LAST_GOOD_ATTR = "last_good"
+
+
+class _AskTellGridSampler(GridSampler):
+    """GridSampler without its `study.stop()` call, which only works inside `optimize()`."""
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        return None
+
+
+def make_sampler(name: str, space: SearchSpace, *, seed: int | None = None,
+                 n_startup_trials: int = 10) -> BaseSampler:
+    """A seeded optuna sampler by name (tpe | random | grid)."""
+    if name == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return TPESampler(seed=seed, multivariate=True, n_startup_trials=n_startup_trials)
+    if name == "random":
+        return RandomSampler(seed=seed)
+    if name == "grid":
+        return _AskTellGridSampler({k: list(v) for k, v in space.grid().items()}, seed=seed)
+    raise ValueError(f"sampler: invalid value {name!r}; valid choices: {', '.join(SAMPLERS)}")
+
+
+def open_storage(url: str | None) -> optuna.storages.BaseStorage:
+    """An optuna storage for `url` (None -> in memory). Errors name the URL."""
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # sqlalchemy raises many types; the message matters
+        raise ValueError(f"cannot open optuna storage {url!r}: {exc}") from exc
+
+
+class OptunaTuner:
+    """A `Tuner` over one optuna study."""
+
+    def __init__(self, space: SearchSpace, objective: ObjectiveSpec | None = None, *,
+                 storage: str | optuna.storages.BaseStorage | None = DEFAULT_STORAGE,
+                 study_name: str = "tierpilot", sampler: str = "tpe", seed: int | None = None,
+                 owner: str = "tierpilot", n_startup_trials: int = 10) -> None:
+        self.space = space
+        objective = objective or ObjectiveSpec()
+        self.objective = objective
+        self.owner = owner
+        self.sampler_name = sampler
+        store = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+        self.study = optuna.create_study(
+            storage=store, study_name=study_name, load_if_exists=True,
+            sampler=make_sampler(sampler, space, seed=seed, n_startup_trials=n_startup_trials),
+            directions=list(objective.directions))
+        existing = tuple(d.name.lower() for d in self.study.directions)
+        if existing != objective.directions:
+            raise ValueError(f"study {study_name!r} exists with directions {existing}, "
+                             f"but this objective needs {objective.directions}; use another --study")
+        self.study.set_user_attr("objective", {"metric": objective.metric, "names": list(objective.names)})
+        self._distributions = space.distributions()
+        self._open: dict[int, optuna.Trial] = {}
+
+    @property
+    def study_name(self) -> str:
+        return self.study.study_name
+
+    # -- ask/tell ----------------------------------------------------------------------------
+    def ask(self) -> Candidate:
+        trial = self.study.ask(self._distributions)
+        try:
+            knobs = self.space.to_knobs(trial.params)
+        except CandidateError as exc:  # an enqueued point outside the space
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise CandidateError(f"trial {trial.number}: {exc}") from None
+        for key, value in self.space.constraints(knobs).items():
+            trial.set_constraint(key, value)
+        trial.set_user_attr("owner", self.owner)
+        trial.set_user_attr("knobs", knobs.to_dict())
+        source = trial.user_attrs.get("source", "sampler")
+        self._open[trial.number] = trial
+        return Candidate(trial.number, knobs, dict(trial.params), source)
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation, *, rolled_back: bool = False) -> TrialRecord:
+        values = self.objective.values(evaluation)
+        self._set_attrs(candidate.number, {**evaluation.attrs(),
+                                           "outcome": "rolled_back" if rolled_back else "complete"})
+        frozen = self.study.tell(candidate.number, list(values))
+        self._open.pop(candidate.number, None)
+        return self._record(frozen)
+
+    def fail(self, candidate: Candidate, reason: str, *, state: str = "failed") -> TrialRecord:
+        self._set_attrs(candidate.number, {"outcome": state, "failure": reason})
+        frozen = self.study.tell(candidate.number, state=TrialState.FAIL)
+        self._open.pop(candidate.number, None)
+        return self._record(frozen)
+
+    def enqueue(self, knobs: Knobs, *, source: str) -> None:
+        params = self.space.to_params(knobs)
+        for dim in self.space.dimensions:
+            if not dim.contains(params[dim.name]):
+                raise CandidateError(f"cannot enqueue {source} candidate: {dim.name}={params[dim.name]!r} "
+                                     f"is not {dim.describe()}")
+        self.study.enqueue_trial(params, user_attrs={"source": source}, skip_if_exists=True)
+
+    def exhausted(self) -> bool:
+        """True when a grid sampler has visited every grid point."""
+        sampler = self.study.sampler
+        return isinstance(sampler, GridSampler) and sampler.is_exhausted(self.study)
+
+    # -- crash safety, last good -------------------------------------------------------------
+    def resume(self) -> list[int]:
+        """Fail this owner's trials left RUNNING by a crash. Returns their numbers."""
+        orphans = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.user_attrs.get("owner", self.owner) == self.owner]
+        for t in orphans:
+            self._set_attrs(t.number, {"outcome": "failed", "failure": "in flight when the agent restarted"})
+            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            log.warning(json.dumps({"event": "trial_orphaned", "study": self.study_name, "trial": t.number}))
+        return [t.number for t in orphans]
+
+    def set_last_good(self, knobs: Knobs, *, trial: int | None = None, value: float | None = None) -> None:
+        self.study.set_user_attr(LAST_GOOD_ATTR, {"knobs": knobs.to_dict(), "trial": trial, "value": value})
+
+    def last_good(self) -> Knobs | None:
+        data = self.study.user_attrs.get(LAST_GOOD_ATTR)
+        if not data:
+            return None
+        return Knobs.from_mapping(data["knobs"], source=f"study {self.study_name} last_good")
+
+    def last_good_value(self) -> float | None:
+        data = self.study.user_attrs.get(LAST_GOOD_ATTR) or {}
+        return data.get("value")
+
+    # -- reporting ---------------------------------------------------------------------------
+    def trials(self) -> list[TrialRecord]:
+        return [self._record(t) for t in self.study.get_trials(deepcopy=False)]
+
+    def best(self) -> TrialRecord | None:
+        done = [t for t in self.trials() if t.state in ("complete", "rolled_back") and t.feasible]
+        if not done:
+            return None
+        if self.objective.multi:
+            return min(done, key=lambda t: (t.values or (math.inf,))[0])
+        return min(done, key=lambda t: self.objective.sort_key(dict(t.attrs)) if t.attrs else (t.value,))
+
+    def pareto_front(self) -> list[TrialRecord]:
+        if not self.objective.multi:
+            best = self.best()
+            return [best] if best else []
+        try:
+            front = self.study.best_trials
+        except ValueError:
+            return []
+        return sorted((self._record(t) for t in front), key=lambda r: r.values or ())
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _trial(self, number: int) -> optuna.Trial:
+        """The live handle of an unfinished trial (asked here, or found in storage)."""
+        if number in self._open:
+            return self._open[number]
+        frozen = next((t for t in self.study.get_trials(deepcopy=False) if t.number == number), None)
+        if frozen is None:
+            raise KeyError(f"study {self.study_name!r} has no trial {number}")
+        # optuna has no public "trial handle by number"; FrozenTrial._trial_id is the storage key.
+        return optuna.Trial(self.study, frozen._trial_id)
+
+    def _set_attrs(self, number: int, attrs: dict[str, Any]) -> None:
+        trial = self._trial(number)
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
+    def _record(self, t: FrozenTrial) -> TrialRecord:
+        if t.state == TrialState.RUNNING or t.state == TrialState.WAITING:
+            state = "running"
+        else:
+            state = str(t.user_attrs.get("outcome", "complete" if t.state == TrialState.COMPLETE else "failed"))
+        knobs_dict = t.user_attrs.get("knobs")
+        knobs = Knobs.from_mapping(knobs_dict) if knobs_dict else self.space.to_knobs(t.params)
+        feasible = all(v <= 0.0 for v in t.constraints.values())
+        return TrialRecord(t.number, knobs, state, tuple(t.values) if t.values else None,
+                           dict(t.user_attrs), feasible)

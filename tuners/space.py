@@ -1,0 +1,345 @@
+"""The search space as data, bounded by the deployment, and candidate validation.
+
+A `SearchSpace` is a tuple of dimensions. Each dimension names one optuna parameter and knows
+its optuna distribution and its grid values. Parameters map onto `simulator.knobs.Knobs`
+one-to-one, except the L2 watermarks, which travel as one categorical parameter
+`l2_watermarks` (`"high/low"`) so that every sampled pair is valid by construction.
+
+Bounds come from a `DeploymentLimits`: the node memory headroom caps the CPU buffer, the L2 pool
+has a fixed size (it is not a knob), and the L2 backend decides which eviction policies and
+thresholds exist. A fleet-wide host-memory budget is a *constraint* (see `constraints`), which
+optuna records with `Trial.set_constraint`; `validate` refuses any candidate outside the bounds
+or violating a constraint, so nothing invalid is ever applied.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from simulator.knobs import (
+    CHUNK_TOKEN_CHOICES,
+    CPU_EVICTION_CHOICES,
+    L2_EVICTION_CHOICES,
+    ROUTER_CHOICES,
+    KnobError,
+    Knobs,
+)
+
+WATERMARKS_PARAM = "l2_watermarks"
+
+# L2 backend -> (eviction policies it offers, whether it has high/low watermarks).
+L2_BACKENDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    # Curvine quota eviction: lru|lfu with quota_eviction_high_rate / _low_rate.
+    "curvine": (("lru", "lfu"), True),
+    # LMCache local disk backend: cache_policy LRU|LFU|FIFO, no watermarks.
+    "lmcache": (("lru", "lfu", "fifo"), False),
+    # The digital twin implements every policy in Knobs, with watermarks.
+    "twin": (L2_EVICTION_CHOICES, True),
+}
+DEFAULT_WATERMARKS: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.9, 0.8), (0.8, 0.6))
+
+
+class CandidateError(KnobError):
+    """A candidate configuration outside the deployment's limits. Never applied."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentLimits:
+    """What the deployment allows; the search space is derived from it.
+
+    pods: serving pods in the fleet (memory cost = cpu_gib x pods).
+    node_memory_headroom_gib: host memory free per pod for the LMCache CPU buffer (caps cpu_gib).
+    cpu_budget_gib: optional fleet-wide cap on cpu_gib x pods (a constraint, not a bound).
+    cpu_gib_step: resolution of the CPU buffer dimension.
+    l2_pool_gib: size of the shared L2 pool; fixed, so not a knob.
+    l2_backend: one of L2_BACKENDS; decides eviction choices and whether watermarks exist.
+    watermarks: (high, low) pairs to try when the backend has watermarks.
+    chunk_choices / routers: allowed values (subsets of the Knobs choices).
+    l2_threshold_max / l2_threshold_step: the L2 read threshold range 0..max tokens.
+    """
+
+    pods: int = 4
+    node_memory_headroom_gib: float = 32.0
+    cpu_budget_gib: float | None = None
+    cpu_gib_step: float = 1.0
+    l2_pool_gib: float = 1024.0
+    l2_backend: str = "twin"
+    watermarks: tuple[tuple[float, float], ...] = DEFAULT_WATERMARKS
+    chunk_choices: tuple[int, ...] = CHUNK_TOKEN_CHOICES
+    routers: tuple[str, ...] = ROUTER_CHOICES
+    l2_threshold_max: int = 4096
+    l2_threshold_step: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pods, int) or self.pods < 1:
+            raise CandidateError(f"limits.pods: must be an integer >= 1, got {self.pods!r}")
+        if self.node_memory_headroom_gib < 0:
+            raise CandidateError(
+                f"limits.node_memory_headroom_gib: must be >= 0, got {self.node_memory_headroom_gib!r}")
+        if self.cpu_budget_gib is not None and self.cpu_budget_gib < 0:
+            raise CandidateError(f"limits.cpu_budget_gib: must be >= 0, got {self.cpu_budget_gib!r}")
+        if self.cpu_gib_step <= 0:
+            raise CandidateError(f"limits.cpu_gib_step: must be > 0, got {self.cpu_gib_step!r}")
+        if self.l2_pool_gib <= 0:
+            raise CandidateError(f"limits.l2_pool_gib: must be > 0, got {self.l2_pool_gib!r}")
+        if self.l2_backend not in L2_BACKENDS:
+            raise CandidateError(
+                f"limits.l2_backend: invalid value {self.l2_backend!r}; valid choices: "
+                f"{', '.join(L2_BACKENDS)}")
+        _check_subset("limits.chunk_choices", self.chunk_choices, CHUNK_TOKEN_CHOICES)
+        _check_subset("limits.routers", self.routers, ROUTER_CHOICES)
+        for high, low in self.watermarks:
+            if not (0.0 < low <= high <= 1.0):
+                raise CandidateError(
+                    f"limits.watermarks: pair ({high}, {low}) must satisfy 0 < low <= high <= 1")
+        if not self.watermarks:
+            raise CandidateError("limits.watermarks: need at least one (high, low) pair")
+        if not 0 <= self.l2_threshold_max or self.l2_threshold_step <= 0:
+            raise CandidateError("limits.l2_threshold_max must be >= 0 and l2_threshold_step > 0")
+
+    @property
+    def cpu_gib_max(self) -> float:
+        """The largest CPU buffer the grid reaches: headroom rounded down to the step."""
+        return math.floor(self.node_memory_headroom_gib / self.cpu_gib_step + 1e-9) * self.cpu_gib_step
+
+    @property
+    def l2_evictions(self) -> tuple[str, ...]:
+        return L2_BACKENDS[self.l2_backend][0]
+
+    @property
+    def has_watermarks(self) -> bool:
+        return L2_BACKENDS[self.l2_backend][1]
+
+
+# -- dimensions ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A categorical dimension."""
+
+    name: str
+    values: tuple[Any, ...]
+
+    def distribution(self) -> BaseDistribution:
+        return CategoricalDistribution(self.values)
+
+    def grid(self) -> tuple[Any, ...]:
+        return self.values
+
+    def contains(self, value: Any) -> bool:
+        return value in self.values
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(map(str, self.values))
+
+
+@dataclasses.dataclass(frozen=True)
+class IntRange:
+    """An integer dimension low..high (inclusive) in steps."""
+
+    name: str
+    low: int
+    high: int
+    step: int = 1
+
+    def distribution(self) -> BaseDistribution:
+        return IntDistribution(self.low, self.high, step=self.step)
+
+    def grid(self) -> tuple[int, ...]:
+        return tuple(range(self.low, self.high + 1, self.step))
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, int) and self.low <= value <= self.high
+
+    def describe(self) -> str:
+        return f"an integer in {self.low}..{self.high}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatRange:
+    """A float dimension low..high (inclusive) in steps."""
+
+    name: str
+    low: float
+    high: float
+    step: float
+
+    def distribution(self) -> BaseDistribution:
+        return FloatDistribution(self.low, self.high, step=self.step)
+
+    def grid(self) -> tuple[float, ...]:
+        n = int((self.high - self.low) / self.step + 0.5)
+        return tuple(round(self.low + i * self.step, 6) for i in range(n + 1))
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) and self.low - 1e-9 <= value <= self.high + 1e-9
+
+    def describe(self) -> str:
+        return f"a number in {self.low}..{self.high}"
+
+
+Dimension = Choice | IntRange | FloatRange
+
+
+def watermark_label(high: float, low: float) -> str:
+    return f"{high:g}/{low:g}"
+
+
+def parse_watermark_label(label: str) -> tuple[float, float]:
+    try:
+        high, low = (float(x) for x in str(label).split("/"))
+    except ValueError:
+        raise CandidateError(f"{WATERMARKS_PARAM}: expected 'high/low', got {label!r}") from None
+    return high, low
+
+
+# -- the space -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """Dimensions plus the limits they came from. Knobs not covered by a dimension are fixed."""
+
+    dimensions: tuple[Dimension, ...]
+    limits: DeploymentLimits = dataclasses.field(default_factory=lambda: DeploymentLimits())
+    fixed: Knobs = dataclasses.field(default_factory=Knobs)
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.dimensions]
+        valid = {f.name for f in dataclasses.fields(Knobs)} - {"l2_high_watermark", "l2_low_watermark"}
+        valid.add(WATERMARKS_PARAM)
+        for name in names:
+            if name not in valid:
+                raise CandidateError(
+                    f"search space: unknown dimension {name!r}; valid: {', '.join(sorted(valid))}")
+        if len(set(names)) != len(names):
+            raise CandidateError(f"search space: duplicate dimensions in {names}")
+
+    @classmethod
+    def from_limits(cls, limits: DeploymentLimits | None = None, *,
+                    tune_cpu_eviction: bool = False) -> SearchSpace:
+        """The standard space of DESIGN.md "Search space", bounded by `limits`."""
+        limits = limits or DeploymentLimits()
+        dims: list[Dimension] = [
+            Choice("chunk_tokens", tuple(limits.chunk_choices)),
+            FloatRange("cpu_gib", 0.0, limits.cpu_gib_max, limits.cpu_gib_step),
+            Choice("l2_eviction", limits.l2_evictions),
+        ]
+        if limits.has_watermarks and len(limits.watermarks) > 1:
+            dims.append(Choice(WATERMARKS_PARAM, tuple(watermark_label(h, lo) for h, lo in limits.watermarks)))
+        dims.append(Choice("router", tuple(limits.routers)))
+        dims.append(IntRange("l2_min_prompt_tokens", 0, limits.l2_threshold_max, limits.l2_threshold_step))
+        if tune_cpu_eviction:
+            dims.append(Choice("cpu_eviction", CPU_EVICTION_CHOICES))
+        fixed = Knobs()
+        if limits.has_watermarks and len(limits.watermarks) == 1:
+            high, low = limits.watermarks[0]
+            fixed = fixed.replace(l2_high_watermark=high, l2_low_watermark=low)
+        return cls(tuple(dims), limits, fixed)
+
+    # -- optuna views ------------------------------------------------------------------------
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {d.name: d.distribution() for d in self.dimensions}
+
+    def grid(self) -> dict[str, tuple[Any, ...]]:
+        """Every dimension's grid values (the input of optuna's GridSampler)."""
+        return {d.name: d.grid() for d in self.dimensions}
+
+    def grid_size(self) -> int:
+        return math.prod(len(v) for v in self.grid().values())
+
+    def iter_grid(self) -> Iterator[Knobs]:
+        """Every grid point as Knobs (in a fixed order)."""
+        import itertools
+
+        names = [d.name for d in self.dimensions]
+        for combo in itertools.product(*(d.grid() for d in self.dimensions)):
+            yield self.to_knobs(dict(zip(names, combo)))
+
+    # -- conversions -------------------------------------------------------------------------
+    def to_knobs(self, params: Mapping[str, Any]) -> Knobs:
+        """Parameters (as optuna reports them) -> Knobs. Missing parameters keep `fixed`."""
+        values = dict(params)
+        if WATERMARKS_PARAM in values:
+            high, low = parse_watermark_label(values.pop(WATERMARKS_PARAM))
+            values["l2_high_watermark"], values["l2_low_watermark"] = high, low
+        if "cpu_gib" in values:
+            values["cpu_gib"] = float(values["cpu_gib"])
+        base = self.fixed.to_dict()
+        base.update(values)
+        return Knobs.from_mapping(base, source="candidate")
+
+    def to_params(self, knobs: Knobs) -> dict[str, Any]:
+        """Knobs -> parameters for `study.enqueue_trial` (only the tuned dimensions)."""
+        out: dict[str, Any] = {}
+        for d in self.dimensions:
+            if d.name == WATERMARKS_PARAM:
+                out[d.name] = watermark_label(knobs.l2_high_watermark, knobs.l2_low_watermark)
+            else:
+                out[d.name] = getattr(knobs, d.name)
+        return out
+
+    # -- validation --------------------------------------------------------------------------
+    def violations(self, knobs: Knobs) -> list[str]:
+        """Every way `knobs` breaks the bounds or limits, as readable messages (empty = valid)."""
+        problems: list[str] = []
+        lim = self.limits
+        if knobs.chunk_tokens not in lim.chunk_choices:
+            problems.append(f"chunk_tokens={knobs.chunk_tokens} not allowed; valid: "
+                            f"{', '.join(map(str, lim.chunk_choices))}")
+        if knobs.cpu_gib > lim.node_memory_headroom_gib + 1e-9:
+            problems.append(f"cpu_gib={knobs.cpu_gib:g} exceeds the node memory headroom "
+                            f"({lim.node_memory_headroom_gib:g} GiB)")
+        if knobs.l2_eviction not in lim.l2_evictions:
+            problems.append(f"l2_eviction={knobs.l2_eviction!r} not offered by the {lim.l2_backend} backend; "
+                            f"valid: {', '.join(lim.l2_evictions)}")
+        pair = (knobs.l2_high_watermark, knobs.l2_low_watermark)
+        if lim.has_watermarks:
+            if pair not in lim.watermarks and pair != (1.0, 1.0):
+                valid = ", ".join(watermark_label(h, lo) for h, lo in lim.watermarks)
+                problems.append(f"l2 watermarks {watermark_label(*pair)} not allowed; valid: {valid}")
+        elif pair != (1.0, 1.0):
+            problems.append(f"the {lim.l2_backend} L2 backend has no watermarks; "
+                            f"l2_high/low_watermark must stay 1/1, got {watermark_label(*pair)}")
+        if knobs.router not in lim.routers:
+            problems.append(f"router={knobs.router!r} not allowed; valid: {', '.join(lim.routers)}")
+        if not 0 <= knobs.l2_min_prompt_tokens <= lim.l2_threshold_max:
+            problems.append(f"l2_min_prompt_tokens={knobs.l2_min_prompt_tokens} outside "
+                            f"0..{lim.l2_threshold_max}")
+        for name, value in self.constraints(knobs).items():
+            if value > 0:
+                problems.append(f"constraint {name} violated by {value:g}")
+        return problems
+
+    def validate(self, knobs: Knobs) -> Knobs:
+        """Return `knobs` if it may be applied; otherwise raise CandidateError listing every problem."""
+        problems = self.violations(knobs)
+        if problems:
+            raise CandidateError("invalid candidate: " + "; ".join(problems))
+        return knobs
+
+    def constraints(self, knobs: Knobs) -> dict[str, float]:
+        """Constraint values (<= 0 is feasible), as optuna's `set_constraint` takes them."""
+        lim = self.limits
+        out = {"node_memory_gib": knobs.cpu_gib - lim.node_memory_headroom_gib}
+        if lim.cpu_budget_gib is not None:
+            out["fleet_cpu_budget_gib"] = memory_cost_gib(knobs, lim) - lim.cpu_budget_gib
+        return out
+
+
+def memory_cost_gib(knobs: Knobs, limits: DeploymentLimits) -> float:
+    """Host memory the configuration pins across the fleet: the CPU buffer on every pod."""
+    return knobs.cpu_gib * limits.pods
+
+
+def _check_subset(key: str, values: tuple[Any, ...], allowed: tuple[Any, ...]) -> None:
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise CandidateError(f"{key}: invalid value(s) {bad or '(empty)'}; valid choices: "
+                             f"{', '.join(map(str, allowed))}")

@@ -1,0 +1,149 @@
+"""What the demo records while it runs: a timeline of fleet signals, the tuner's events and the
+per-phase verdict. Plain frozen records plus pure window statistics, shared by the live console
+view and the report writer."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+TIERS = ("gpu", "cpu", "l2")
+EVENT_KINDS = ("phase", "drift", "apply", "rollback", "trial", "keep", "error", "info")
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """One finished request, as the fleet served it (ground truth from the twin)."""
+
+    trace_ts: float
+    pod: str
+    prompt_tokens: int
+    gpu_hit_tokens: int
+    cpu_hit_tokens: int
+    l2_hit_tokens: int
+    ttft_s: float
+    phase: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowStats:
+    requests: int
+    ttft_p95_s: float
+    ttft_p50_s: float
+    hit_ratio: dict[str, float]  # tier-conditional: hits / tokens that reached the tier
+    cumulative_hit_ratio: float  # share of prompt tokens served from any tier
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelinePoint:
+    wall_s: float
+    trace_s: float
+    phase: int
+    stats: WindowStats
+    agent_ttft_p95_s: float | None = None  # what the agent exported, for comparison
+    agent_cumulative_hit_ratio: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoEvent:
+    wall_s: float
+    trace_s: float
+    kind: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseVerdict:
+    """Default configuration vs the tuned one on the same phase workload."""
+
+    phase: int
+    label: str
+    requests: int
+    default_ttft_p95_s: float
+    tuned_ttft_p95_s: float
+    default_hit_ratio: float
+    tuned_hit_ratio: float
+    method: str
+
+    @property
+    def ttft_speedup(self) -> float:
+        return self.default_ttft_p95_s / self.tuned_ttft_p95_s if self.tuned_ttft_p95_s > 0 else math.nan
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default); NaN for no data."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def window_stats(served: Iterable[Served]) -> WindowStats:
+    """Fleet statistics over a set of requests. Tier-conditional ratios follow the agent's
+    definition: GPU hits / prompt tokens; CPU hits / tokens the GPU missed; L2 hits / tokens
+    GPU and CPU missed."""
+    rows = list(served)
+    prompt = sum(r.prompt_tokens for r in rows)
+    gpu = sum(r.gpu_hit_tokens for r in rows)
+    cpu = sum(r.cpu_hit_tokens for r in rows)
+    l2 = sum(r.l2_hit_tokens for r in rows)
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else math.nan
+
+    ttfts = [r.ttft_s for r in rows]
+    return WindowStats(
+        requests=len(rows),
+        ttft_p95_s=quantile(ttfts, 0.95),
+        ttft_p50_s=quantile(ttfts, 0.5),
+        hit_ratio={"gpu": ratio(gpu, prompt), "cpu": ratio(cpu, prompt - gpu), "l2": ratio(l2, prompt - gpu - cpu)},
+        cumulative_hit_ratio=ratio(gpu + cpu + l2, prompt),
+    )
+
+
+class Recorder:
+    """Thread-safe store of everything the demo shows and reports."""
+
+    def __init__(self, window_trace_s: float = 120.0, keep: int = 200_000) -> None:
+        self.window_trace_s = window_trace_s
+        self._lock = threading.Lock()
+        self._served: deque[Served] = deque(maxlen=keep)
+        self.timeline: list[TimelinePoint] = []
+        self.events: list[DemoEvent] = []
+        self.verdicts: list[PhaseVerdict] = []
+        self.trials: list[tuple[int, float | None, str]] = []  # (number, value, state)
+
+    def add_served(self, row: Served) -> None:
+        with self._lock:
+            self._served.append(row)
+
+    def served(self) -> list[Served]:
+        with self._lock:
+            return list(self._served)
+
+    def window(self, now_trace_s: float) -> WindowStats:
+        lo = now_trace_s - self.window_trace_s
+        with self._lock:
+            rows = [r for r in self._served if r.trace_ts > lo]
+        return window_stats(rows)
+
+    def add_point(self, point: TimelinePoint) -> None:
+        with self._lock:
+            self.timeline.append(point)
+
+    def add_event(self, event: DemoEvent) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def latest_events(self, n: int = 8) -> list[DemoEvent]:
+        with self._lock:
+            return self.events[-n:]
+
+    def set_trials(self, trials: list[tuple[int, float | None, str]]) -> None:
+        with self._lock:
+            self.trials = list(trials)

@@ -1,0 +1,97 @@
+"""The Agent health dashboard: is tierpilot itself seeing the fleet, and who is leading."""
+from __future__ import annotations
+
+from dashboards.grafana import Dashboard, Panel, Query, Threshold, Variable
+from dashboards.promql import eq, selector
+from dashboards.settings import BuildSettings
+
+UID = "tierpilot-agent-health"
+RATE = "$__rate_interval"
+NS = ("namespace",)
+
+VARIABLES = (
+    Variable("namespace", "namespace", "tierpilot_target_up"),
+    Variable("role", "role", "tierpilot_target_up", 'namespace=~"$namespace"'),
+)
+SCOPE = ("namespace", "role")
+
+
+def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+    t = selector(scope=SCOPE)
+    ns = selector(scope=NS)
+    agent = selector(eq("job", settings.alerts.agent_job), scope=NS)
+    return (
+        Panel(
+            "Agent scraped by Prometheus", "stat", "none",
+            (Query(f"min(up{agent})"),),
+            "1 when Prometheus can scrape every agent replica (the `up` series of the agent's job).",
+            width=6, height=5, thresholds=(Threshold("red"), Threshold("green", 1)),
+        ),
+        Panel(
+            "Leader", "stat", "none",
+            (Query(f"sum(tierpilot_leader{ns})"),),
+            "Agent replicas holding the Lease. Exactly one should; 0 means nobody actuates.",
+            width=6, height=5,
+            thresholds=(Threshold("red"), Threshold("green", 1), Threshold("red", 2)),
+        ),
+        Panel(
+            "Targets up", "stat", "percentunit",
+            (Query(f"sum(tierpilot_target_up{t}) / count(tierpilot_target_up{t})"),),
+            "Share of discovered scrape targets whose last scrape succeeded.",
+            width=6, height=5, min=0, max=1,
+            thresholds=(Threshold("red"), Threshold("orange", 0.9), Threshold("green", 1)),
+        ),
+        Panel(
+            "Seconds since last scrape cycle", "stat", "s",
+            (Query(f"time() - max(tierpilot_last_scrape_timestamp_seconds{ns})"),),
+            "Age of the agent's newest completed scrape cycle. Above a few intervals the agent is stale.",
+            width=6, height=5,
+            thresholds=(Threshold("green"), Threshold("red", settings.alerts.agent_stale_seconds)),
+        ),
+        Panel(
+            "Targets up by role", "timeseries", "short",
+            (Query(f"sum by (role) (tierpilot_target_up{t})", "{{role}} up"),
+             Query(f"count by (role) (tierpilot_target_up{t})", "{{role}} discovered")),
+            "Targets whose last scrape succeeded, against those discovered, per role.",
+            min=0, decimals=0,
+        ),
+        Panel(
+            "Scrape duration", "timeseries", "s",
+            (Query(f"max by (role) (tierpilot_scrape_duration_seconds{t})", "{{role}} (slowest target)"),),
+            "Duration of the last scrape of each target, slowest per role.",
+            min=0,
+        ),
+        Panel(
+            "Scrape errors by reason", "timeseries", "suffix: /s",
+            (Query(f"sum by (reason) (rate(tierpilot_scrape_errors_total{t}[{RATE}]))", "{{reason}}"),),
+            "Failed scrapes per second by reason (timeout, http status, body too large, parse error...).",
+            min=0,
+        ),
+        Panel(
+            "Leader over time", "timeseries", "none",
+            (Query(f"max by (pod) (tierpilot_leader{ns})", "{{pod}}"),),
+            "Which replica held the Lease. A flapping leader means lease renewals are failing.",
+            min=0, max=1, decimals=0,
+        ),
+        Panel(
+            "Targets", "table", "none",
+            (Query(f"tierpilot_target_up{t}", instant=True, format="table"),),
+            "Every discovered target and whether its last scrape succeeded (1) or failed (0).",
+            width=24, height=8,
+            columns=("target", "role", "Value"),
+            column_names=(("Value", "up"),),
+        ),
+    )
+
+
+def build(settings: BuildSettings) -> Dashboard:
+    return Dashboard(
+        uid=UID,
+        title="tierpilot / Agent health",
+        description="Scrape targets, scrape duration and errors, staleness and leader election of "
+                    "the tierpilot agent itself.",
+        panels=panels(settings),
+        variables=VARIABLES,
+        time_from="now-6h",
+        links=(("tierpilot dashboards", "tierpilot"),),
+    )

@@ -1,0 +1,160 @@
+"""The Tiered cache overview dashboard: how each tier serves the fleet, and what users feel."""
+from __future__ import annotations
+
+from dashboards.grafana import Dashboard, Panel, Query, Threshold, Variable
+from dashboards.promql import eq, selector
+from dashboards.settings import BuildSettings
+
+UID = "tierpilot-overview"
+RATE = "$__rate_interval"
+TIERS = ("gpu", "cpu", "l2")
+TOKENS = "suffix: tokens"
+
+VARIABLES = (
+    Variable("namespace", "namespace", "tierpilot_target_up"),
+    Variable("model", "model", "tierpilot_kv_lookup_tokens_total", 'namespace=~"$namespace"'),
+    Variable("pod", "pod", "tierpilot_kv_lookup_tokens_total", 'namespace=~"$namespace", model=~"$model"'),
+)
+
+
+def _rate(metric: str, *matchers: str, by: str = "") -> str:
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (rate({metric}{selector(*matchers)}[{RATE}]))"
+
+
+def hit_ratio_by_tier() -> str:
+    """Tier-conditional hit ratio of the whole selection: hits over lookups that reached the tier."""
+    return (f"{_rate('tierpilot_kv_hit_tokens_total', by='tier')}\n  / "
+            f"{_rate('tierpilot_kv_lookup_tokens_total', by='tier')}")
+
+
+def _ttft_steps(settings: BuildSettings) -> tuple[Threshold, ...]:
+    slo = settings.slo.ttft_seconds
+    return (Threshold("green"), Threshold("orange", round(slo * 0.8, 6)), Threshold("red", slo))
+
+
+def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+    slo = settings.slo
+    q = slo.ttft_quantile
+    l2_q = settings.alerts.l2_latency_quantile
+    l2_scope = ("namespace", "pod")
+    return (
+        Panel(
+            "Cumulative hit ratio", "stat", "percentunit",
+            (Query(f"avg(tierpilot_kv_cumulative_hit_ratio{selector(eq('tier', 'l2'))})"),),
+            "Share of prompt tokens served by any tier (GPU, CPU or L2), averaged over the selected pods.",
+            width=6, height=5, min=0, max=1,
+            thresholds=(Threshold("red"), Threshold("orange", 0.2), Threshold("green", 0.5)),
+        ),
+        Panel(
+            f"TTFT p{float(q) * 100:g} (worst pod)", "stat", "s",
+            (Query(f"max(tierpilot_ttft_seconds{selector(eq('quantile', q))})"),),
+            f"Worst pod's TTFT at quantile {q}; red above the SLO of {slo.ttft_seconds:g} s.",
+            width=6, height=5, thresholds=_ttft_steps(settings),
+        ),
+        Panel(
+            f"L2 read p{float(l2_q) * 100:g} (worst pod)", "stat", "s",
+            (Query(f"max(tierpilot_l2_io_latency_seconds"
+                   f"{selector(eq('op', 'read'), eq('quantile', l2_q), scope=l2_scope)})"),),
+            "Slowest pod's L2 (shared NVMe) read latency.",
+            width=6, height=5,
+            thresholds=(Threshold("green"), Threshold("red", settings.alerts.l2_read_latency_seconds)),
+        ),
+        Panel(
+            "L2 break-even prompt length", "stat", TOKENS,
+            (Query(f"min(tierpilot_l2_breakeven_prompt_tokens{selector()})"),),
+            "Prompt length above which reading a cached prefix from L2 beats recomputing the prefill. "
+            "Prompts shorter than this should not read from L2 (knob l2_min_prompt_tokens).",
+            width=6, height=5, decimals=0,
+        ),
+        Panel(
+            "Hit ratio per tier (tier-conditional)", "timeseries", "percentunit",
+            (Query(hit_ratio_by_tier(), "{{tier}}"),),
+            "Of the prompt tokens that reached a tier (missed every tier above it), the share it served.",
+            min=0, max=1,
+        ),
+        Panel(
+            "Cumulative hit ratio per tier", "timeseries", "percentunit",
+            (Query(f"avg by (tier) (tierpilot_kv_cumulative_hit_ratio{selector()})", "{{tier}} and above"),),
+            "Share of all prompt tokens served by this tier or one above it (pod average). The L2 line is "
+            "the total hit ratio of the cache hierarchy.",
+            min=0, max=1,
+        ),
+        Panel(
+            "TTFT p50 / p95 / p99 against the SLO", "timeseries", "s",
+            (Query(f"max by (quantile) (tierpilot_ttft_seconds{selector()})", "p{{quantile}} (worst pod)"),),
+            f"Time to first token per quantile, worst pod. The red band starts at the SLO: "
+            f"p{float(q) * 100:g} <= {slo.ttft_seconds:g} s for {slo.objective:.1%} of the time.",
+            min=0, thresholds=_ttft_steps(settings), show_thresholds_as_line=True,
+        ),
+        Panel(
+            "L2 read and write latency", "timeseries", "s",
+            (Query(f"max by (op, quantile) (tierpilot_l2_io_latency_seconds{selector(scope=l2_scope)})",
+                   "{{op}} p{{quantile}}"),),
+            "Shared NVMe pool (Curvine FUSE) I/O latency seen by the pods, worst pod per op and quantile.",
+            min=0,
+        ),
+        Panel(
+            "Evictions per tier", "timeseries", "suffix: /s",
+            (Query(_rate("tierpilot_kv_evictions_total", by="tier"), "{{tier}}"),),
+            "Eviction rate per tier, summed over the selected pods (GPU from vLLM residency, CPU from "
+            "LMCache, L2 from the Curvine master).",
+            min=0,
+        ),
+        Panel(
+            "Usage per tier", "timeseries", "percentunit",
+            (Query(f"max by (tier) (tierpilot_kv_usage_ratio{selector()})", "{{tier}} (fullest pod)"),
+             Query(f"avg by (tier) (tierpilot_kv_usage_ratio{selector()})", "{{tier}} (average)")),
+            "How full each tier is. A tier pinned near 100% with a rising eviction rate is thrashing.",
+            min=0, max=1,
+        ),
+        Panel(
+            "Lookup tokens per tier", "timeseries", "suffix: tokens/s",
+            (Query(_rate("tierpilot_kv_lookup_tokens_total", by="tier"), "{{tier}} lookups"),
+             Query(_rate("tierpilot_kv_hit_tokens_total", by="tier"), "{{tier}} hits")),
+            "Prompt tokens looked up in and served by each tier, per second.",
+            min=0,
+        ),
+        Panel(
+            "L2 break-even prompt length per model", "timeseries", TOKENS,
+            (Query(f"min by (model) (tierpilot_l2_breakeven_prompt_tokens{selector()})", "{{model}}"),),
+            "Prompt length above which an L2 read beats recomputing the prefill, from the measured L2 "
+            "read latency and prefill throughput.",
+            min=0, decimals=0,
+        ),
+        Panel(
+            "Pods", "table", "percentunit",
+            tuple(Query(expr, instant=True, format="table") for expr in _pod_table_queries(settings)),
+            "One row per pod: hit ratio per tier, the total (cumulative) hit ratio, TTFT and tier usage.",
+            width=24, height=9,
+            columns=("pod", "model", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E",
+                     "Value #F", "Value #G"),
+            column_names=(("Value #A", "GPU hit"), ("Value #B", "CPU hit"), ("Value #C", "L2 hit"),
+                          ("Value #D", "Cumulative hit"), ("Value #E", f"TTFT p{float(q) * 100:g}"),
+                          ("Value #F", "GPU usage"), ("Value #G", "CPU usage")),
+            column_units=((f"TTFT p{float(q) * 100:g}", "s"),),
+        ),
+    )
+
+
+def _pod_table_queries(settings: BuildSettings) -> tuple[str, ...]:
+    q = settings.slo.ttft_quantile
+    return (
+        *(f"max by (pod, model) (tierpilot_kv_hit_ratio{selector(eq('tier', t))})" for t in TIERS),
+        f"max by (pod, model) (tierpilot_kv_cumulative_hit_ratio{selector(eq('tier', 'l2'))})",
+        f"max by (pod, model) (tierpilot_ttft_seconds{selector(eq('quantile', q))})",
+        f"max by (pod, model) (tierpilot_kv_usage_ratio{selector(eq('tier', 'gpu'))})",
+        f"max by (pod, model) (tierpilot_kv_usage_ratio{selector(eq('tier', 'cpu'))})",
+    )
+
+
+def build(settings: BuildSettings) -> Dashboard:
+    return Dashboard(
+        uid=UID,
+        title="tierpilot / Tiered cache overview",
+        description="Per-tier and cumulative KV-cache hit ratios, TTFT against the SLO, L2 latency, "
+                    "evictions and usage across GPU (vLLM), CPU (LMCache) and the shared L2 pool (Curvine).",
+        panels=panels(settings),
+        variables=VARIABLES,
+        links=(("tierpilot dashboards", "tierpilot"),),
+    )

@@ -1,0 +1,306 @@
+"""The fleet block index: which engines (pods, or pod + data-parallel rank) hold each block hash
+on which tier, what each engine removed recently, and which hashes the fleet has ever seen.
+
+Everything here is in-memory and single-threaded; the manager serialises calls. Memory is
+bounded by `IndexLimits`: per-engine residency and removal history are two-generation
+approximate-LRU maps (a full young generation becomes old and the previous old one is dropped),
+and "ever seen" is a fixed-size generational Bloom filter (`SeenSketch`).
+
+Miss attribution for a block stored on the GPU tier (`medium` "GPU") of engine E, first match:
+  1. already resident on E's GPU            -> re-report, not counted as a miss
+  2. resident on a lower tier of E (CPU...) -> external hit (loaded from LMCache), not a miss
+  3. resident on another engine             -> routing miss
+  4. removed from E earlier (any tier)      -> capacity miss
+  5. never seen anywhere in the fleet       -> cold miss
+  6. seen, but held nowhere now             -> capacity miss (the fleet had it and lost it)
+Blocks stored on other tiers (CPU offload copies) update residency but are never misses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+
+from agent.kvevents.sketch import SeenSketch
+from agent.kvevents.wire import Cleared, Event, Removed, Stored
+
+CAUSES = ("cold", "capacity", "routing")
+GPU = 1
+_TIER_BITS = {"GPU": 1, "CPU": 2, "STORAGE": 4}
+_OTHER_TIER = 8
+TIER_NAMES = {1: "GPU", 2: "CPU", 4: "STORAGE", 8: "OTHER"}
+# Reuse distance histogram bounds (seconds): 10 ms .. 1 day.
+REUSE_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+                                     14400.0, 86400.0)
+
+
+def tier_bit(medium: str) -> int:
+    return _TIER_BITS.get(medium, _OTHER_TIER)
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexLimits:
+    """Memory bounds of the index (defaults use about 0.3 GB at most with 8 engines)."""
+
+    resident_per_engine: int = 262_144  # block hashes per engine, all tiers together
+    history_per_engine: int = 262_144  # removed hashes remembered per engine (capacity, reuse)
+    seen_capacity: int = 8_000_000  # hashes per Bloom generation
+    seen_generations: int = 2
+    seen_fp_rate: float = 0.001
+
+    def __post_init__(self) -> None:
+        for name in ("resident_per_engine", "history_per_engine", "seen_capacity", "seen_generations"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
+
+
+class TwoGenMap:
+    """dict-like map bounded to `cap` entries with approximate LRU ageing (writes refresh)."""
+
+    __slots__ = ("young", "old", "half")
+
+    def __init__(self, cap: int) -> None:
+        self.young: dict[int, object] = {}
+        self.old: dict[int, object] = {}
+        self.half = max(1, cap // 2)
+
+    def get(self, key: int) -> object | None:
+        v = self.young.get(key)
+        return self.old.get(key) if v is None else v
+
+    def put(self, key: int, value: object) -> dict[int, object] | None:
+        """Set key; returns the generation dropped by ageing, if any."""
+        self.old.pop(key, None)
+        self.young[key] = value
+        if len(self.young) >= self.half:
+            dropped, self.old, self.young = self.old, self.young, {}
+            return dropped
+        return None
+
+    def pop(self, key: int) -> object | None:
+        v = self.young.pop(key, None)
+        return self.old.pop(key, None) if v is None else v
+
+    def items(self) -> Iterator[tuple[int, object]]:
+        yield from self.old.items()
+        yield from self.young.items()
+
+    def clear(self) -> None:
+        self.young, self.old = {}, {}
+
+    def __len__(self) -> int:
+        return len(self.young) + len(self.old)
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Counters of one engine (monotonic, except `resident` which is a gauge per tier)."""
+
+    miss_blocks: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    miss_tokens: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    external_hit_blocks: int = 0
+    external_hit_tokens: int = 0
+    rereported_blocks: int = 0
+    stored_blocks: dict[str, int] = dataclasses.field(default_factory=dict)  # by medium
+    removed_blocks: dict[str, int] = dataclasses.field(default_factory=dict)
+    unknown_removed_blocks: int = 0
+    other_group_events: int = 0
+    clears: int = 0
+    aged_out: int = 0
+    resident: dict[int, int] = dataclasses.field(default_factory=dict)  # tier bit -> blocks
+    reuse_counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # medium -> buckets+inf
+    reuse_sum: dict[str, float] = dataclasses.field(default_factory=dict)
+    block_size: int = 0
+
+
+class EngineState:
+    __slots__ = ("bit", "name", "resident", "history", "stats")
+
+    def __init__(self, position: int, name: str, limits: IndexLimits) -> None:
+        self.bit = 1 << position
+        self.name = name
+        self.resident = TwoGenMap(limits.resident_per_engine)  # hash -> tier mask
+        self.history = TwoGenMap(limits.history_per_engine)  # hash -> (tier bit, removal ts)
+        self.stats = EngineStats()
+
+
+def _bump(d: dict, key: object, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
+
+
+class FleetIndex:
+    """Block index of one model across all its engines."""
+
+    def __init__(self, limits: IndexLimits | None = None, group_idx: int = 0) -> None:
+        self.limits = limits or IndexLimits()
+        self.group_idx = group_idx
+        self.sketch = SeenSketch(self.limits.seen_capacity, self.limits.seen_fp_rate,
+                                 self.limits.seen_generations)
+        self.holders: dict[int, int] = {}  # hash -> bitmask of engines holding it (any tier)
+        self.duplicated = 0  # hashes held by >= 2 engines
+        self.engines: dict[str, EngineState] = {}
+        self._free_positions: list[int] = []
+
+    # -- engines ---------------------------------------------------------------------------
+    def engine(self, name: str) -> EngineState:
+        st = self.engines.get(name)
+        if st is None:
+            pos = self._free_positions.pop() if self._free_positions else len(self.engines)
+            st = self.engines[name] = EngineState(pos, name, self.limits)
+        return st
+
+    def drop_engine(self, name: str) -> None:
+        """Forget an engine (its pod is gone): its blocks stop counting as resident."""
+        st = self.engines.pop(name, None)
+        if st is not None:
+            self._release_all(st)
+            self._free_positions.append(st.bit.bit_length() - 1)
+
+    # -- residency bookkeeping -------------------------------------------------------------
+    def _unhold(self, h: int, bit: int) -> None:
+        mask = self.holders.get(h, 0)
+        if not mask & bit:
+            return
+        if mask.bit_count() == 2:
+            self.duplicated -= 1
+        mask &= ~bit
+        if mask:
+            self.holders[h] = mask
+        else:
+            del self.holders[h]
+
+    def _hold(self, h: int, bit: int) -> None:
+        mask = self.holders.get(h, 0)
+        if mask & bit:
+            return
+        if mask.bit_count() == 1:
+            self.duplicated += 1
+        self.holders[h] = mask | bit
+
+    def _aged(self, st: EngineState, dropped: dict[int, object]) -> None:
+        resident = st.stats.resident
+        for h, mask in dropped.items():
+            self._unhold(h, st.bit)
+            for tb in TIER_NAMES:
+                if mask & tb:  # type: ignore[operator]
+                    resident[tb] -= 1
+        st.stats.aged_out += len(dropped)
+
+    def _release_all(self, st: EngineState) -> None:
+        for h, _ in st.resident.items():
+            self._unhold(h, st.bit)
+        st.resident.clear()
+        st.stats.resident = {}
+
+    # -- applying events -------------------------------------------------------------------
+    def apply(self, engine: str, ts: float, events: list[Event]) -> None:
+        st = self.engine(engine)
+        stored: list[int] = []
+        for ev in events:  # one vectorised sketch pass per message for all stored hashes
+            if type(ev) is Stored and (ev.group is None or ev.group == self.group_idx):
+                stored.extend(ev.hashes)
+        seen: Iterator[bool] = iter(())
+        if stored:
+            flags = self.sketch.check_and_add(np.fromiter(stored, dtype=np.uint64, count=len(stored)))
+            seen = iter(flags.tolist())
+        for ev in events:
+            kind = type(ev)
+            if kind is Cleared:
+                self.clear_engine(engine, ts)
+                continue
+            if ev.group is not None and ev.group != self.group_idx:  # type: ignore[union-attr]
+                st.stats.other_group_events += 1
+                continue
+            if kind is Stored:
+                self._stored(st, ts, ev, seen)  # type: ignore[arg-type]
+            else:
+                self._removed(st, ts, ev)  # type: ignore[arg-type]
+
+    def _stored(self, st: EngineState, ts: float, ev: Stored, seen: Iterator[bool]) -> None:
+        stats = st.stats
+        tb = tier_bit(ev.medium)
+        size = ev.block_size if ev.block_size > 0 else stats.block_size
+        if tb == GPU and ev.block_size > 0:
+            stats.block_size = ev.block_size
+        _bump(stats.stored_blocks, ev.medium, len(ev.hashes))
+        resident, history, holders, bit = st.resident, st.history, self.holders, st.bit
+        res_count = stats.resident
+        for h in ev.hashes:
+            was_seen = next(seen)
+            mask = resident.get(h) or 0
+            if tb == GPU:
+                hist = history.pop(h)
+                if hist is not None:
+                    self._observe_reuse(stats, hist, ts)  # type: ignore[arg-type]
+                if mask & GPU:
+                    stats.rereported_blocks += 1
+                elif mask:
+                    stats.external_hit_blocks += 1
+                    stats.external_hit_tokens += size
+                else:
+                    if holders.get(h, 0) & ~bit:
+                        cause = "routing"
+                    elif hist is not None or was_seen:
+                        cause = "capacity"
+                    else:
+                        cause = "cold"
+                    stats.miss_blocks[cause] += 1
+                    stats.miss_tokens[cause] += size
+            if not mask & tb:
+                res_count[tb] = res_count.get(tb, 0) + 1
+            if not mask:
+                self._hold(h, bit)
+            dropped = resident.put(h, mask | tb)
+            if dropped:
+                self._aged(st, dropped)
+
+    def _observe_reuse(self, stats: EngineStats, hist: tuple[int, float], ts: float) -> None:
+        tb, removed_ts = hist
+        medium = TIER_NAMES[tb]
+        dist = max(0.0, ts - removed_ts)
+        counts = stats.reuse_counts.get(medium)
+        if counts is None:
+            counts = stats.reuse_counts[medium] = [0] * (len(REUSE_BUCKETS) + 1)
+            stats.reuse_sum[medium] = 0.0
+        i = 0
+        while i < len(REUSE_BUCKETS) and dist > REUSE_BUCKETS[i]:
+            i += 1
+        counts[i] += 1
+        stats.reuse_sum[medium] += dist
+
+    def _removed(self, st: EngineState, ts: float, ev: Removed) -> None:
+        stats = st.stats
+        tb = tier_bit(ev.medium)
+        _bump(stats.removed_blocks, ev.medium, len(ev.hashes))
+        resident, history = st.resident, st.history
+        for h in ev.hashes:
+            mask = resident.get(h) or 0
+            if not mask & tb:
+                stats.unknown_removed_blocks += 1
+            else:
+                stats.resident[tb] -= 1
+                mask &= ~tb
+                if mask:
+                    dropped = resident.put(h, mask)
+                    if dropped:
+                        self._aged(st, dropped)
+                else:
+                    resident.pop(h)
+                    self._unhold(h, st.bit)
+            if tb == GPU or history.get(h) is None:
+                history.put(h, (tb, ts))  # the GPU removal wins: it is what a re-store pays for
+
+    def clear_engine(self, engine: str, ts: float) -> None:
+        """AllBlocksCleared or a detected restart: the engine holds nothing any more. Its GPU
+        blocks enter the removal history, so storing them again counts as a capacity miss."""
+        st = self.engine(engine)
+        for h, mask in list(st.resident.items()):
+            if mask & GPU:  # type: ignore[operator]
+                st.history.put(h, (GPU, ts))
+        self._release_all(st)
+        st.stats.clears += 1
+
+    # -- read-outs -------------------------------------------------------------------------
+    def resident_blocks(self) -> int:
+        return len(self.holders)

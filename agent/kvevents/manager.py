@@ -1,0 +1,360 @@
+"""The KV-event subscriber manager: one SUB socket per engine stream (connect only, never bind),
+sequence tracking, gap catch-up over a DEALER socket to the engine's replay ROUTER, restart
+detection, and an event-time merge into `KvSignals`.
+
+All sockets live in one I/O thread (`start()`/`stop()`), or in the caller's thread when it calls
+`run_once()` itself. Read-outs (`snapshot`, `current_overlap`) and the prompt-token feed are
+thread-safe.
+
+Per stream, for a message with sequence s after last seen L:
+- s == L + 1: apply.
+- s > L + 1: a gap of s - L - 1 messages; with a replay endpoint the missing range is requested
+  (`[b"", L+1]` on a DEALER) while live messages queue; without, they are counted lost.
+- s <= L: the engine restarted (its seq restarts at 0): its index is cleared, then s is applied
+  (and 0..s-1 replayed from the new incarnation when possible).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable, Sequence
+
+import zmq
+
+from agent.kvevents.merge import EventTimeMerger
+from agent.kvevents.settings import EndpointSpec, KvEventsSettings
+from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
+from agent.kvevents.wire import FrameError, PayloadError, decode_payload, split_frames
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+_DRAIN = 256  # messages read from one socket before looking at the others
+_MAX_PENDING = 50_000  # live messages queued behind a replay before it is abandoned
+
+
+@dataclasses.dataclass
+class _Replay:
+    start: int
+    stop: int  # exclusive: the live message that revealed the gap
+    deadline: float
+    count_lost: bool
+    pending: list[tuple[bytes, int, bytes]]
+    next_seq: int = 0
+    recovered: int = 0
+
+
+@dataclasses.dataclass
+class _Stream:
+    engine: EngineId
+    endpoint: str
+    replay_endpoint: str | None
+    topic: bytes
+    sub: zmq.Socket | None = None
+    dealer: zmq.Socket | None = None
+    last: int | None = None
+    replay: _Replay | None = None
+
+
+class KvEventManager:
+    """Subscribes to every configured engine stream and keeps the block-level signals current."""
+
+    def __init__(self, settings: KvEventsSettings | None = None, *, clock: Callable[[], float] = time.time,
+                 context: zmq.Context | None = None) -> None:
+        self.settings = settings or KvEventsSettings()
+        self.clock = clock
+        self.signals = KvSignals(self.settings.limits.to_limits(), self.settings.group_idx,
+                                 self.settings.overlap_window_s, clock)
+        self._ctx = context or zmq.Context()
+        self._own_ctx = context is None
+        self._lock = threading.RLock()
+        self._merger = EventTimeMerger(self.settings.reorder_hold_s, clock)
+        self._streams: dict[EngineId, _Stream] = {}
+        self._poller = zmq.Poller()
+        self._wanted: tuple[EndpointSpec, ...] | None = tuple(self.settings.endpoints)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.applied_batches = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the I/O loop in a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout)
+            self._thread = None
+        else:
+            self._close_all()
+        if self._own_ctx:
+            self._ctx.term()
+            self._own_ctx = False
+
+    def __enter__(self) -> "KvEventManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.run_once(100)
+        finally:
+            self._close_all()
+
+    def set_endpoints(self, endpoints: Sequence[EndpointSpec]) -> None:
+        """Replace the watched endpoints (discovery changed); applied by the I/O loop."""
+        with self._lock:
+            self._wanted = tuple(endpoints)
+
+    # -- read-outs (any thread) ------------------------------------------------------------
+    def snapshot(self) -> KvSnapshot:
+        with self._lock:
+            return self.signals.snapshot()
+
+    def current_overlap(self, model: str | None = None, window_s: float | None = None) -> OverlapReading | None:
+        """The drift detector's signal: workload overlap over the window, or None without data."""
+        with self._lock:
+            return self.signals.overlap(model, window_s)
+
+    def observe_prompt_tokens(self, pod: str, model: str, total: float, ts: float | None = None) -> None:
+        """Feed one pod's scraped `vllm:prompt_tokens_total` (cumulative)."""
+        with self._lock:
+            self.signals.observe_prompt_tokens(pod, model, total, ts)
+
+    # -- the loop --------------------------------------------------------------------------
+    def run_once(self, timeout_ms: int = 100) -> int:
+        """Poll once, handle what arrived, release merged batches; returns batches applied."""
+        self._reconcile()
+        now = self.clock()
+        deadlines = [r.deadline for r in (s.replay for s in self._streams.values()) if r is not None]
+        if (d := self._merger.next_deadline()) is not None:
+            deadlines.append(d)
+        wait = timeout_ms
+        if deadlines:
+            wait = max(0, min(timeout_ms, int((min(deadlines) - now) * 1000) + 1))
+        events = dict(self._poller.poll(wait)) if self._streams else {}
+        if not self._streams:
+            time.sleep(wait / 1000)
+        for st in list(self._streams.values()):
+            if st.sub is not None and st.sub in events:
+                self._drain_live(st)
+            if st.dealer is not None and st.dealer in events:
+                self._drain_replay(st)
+        now = self.clock()
+        for st in list(self._streams.values()):
+            if st.replay is not None and now >= st.replay.deadline:
+                self._finish_replay(st, timed_out=True)
+        return self._release()
+
+    def drain(self, idle_ms: int = 200, max_s: float = 30.0) -> None:
+        """Run the loop in this thread until nothing arrives for `idle_ms` and nothing is held
+        (tests and one-shot tools; do not call while `start()` is running)."""
+        end = time.monotonic() + max_s
+        quiet_since = time.monotonic()
+        while time.monotonic() < end:
+            got = self.run_once(min(idle_ms, 50))
+            busy = got or len(self._merger) or any(s.replay for s in self._streams.values())
+            if busy:
+                quiet_since = time.monotonic()
+            elif (time.monotonic() - quiet_since) * 1000 >= idle_ms:
+                return
+
+    # -- sockets ---------------------------------------------------------------------------
+    def _reconcile(self) -> None:
+        with self._lock:
+            wanted, self._wanted = self._wanted, None
+        if wanted is None:
+            return
+        desired = {eid: (ep, rp, spec.topic) for spec in wanted for eid, ep, rp in spec.engines()}
+        for eid in list(self._streams):
+            st = self._streams[eid]
+            if eid not in desired:
+                self._close(st)
+                del self._streams[eid]
+                self._merger.forget(eid)
+                with self._lock:
+                    self.signals.forget(eid)
+            elif desired[eid] != (st.endpoint, st.replay_endpoint, st.topic.decode()):
+                self._close(st)  # moved (pod rescheduled): reopen, keep `last` to catch the restart
+                st.endpoint, st.replay_endpoint, st.topic = desired[eid][0], desired[eid][1], desired[eid][2].encode()
+                self._open(st)
+        for eid, (ep, rp, topic) in desired.items():
+            if eid not in self._streams:
+                st = self._streams[eid] = _Stream(eid, ep, rp, topic.encode())
+                with self._lock:
+                    self.signals.stream(eid)
+                self._open(st)
+
+    def _open(self, st: _Stream) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, self.settings.rcvhwm)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, st.topic)
+        sub.connect(st.endpoint)
+        st.sub = sub
+        self._poller.register(sub, zmq.POLLIN)
+
+    def _open_dealer(self, st: _Stream) -> zmq.Socket:
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(st.replay_endpoint)
+        st.dealer = dealer
+        self._poller.register(dealer, zmq.POLLIN)
+        return dealer
+
+    def _close_dealer(self, st: _Stream) -> None:
+        if st.dealer is not None:
+            self._poller.unregister(st.dealer)
+            st.dealer.close(linger=0)
+            st.dealer = None
+
+    def _close(self, st: _Stream) -> None:
+        if st.replay is not None:
+            self._finish_replay(st, timed_out=True)
+        self._close_dealer(st)
+        if st.sub is not None:
+            self._poller.unregister(st.sub)
+            st.sub.close(linger=0)
+            st.sub = None
+
+    def _close_all(self) -> None:
+        for st in self._streams.values():
+            self._close(st)
+        for stream, item in self._merger.pop_ready(flush=True):
+            self._apply(stream, item)  # type: ignore[arg-type]
+
+    # -- live messages ---------------------------------------------------------------------
+    def _drain_live(self, st: _Stream) -> None:
+        assert st.sub is not None
+        for _ in range(_DRAIN):
+            try:
+                frames = st.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                topic, seq, payload = split_frames(frames)
+            except FrameError:
+                with self._lock:
+                    self.signals.reject(st.engine, "malformed_frame")
+                continue
+            if st.replay is not None:
+                st.replay.pending.append((topic, seq, payload))
+                if len(st.replay.pending) > _MAX_PENDING:
+                    self._finish_replay(st, timed_out=True)
+                continue
+            self._sequence(st, topic, seq, payload)
+
+    def _sequence(self, st: _Stream, topic: bytes, seq: int, payload: bytes) -> None:
+        last = st.last
+        if last is None:
+            st.last = seq
+            if seq > 0 and self.settings.replay_on_join and st.replay_endpoint:
+                self._start_replay(st, 0, topic, seq, payload, count_lost=False)
+                return
+        elif seq == last + 1:
+            st.last = seq
+        elif seq <= last:  # PUB/SUB never duplicates, so an equal seq is a restart as well
+            try:  # the engine restarted between its last batch and this one: clear it at this ts
+                ts = decode_payload(payload, topic, seq).ts
+            except PayloadError:
+                ts = float("-inf")  # the merger clamps it to the stream's last ts
+            self._merger.push(st.engine, ts, ("restart", ts))
+            st.last = seq
+            if seq > 0:
+                self._gap(st, 0, topic, seq, payload)
+                return
+        else:
+            self._gap(st, last + 1, topic, seq, payload)
+            return
+        self._decode_push(st, topic, seq, payload)
+
+    def _gap(self, st: _Stream, start: int, topic: bytes, seq: int, payload: bytes) -> None:
+        with self._lock:
+            self.signals.gap(st.engine, seq - start)
+        st.last = seq
+        if st.replay_endpoint:
+            self._start_replay(st, start, topic, seq, payload, count_lost=True)
+        else:
+            with self._lock:
+                self.signals.replay_result(st.engine, 0, seq - start)
+            self._decode_push(st, topic, seq, payload)
+
+    def _decode_push(self, st: _Stream, topic: bytes, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_payload(payload, topic, seq)
+        except PayloadError:
+            with self._lock:
+                self.signals.reject(st.engine, "malformed_payload")
+            return
+        self._merger.push(st.engine, batch.ts, ("batch", batch))
+
+    # -- replay ----------------------------------------------------------------------------
+    def _start_replay(self, st: _Stream, start: int, topic: bytes, seq: int, payload: bytes,
+                      count_lost: bool) -> None:
+        dealer = st.dealer or self._open_dealer(st)
+        st.replay = _Replay(start, seq, self.clock() + self.settings.replay_timeout_s, count_lost,
+                            [(topic, seq, payload)], next_seq=start)
+        dealer.send_multipart((b"", start.to_bytes(8, "big")))
+
+    def _drain_replay(self, st: _Stream) -> None:
+        assert st.dealer is not None
+        for _ in range(_DRAIN):
+            try:
+                frames = st.dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            rep = st.replay
+            if rep is None:
+                continue  # a late answer to an abandoned request
+            if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
+                with self._lock:
+                    self.signals.reject(st.engine, "malformed_replay")
+                continue
+            _, topic, seq_raw, payload = frames
+            if seq_raw == END_SEQ and not payload:
+                self._finish_replay(st, timed_out=False)
+                return
+            seq = int.from_bytes(seq_raw, "big")
+            if rep.next_seq <= seq < rep.stop:
+                rep.next_seq = seq + 1
+                rep.recovered += 1
+                self._decode_push(st, topic, seq, payload)
+
+    def _finish_replay(self, st: _Stream, timed_out: bool) -> None:
+        rep, st.replay = st.replay, None
+        if rep is None:
+            return
+        if timed_out:
+            self._close_dealer(st)  # drop whatever answer is still in flight
+        with self._lock:
+            lost = (rep.stop - rep.start - rep.recovered) if rep.count_lost else 0
+            self.signals.replay_result(st.engine, rep.recovered if rep.count_lost else 0, lost)
+        st.last = rep.stop - 1
+        for topic, seq, payload in rep.pending:
+            if st.replay is not None:  # a new gap inside the queued messages started a replay
+                st.replay.pending.append((topic, seq, payload))
+            else:
+                self._sequence(st, topic, seq, payload)
+
+    # -- applying --------------------------------------------------------------------------
+    def _release(self) -> int:
+        ready = self._merger.pop_ready()
+        for stream, item in ready:
+            self._apply(stream, item)  # type: ignore[arg-type]
+        return len(ready)
+
+    def _apply(self, engine: EngineId, item: tuple[str, object]) -> None:
+        kind, value = item
+        with self._lock:
+            if kind == "restart":
+                self.signals.restart(engine, value)  # type: ignore[arg-type]
+            else:
+                self.signals.apply(engine, value)  # type: ignore[arg-type]
+                self.applied_batches += 1

@@ -21,7 +21,8 @@ import collections
 import queue
 import threading
 import time
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Self
 
 import msgspec
 import zmq
@@ -222,7 +223,7 @@ class KvEventPublisher:
             self._running = False
             self._thread.join(timeout=5.0)
 
-    def __enter__(self) -> "KvEventPublisher":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

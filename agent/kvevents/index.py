@@ -18,7 +18,7 @@ Blocks stored on other tiers (CPU offload copies) update residency but are never
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class IndexLimits:
 class TwoGenMap:
     """dict-like map bounded to `cap` entries with approximate LRU ageing (writes refresh)."""
 
-    __slots__ = ("young", "old", "half")
+    __slots__ = ("half", "old", "young")
 
     def __init__(self, cap: int) -> None:
         self.young: dict[int, object] = {}
@@ -85,6 +85,10 @@ class TwoGenMap:
     def items(self) -> Iterator[tuple[int, object]]:
         yield from self.old.items()
         yield from self.young.items()
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.old
+        yield from self.young
 
     def clear(self) -> None:
         self.young, self.old = {}, {}
@@ -115,7 +119,7 @@ class EngineStats:
 
 
 class EngineState:
-    __slots__ = ("bit", "name", "resident", "history", "stats")
+    __slots__ = ("bit", "history", "name", "resident", "stats")
 
     def __init__(self, position: int, name: str, limits: IndexLimits) -> None:
         self.bit = 1 << position
@@ -188,7 +192,7 @@ class FleetIndex:
         st.stats.aged_out += len(dropped)
 
     def _release_all(self, st: EngineState) -> None:
-        for h, _ in st.resident.items():
+        for h in st.resident:
             self._unhold(h, st.bit)
         st.resident.clear()
         st.stats.resident = {}

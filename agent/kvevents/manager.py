@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Self
 
 import zmq
 
@@ -95,7 +96,7 @@ class KvEventManager:
             self._ctx.term()
             self._own_ctx = False
 
-    def __enter__(self) -> "KvEventManager":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 ACTIVE_S = 1.0  # a stream silent for longer does not hold the watermark back
 

@@ -6,8 +6,9 @@ vLLM's own `tcp://*:5557` is a bind address and is rejected here with a hint.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -114,7 +115,7 @@ class KvEventsSettings(BaseModel):
     rcvhwm: int = Field(100_000, ge=1, description="ZMQ receive high-water mark per stream")
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: str = "<settings>") -> "KvEventsSettings":
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "<settings>") -> KvEventsSettings:
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
@@ -125,7 +126,7 @@ class KvEventsSettings(BaseModel):
             raise SettingsError("\n".join(lines)) from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "KvEventsSettings":
+    def from_yaml(cls, path: str | Path) -> KvEventsSettings:
         p = Path(path)
         try:
             data = yaml.safe_load(p.read_text()) or {}

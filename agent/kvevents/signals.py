@@ -11,9 +11,9 @@ over a sliding window. `snapshot()` returns a frozen, self-contained view for ex
 from __future__ import annotations
 
 import collections
-import math
 import dataclasses
-from typing import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping
 
 from agent.kvevents.index import CAUSES, REUSE_BUCKETS, TIER_NAMES, FleetIndex, IndexLimits
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored

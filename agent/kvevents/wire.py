@@ -12,7 +12,8 @@ skipped while the rest of the batch is kept.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import msgspec
 
@@ -51,7 +52,7 @@ class Cleared:
     pass
 
 
-Event = Union[Stored, Removed, Cleared]
+Event = Stored | Removed | Cleared
 
 
 @dataclasses.dataclass(slots=True)
@@ -140,13 +141,13 @@ class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
 
 class _MapBatch(msgspec.Struct, array_like=True):
     ts: float
-    events: list[Union[_MapStored, _MapRemoved, _MapCleared]]
+    events: list[_MapStored | _MapRemoved | _MapCleared]
     data_parallel_rank: int | None = None
 
 
 class _ArrBatch(msgspec.Struct, array_like=True):
     ts: float
-    events: list[Union[_ArrStored, _ArrRemoved, _ArrCleared]]
+    events: list[_ArrStored | _ArrRemoved | _ArrCleared]
     data_parallel_rank: int | None = None
 
 
@@ -176,13 +177,13 @@ def _opt_int(value: Any, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int or null")
+        raise TypeError(f"{name} must be an int or null")
     return value
 
 
 def _hash_list(value: Any) -> list[int]:
     if not isinstance(value, list):
-        raise ValueError("block_hashes must be a list")
+        raise TypeError("block_hashes must be a list")
     return [normalize_hash(h) for h in value]
 
 
@@ -225,7 +226,7 @@ def _event_from_generic(obj: Any) -> Event:
     else:
         raise ValueError("an event must be a map or a non-empty array")
     if not isinstance(kind, str):
-        raise ValueError("event type tag missing")
+        raise TypeError("event type tag missing")
     if kind not in fields:
         raise KeyError(kind)
     try:

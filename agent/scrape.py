@@ -1,0 +1,145 @@
+"""HTTP fetch of /metrics: concurrent, a total timeout per target, a body size cap, gzip, and
+back-off for failing targets. Returns text or a typed failure; never raises for a bad target.
+
+Failure reasons (the `reason` label of `tierpilot_scrape_errors_total`):
+  timeout            no complete answer within the timeout (silent target, slow drip)
+  connection_refused nothing listens (pod gone, port wrong)
+  connection_error   the connection broke mid-response (pod deleted mid-scrape) or DNS failed
+  http_4xx/http_5xx  an HTTP error status
+  body_too_large     the (decompressed) body exceeds the cap; reading stops at the cap
+  parse_error        not UTF-8 or not exposition text (set by the caller after parsing)
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+ACCEPT = (
+    # classic text first: prometheus_client's OpenMetrics output rewrites `vllm:` names to `vllm_`
+    "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOk:
+    text: str
+    content_type: str
+    body_bytes: int
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchFailure:
+    reason: str
+    detail: str
+    duration_s: float
+
+
+FetchResult = FetchOk | FetchFailure
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def fetch(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout_s: float,
+    max_body_bytes: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> FetchResult:
+    """GET `url` once. The timeout covers connect, headers and the whole body."""
+    start = clock()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url, headers={"Accept": ACCEPT, "Accept-Encoding": "gzip"}) as resp:
+                if resp.status >= 400:
+                    kind = "http_5xx" if resp.status >= 500 else "http_4xx"
+                    return FetchFailure(kind, f"HTTP {resp.status}", clock() - start)
+                if resp.status != 200:
+                    return FetchFailure("http_status", f"HTTP {resp.status}", clock() - start)
+                declared = resp.content_length
+                if declared is not None and "gzip" not in resp.headers.get("Content-Encoding", "") \
+                        and declared > max_body_bytes:
+                    return FetchFailure("body_too_large", f"Content-Length {declared} > {max_body_bytes}",
+                                        clock() - start)
+                body = await _read_capped(resp, max_body_bytes)
+                content_type = resp.headers.get("Content-Type", "")
+    except TooLarge:
+        return FetchFailure("body_too_large", f"body exceeds {max_body_bytes} bytes", clock() - start)
+    except TimeoutError:
+        return FetchFailure("timeout", f"no complete answer within {timeout_s:g}s", clock() - start)
+    except aiohttp.ClientConnectorError as exc:
+        refused = isinstance(exc.os_error, ConnectionRefusedError)
+        return FetchFailure("connection_refused" if refused else "connection_error", str(exc), clock() - start)
+    except (aiohttp.ClientError, OSError) as exc:
+        return FetchFailure("connection_error", f"{type(exc).__name__}: {exc}", clock() - start)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return FetchFailure("parse_error", f"body is not UTF-8 (byte {exc.start})", clock() - start)
+    return FetchOk(text, content_type, len(body), clock() - start)
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > cap:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def new_session(concurrency: int = 256, user_agent: str = "tierpilot-agent") -> aiohttp.ClientSession:
+    """One session per agent: pooled keep-alive connections, automatic gzip decoding."""
+    connector = aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=30)
+    return aiohttp.ClientSession(
+        connector=connector, headers={"User-Agent": user_agent}, auto_decompress=True,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+class Backoff:
+    """Per-target exponential back-off with an injectable clock (seconds).
+
+    After n consecutive failures a target is skipped until base * 2^(n-1) seconds (capped at
+    `max_s`) have passed since the last failure. One success clears it."""
+
+    def __init__(self, base_s: float = 5.0, max_s: float = 300.0, clock: Callable[[], float] = time.monotonic):
+        self.base_s = base_s
+        self.max_s = max_s
+        self.clock = clock
+        self._state: dict[str, tuple[int, float]] = {}  # key -> (failures, retry_at)
+
+    def ready(self, key: str) -> bool:
+        state = self._state.get(key)
+        return state is None or self.clock() >= state[1]
+
+    def failures(self, key: str) -> int:
+        return self._state.get(key, (0, 0.0))[0]
+
+    def delay(self, failures: int) -> float:
+        if failures <= 0 or self.base_s <= 0:
+            return 0.0
+        return min(self.max_s, self.base_s * 2 ** (failures - 1))
+
+    def failed(self, key: str) -> float:
+        """Record a failure; returns the seconds until the next attempt."""
+        n = self.failures(key) + 1
+        wait = self.delay(n)
+        self._state[key] = (n, self.clock() + wait)
+        return wait
+
+    def succeeded(self, key: str) -> None:
+        self._state.pop(key, None)
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)

@@ -1,0 +1,152 @@
+"""Hardware profiles (data files in `simulator/profiles/*.yaml`) and the twin's latency model.
+
+A profile holds every latency parameter of one node type plus the default capacities. The
+latency model is deliberately small and linear, so the calibration can be solved exactly:
+
+    TTFT = queue delay + request_overhead
+           + [l2_retrieve_overhead                                  if any chunk is read from L2]
+           + cpu_chunks x cpu_load_chunk   + cpu_bytes / pcie_bytes_per_s        (CPU -> GPU load)
+           + l2_chunks  x l2_read_chunk    + l2_bytes  / l2_read_bytes_per_s     (L2 read)
+           + max(computed_tokens, 1) x prefill_s_per_token                        (prefill)
+
+L2 writes are asynchronous: their latency is observed but never added to TTFT.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "g6e-l40s"
+
+
+class ProfileError(ValueError):
+    """An unknown profile or a malformed profile file (the message names the file and key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyModel:
+    request_overhead_s: float
+    prefill_s_per_token: float
+    decode_s_per_token: float
+    pcie_bytes_per_s: float
+    cpu_load_chunk_s: float
+    l2_read_chunk_s: float
+    l2_read_bytes_per_s: float
+    l2_retrieve_overhead_s: float
+    l2_write_chunk_s: float
+    l2_write_bytes_per_s: float
+
+    def prefill_s(self, computed_tokens: int) -> float:
+        """GPU time to prefill the uncached tokens (vLLM always computes at least one token)."""
+        return max(computed_tokens, 1) * self.prefill_s_per_token
+
+    def cpu_load_s(self, chunks: int, nbytes: float) -> float:
+        return chunks * self.cpu_load_chunk_s + nbytes / self.pcie_bytes_per_s if chunks else 0.0
+
+    def l2_read_s(self, chunks: int, nbytes: float) -> float:
+        """Transfer time of an L2 read (excludes the per-request retrieve overhead)."""
+        return chunks * self.l2_read_chunk_s + nbytes / self.l2_read_bytes_per_s if chunks else 0.0
+
+    def l2_write_s(self, chunks: int, nbytes: float) -> float:
+        return chunks * self.l2_write_chunk_s + nbytes / self.l2_write_bytes_per_s if chunks else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    description: str
+    model: str  # the model the calibration refers to (default for --model)
+    gpu_memory_gib: float
+    gpu_kv_gib: float  # default GPU KV pool per pod
+    host_memory_gib: float  # upper bound for the CPU tier per pod
+    l2_pool_gib: float  # default size of the shared L2 pool
+    latency: LatencyModel
+
+
+def _positive(source: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ProfileError(f"{source}: {key}: must be a positive number, got {value!r}")
+    return float(value)
+
+
+def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> HardwareProfile:
+    """Validate a parsed profile document."""
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"{source}: expected a mapping, got {type(data).__name__}")
+    top = {f.name for f in dataclasses.fields(HardwareProfile)}
+    lat_keys = {f.name for f in dataclasses.fields(LatencyModel)}
+    unknown = sorted(set(data) - top)
+    missing = sorted(top - set(data))
+    if unknown or missing:
+        raise ProfileError(
+            f"{source}: unknown key(s) {unknown or '-'}, missing key(s) {missing or '-'}; "
+            f"valid keys: {', '.join(sorted(top))}"
+        )
+    lat = data["latency"]
+    if not isinstance(lat, Mapping):
+        raise ProfileError(f"{source}: latency: expected a mapping")
+    unknown = sorted(set(lat) - lat_keys)
+    missing = sorted(lat_keys - set(lat))
+    if unknown or missing:
+        raise ProfileError(
+            f"{source}: latency: unknown key(s) {unknown or '-'}, missing key(s) {missing or '-'}; "
+            f"valid keys: {', '.join(sorted(lat_keys))}"
+        )
+    latency = LatencyModel(**{k: _positive(source, f"latency.{k}", lat[k]) for k in sorted(lat_keys)})
+    from simulator.models import ModelError, get_model
+
+    try:
+        get_model(str(data["model"]))
+    except ModelError as exc:
+        raise ProfileError(f"{source}: {exc}") from None
+    return HardwareProfile(
+        name=str(data["name"]),
+        description=str(data["description"]),
+        model=str(data["model"]),
+        gpu_memory_gib=_positive(source, "gpu_memory_gib", data["gpu_memory_gib"]),
+        gpu_kv_gib=_positive(source, "gpu_kv_gib", data["gpu_kv_gib"]),
+        host_memory_gib=_positive(source, "host_memory_gib", data["host_memory_gib"]),
+        l2_pool_gib=_positive(source, "l2_pool_gib", data["l2_pool_gib"]),
+        latency=latency,
+    )
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+@functools.cache
+def _load_builtin(name: str) -> HardwareProfile:
+    path = PROFILE_DIR / f"{name}.yaml"
+    return load_profile_file(path)
+
+
+def load_profile_file(path: str | Path) -> HardwareProfile:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{p}: cannot read profile: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{p}: not valid YAML: {exc}") from None
+    return profile_from_mapping(data, source=str(p))
+
+
+def get_profile(name_or_path: str | HardwareProfile | None = None) -> HardwareProfile:
+    """A built-in profile by name, a profile YAML by path, or pass a profile through."""
+    if isinstance(name_or_path, HardwareProfile):
+        return name_or_path
+    name = name_or_path or DEFAULT_PROFILE
+    if name in profile_names():
+        return _load_builtin(name)
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return load_profile_file(name)
+    raise ProfileError(
+        f"profile: unknown profile {name!r}; valid choices: {', '.join(profile_names())} (or a path to a profile YAML)"
+    )

@@ -1,0 +1,120 @@
+"""Routing strategies: which pod serves a request.
+
+- `roundrobin`: pods in turn.
+- `session`: sticky per session id (a fixed hash of the id picks the pod); requests without a
+  session go to the least-loaded pod (production-stack falls back to the lowest-QPS endpoint).
+- `prefixaware`: the router remembers which chunk hashes it sent to each pod and never forgets
+  (like production-stack's hash trie, it assumes no eviction). The pod with the longest
+  remembered prefix wins, among pods under the load cap (in-flight <= ratio x min + slack); ties
+  go to the least-loaded pod, then the lowest index.
+- `kvaware`: asks the twin for each pod's real cached prefix (GPU, CPU, shared L2) and picks the
+  smallest expected TTFT = queued prefill work + load/read time + prefill of the uncached rest;
+  ties go to the least-loaded pod, then the lowest index.
+
+"Load" is the number of requests in flight on a pod (arrived, first token or decode not done).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import takewhile
+
+from simulator.cluster import RouterSettings
+
+_MASK = (1 << 64) - 1
+
+
+def _least_loaded(loads: Sequence[int]) -> int:
+    return min(range(len(loads)), key=loads.__getitem__)
+
+
+class Router:
+    name = "?"
+    needs_loads = True
+    needs_estimate = False
+
+    def __init__(self, pods: int, settings: RouterSettings) -> None:
+        self.pods = pods
+        self.settings = settings
+
+    def choose(
+        self,
+        chunks: Sequence[int],
+        session_id: int | None,
+        loads: Sequence[int],
+        estimate: Callable[[int], float] | None,
+    ) -> int:
+        raise NotImplementedError
+
+    def record(self, pod: int, chunks: Sequence[int]) -> None:
+        """Called after each routing decision with the request's chunk hashes."""
+
+    def forget_pod(self, pod: int) -> None:
+        """The pod restarted; routers that track real state would forget it (ours keep memory)."""
+
+
+class RoundRobinRouter(Router):
+    name = "roundrobin"
+    needs_loads = False
+
+    def __init__(self, pods: int, settings: RouterSettings) -> None:
+        super().__init__(pods, settings)
+        self._next = 0
+
+    def choose(self, chunks, session_id, loads, estimate) -> int:
+        pod = self._next
+        self._next = (pod + 1) % self.pods
+        return pod
+
+
+class SessionRouter(Router):
+    name = "session"
+
+    def choose(self, chunks, session_id, loads, estimate) -> int:
+        if session_id is None:
+            return _least_loaded(loads)
+        z = ((session_id & _MASK) * 0x9E3779B97F4A7C15) & _MASK
+        return (z >> 32) % self.pods
+
+
+class PrefixAwareRouter(Router):
+    name = "prefixaware"
+
+    def __init__(self, pods: int, settings: RouterSettings) -> None:
+        super().__init__(pods, settings)
+        self._seen: list[set[int]] = [set() for _ in range(pods)]
+
+    def choose(self, chunks, session_id, loads, estimate) -> int:
+        cap = min(loads) * self.settings.prefix_load_ratio + self.settings.prefix_load_slack
+        best, best_len, best_load = -1, -1, 0
+        for pod, seen in enumerate(self._seen):
+            load = loads[pod]
+            if load > cap:
+                continue
+            n = len(list(takewhile(seen.__contains__, chunks))) if chunks else 0
+            if n > best_len or (n == best_len and load < best_load):
+                best, best_len, best_load = pod, n, load
+        return best
+
+    def record(self, pod: int, chunks: Sequence[int]) -> None:
+        self._seen[pod].update(chunks)
+
+
+class KvAwareRouter(Router):
+    name = "kvaware"
+    needs_estimate = True
+
+    def choose(self, chunks, session_id, loads, estimate) -> int:
+        assert estimate is not None
+        return min(range(self.pods), key=lambda p: (estimate(p), loads[p], p))
+
+
+ROUTERS: dict[str, type[Router]] = {
+    r.name: r for r in (RoundRobinRouter, SessionRouter, PrefixAwareRouter, KvAwareRouter)
+}
+
+
+def make_router(name: str, pods: int, settings: RouterSettings) -> Router:
+    try:
+        return ROUTERS[name](pods, settings)
+    except KeyError:
+        raise ValueError(f"router: unknown {name!r}; valid choices: {', '.join(ROUTERS)}") from None

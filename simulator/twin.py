@@ -1,0 +1,474 @@
+"""The digital twin: a per-request model of GPU / CPU (per pod) and shared L2 KV-cache tiers.
+
+`Twin` processes requests one at a time in arrival order. For each request it routes, looks up
+the prompt's chunks GPU -> CPU -> L2 with prefix semantics, promotes lower-tier hits into the
+upper tiers, stores newly computed chunks to CPU and L2, queues the prefill on the pod and
+computes the TTFT. All cache effects of a request happen at its arrival instant (the twin does
+not model the window between arrival and the end of prefill). See docs/twin.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from heapq import heappop, heappush
+from typing import Any
+
+from simulator.chunking import BLOCK_TOKENS, chunk_hashes
+from simulator.cluster import Capacities, ClusterSpec
+from simulator.counters import L2Totals, MissTotals, PodTotals, l2_metrics, pod_metrics
+from simulator.events import AllBlocksCleared, BlockRemoved, BlockStored, EventSink
+from simulator.knobs import Knobs
+from simulator.policies import LRU, Policy, make_policy
+from simulator.profile import HardwareProfile, get_profile
+from simulator.records import Request, WorkloadError
+from simulator.router import Router, make_router
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What happened to one request (tokens; seconds)."""
+
+    pod: str
+    pod_index: int
+    time_s: float
+    prompt_tokens: int
+    gpu_hit_tokens: int
+    cpu_hit_tokens: int
+    l2_hit_tokens: int
+    computed_tokens: int
+    queue_delay_s: float
+    ttft_s: float
+    l2_read_s: float  # L2 read on the critical path (0 when nothing was read)
+    l2_write_s: float  # asynchronous L2 write of the computed chunks (0 when nothing was written)
+    cold_tokens: int
+    capacity_tokens: int
+    routing_tokens: int
+    tail_tokens: int
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.gpu_hit_tokens + self.cpu_hit_tokens + self.l2_hit_tokens
+
+
+@dataclasses.dataclass
+class PodObservations:
+    """Latency samples of one pod since it started (or since the last drain), in seconds."""
+
+    ttft_s: list[float] = dataclasses.field(default_factory=list)
+    queue_delay_s: list[float] = dataclasses.field(default_factory=list)
+    l2_read_s: list[float] = dataclasses.field(default_factory=list)  # requests that read L2
+    l2_write_s: list[float] = dataclasses.field(default_factory=list)  # requests that wrote L2
+
+
+class _Pod:
+    __slots__ = ("cpu", "free_at", "gpu", "inflight", "name", "obs", "totals", "truth")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.gpu: Policy | None = None
+        self.cpu: Policy | None = None
+        self.free_at = 0.0  # when the pod's prefill queue drains
+        self.inflight: list[tuple[float, float]] = []  # heap of (end of decode, start of prefill)
+        self.totals = PodTotals()
+        self.truth = MissTotals()
+        self.obs = PodObservations()
+
+
+def _chunks_of(capacity_tokens: int, chunk_tokens: int) -> int:
+    return capacity_tokens // chunk_tokens
+
+
+class Twin:
+    """The tiered-cache engine. Pods are addressed by index or by name."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        knobs: Knobs,
+        profile: HardwareProfile | str | None = None,
+        *,
+        event_sink: EventSink | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.profile: HardwareProfile = cluster.hardware if profile is None else get_profile(profile)
+        self._sink = event_sink
+        self._pods = [_Pod(name) for name in cluster.names]
+        self._index = {name: i for i, name in enumerate(cluster.names)}
+        self._l2: Policy | None = None
+        self._l2_totals = L2Totals()
+        self._seen: set[int] = set()
+        self._now = 0.0
+        self.knobs = knobs
+        self._configure(knobs, first=True)
+
+    # -- configuration -------------------------------------------------------------------------
+    def _configure(self, knobs: Knobs, *, first: bool) -> None:
+        caps: Capacities = self.cluster.capacities(knobs, self.profile)
+        old = None if first else self.knobs
+        self.knobs = knobs
+        self.capacities = caps
+        self._chunk = c = knobs.chunk_tokens
+        self._bpt = caps.kv_bytes_per_token
+        self._chunk_bytes = c * caps.kv_bytes_per_token
+        self._lat = self.profile.latency
+        gpu_n, cpu_n, l2_n = (_chunks_of(caps.gpu_tokens, c), _chunks_of(caps.cpu_tokens, c),
+                              _chunks_of(caps.l2_tokens, c))
+        for pod in self._pods:
+            pod.gpu = self._rebuild(pod.gpu, "lru", gpu_n, pod.name, "GPU")
+            pod.cpu = self._rebuild(pod.cpu, knobs.cpu_eviction, cpu_n, pod.name, "CPU")
+        self._l2 = self._rebuild(self._l2, knobs.l2_eviction, l2_n, None, None)
+        self._l2_high = int(l2_n * knobs.l2_high_watermark)
+        self._l2_low = int(l2_n * knobs.l2_low_watermark)
+        self._l2_min = knobs.l2_min_prompt_tokens
+        self._connector = self._l2 is not None or any(p.cpu is not None for p in self._pods)
+        if old is None or old.router != knobs.router:
+            self._router: Router = make_router(knobs.router, len(self._pods), self.cluster.router)
+
+    def _rebuild(self, tier: Policy | None, policy: str, capacity: int, pod: str | None, medium: str | None):
+        """A tier with a new policy/capacity, keeping what still fits (oldest evicted first)."""
+        if tier is not None and tier.name == policy and tier.capacity == capacity:
+            return tier
+        if capacity <= 0:
+            if tier is not None and pod is not None and self._sink and len(tier):
+                for h in tier.keys_in_order():
+                    self._sink(BlockRemoved(self._now, pod, (h,), medium))
+            return None
+        new = LRU(capacity) if policy == "lru" else make_policy(policy, capacity)
+        if tier is not None and len(tier):
+            evicted = new.insert_many(tier.keys_in_order())
+            if pod is not None and self._sink:
+                for h in evicted:
+                    self._sink(BlockRemoved(self._now, pod, (h,), medium))
+        return new
+
+    def reconfigure(self, knobs: Knobs) -> None:
+        """Apply new knobs without restarting pods (call `restart_pod` to model a rollout).
+
+        CPU and L2 tiers are rebuilt with the new policy/capacity and keep what fits. After a chunk
+        size change the resident chunks are stale (their hashes no longer match any prompt) and
+        age out; every chunk counts as never seen again, as a real chunk-size change behaves.
+        """
+        self._configure(knobs, first=False)
+
+    # -- pods ----------------------------------------------------------------------------------
+    @property
+    def pod_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self._pods)
+
+    def _pod(self, pod: int | str) -> _Pod:
+        if isinstance(pod, str):
+            if pod not in self._index:
+                raise KeyError(f"unknown pod {pod!r}; pods: {', '.join(self._index)}")
+            return self._pods[self._index[pod]]
+        return self._pods[pod]
+
+    def restart_pod(self, pod: int | str, at: float) -> None:
+        """A rollout restart at time `at` (s): counters to zero, GPU and CPU cold, L2 survives."""
+        p = self._pod(pod)
+        self._now = max(self._now, at)
+        for tier in (p.gpu, p.cpu):
+            if tier is not None:
+                tier.clear()
+        p.totals = PodTotals()
+        p.obs = PodObservations()
+        p.inflight.clear()
+        p.free_at = at
+        if self._sink:
+            self._sink(AllBlocksCleared(at, p.name))
+
+    # -- the engine ----------------------------------------------------------------------------
+    def submit(self, request: Request | Mapping[str, Any]) -> RequestOutcome:
+        """Process one request (a `Request` or a workload row as a mapping)."""
+        if not isinstance(request, Request):
+            request = Request(**{k: request[k] for k in ("timestamp_ms", "input_length", "output_length",
+                                                          "hash_ids", "session_id", "phase") if k in request})
+        if len(request.hash_ids) * BLOCK_TOKENS < request.input_length:
+            raise WorkloadError(
+                f"request at {request.timestamp_ms} ms: {len(request.hash_ids)} block hashes cannot cover "
+                f"input_length {request.input_length}"
+            )
+        chunks = chunk_hashes(request.hash_ids, request.input_length, self._chunk)
+        row = self._process(request.timestamp_ms / 1000.0, request.input_length, request.output_length,
+                            chunks, request.session_id)
+        return RequestOutcome(self._pods[row[0]].name, *row)
+
+    def _lookup(self, pod: _Pod, chunks: Sequence[int], l2: Policy | None):
+        """(GPU prefix chunks, CPU-hit keys, L2-hit keys, first computed index) without side effects."""
+        n = len(chunks)
+        g = pod.gpu.prefix_len(chunks) if pod.gpu is not None else 0
+        cpu = pod.cpu
+        if g == n or (cpu is None and l2 is None):
+            return g, [], [], g
+        if l2 is None:
+            a = cpu.prefix_len(chunks, g)
+            return g, chunks[g:g + a], [], g + a
+        if cpu is None:
+            b = l2.prefix_len(chunks, g)
+            return g, [], chunks[g:g + b], g + b
+        k = g
+        cpu_keys: list[int] = []
+        l2_keys: list[int] = []
+        while k < n:
+            a = cpu.prefix_len(chunks, k)
+            if a:
+                cpu_keys += chunks[k:k + a]
+                k += a
+                if k >= n:
+                    break
+            b = l2.prefix_len(chunks, k)
+            if not b:
+                break
+            run = chunks[k:k + b]
+            in_cpu = list(map(cpu.__contains__, run))
+            if True in in_cpu:  # the CPU serves the rest of this run
+                run = run[:in_cpu.index(True)]
+            l2_keys += run
+            k += len(run)
+        return g, cpu_keys, l2_keys, k
+
+    def _service_s(self, cpu_chunks: int, l2_chunks: int, computed_tokens: int) -> tuple[float, float, float]:
+        """(GPU-busy service time, L2 read time, extra non-busy latency) of one prefill."""
+        lat, cb = self._lat, self._chunk_bytes
+        l2_read = lat.l2_read_s(l2_chunks, l2_chunks * cb)
+        busy = lat.cpu_load_s(cpu_chunks, cpu_chunks * cb) + l2_read + lat.prefill_s(computed_tokens)
+        extra = lat.request_overhead_s + (lat.l2_retrieve_overhead_s if l2_chunks else 0.0)
+        return busy, l2_read, extra
+
+    def _estimate(self, chunks: Sequence[int], prompt: int, now: float) -> Callable[[int], float]:
+        l2 = self._l2 if prompt >= self._l2_min else None
+        c = self._chunk
+
+        def expected_ttft(i: int) -> float:
+            pod = self._pods[i]
+            _g, ck, lk, k = self._lookup(pod, chunks, l2)
+            busy, _, extra = self._service_s(len(ck), len(lk), prompt - k * c)
+            return max(pod.free_at - now, 0.0) + busy + extra
+
+        return expected_ttft
+
+    def _process(self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None) -> tuple:
+        pods, router, c = self._pods, self._router, self._chunk
+        self._now = now
+        loads = None
+        if router.needs_loads:
+            loads = []
+            for p in pods:
+                h = p.inflight
+                while h and h[0][0] <= now:
+                    heappop(h)
+                loads.append(len(h))
+        est = self._estimate(chunks, prompt, now) if router.needs_estimate else None
+        idx = router.choose(chunks, session, loads, est)
+        router.record(idx, chunks)
+        pod = pods[idx]
+        gpu, cpu = pod.gpu, pod.cpu
+        l2 = self._l2 if prompt >= self._l2_min else None
+        g, cpu_keys, l2_keys, k = self._lookup(pod, chunks, l2)
+        n = len(chunks)
+        computed = chunks[k:]
+        n_cpu, n_l2 = len(cpu_keys), len(l2_keys)
+        gpu_hit, cpu_hit, l2_hit = g * c, n_cpu * c, n_l2 * c
+        computed_tokens = prompt - k * c
+        tail = prompt - n * c
+
+        # -- ground truth: miss attribution of the computed full chunks ----------------------------
+        seen = self._seen
+        cold = capacity = routing = 0
+        if computed:
+            seen_missed = seen.intersection(computed)
+            cold = len(computed) - len(seen_missed)
+            if seen_missed and len(pods) > 1:
+                elsewhere = [h for h in seen_missed if (gpu is None or h not in gpu) and (cpu is None or h not in cpu)]
+                if elsewhere:
+                    found: set[int] = set()
+                    want = set(elsewhere)
+                    for q in pods:
+                        if q is pod:
+                            continue
+                        for tier in (q.gpu, q.cpu):
+                            if tier is not None:
+                                found |= tier._resident.keys() & want
+                    routing = len(found)
+            capacity = len(seen_missed) - routing
+            seen_chunks = n - cold
+        else:
+            seen_chunks = n
+        seen.update(computed)
+        truth = pod.truth
+        truth.requests += 1
+        truth.prompt_tokens += prompt
+        truth.hit_tokens += gpu_hit + cpu_hit + l2_hit
+        truth.cold_tokens += cold * c
+        truth.capacity_tokens += capacity * c
+        truth.routing_tokens += routing * c
+        truth.tail_tokens += tail
+        truth.seen_tokens += seen_chunks * c
+
+        # -- tier updates --------------------------------------------------------------------------
+        sink = self._sink
+        t = pod.totals
+        if gpu is not None:
+            if g:
+                gpu.touch_many(chunks[:g])
+            if g < n:
+                rest = chunks[g:]
+                new_pos = [i for i in range(g, n) if chunks[i] not in gpu] if sink else None
+                evicted = gpu.insert_many(rest)
+                t.gpu_evicted_chunks += len(evicted)
+                if sink:
+                    self._emit_stores(pod.name, chunks, new_pos, "GPU", evicted)
+        cpu_written = 0
+        if cpu is not None:
+            if cpu_keys:
+                cpu.touch_many(cpu_keys)
+            to_cpu = l2_keys + computed if l2_keys else computed
+            if to_cpu:
+                new_pos = None
+                if sink:
+                    wanted = set(to_cpu)
+                    new_pos = [i for i in range(g, n) if chunks[i] in wanted and chunks[i] not in cpu]
+                cpu_written = len(to_cpu)
+                evicted = cpu.insert_many(to_cpu)
+                if evicted:
+                    t.cpu_evicted_chunks += len(evicted)
+                    t.cpu_evict_events += 1
+                if sink:
+                    self._emit_stores(pod.name, chunks, new_pos, "CPU", evicted)
+        l2_write_s = 0.0
+        l2_pool = self._l2
+        if l2_pool is not None:
+            if l2_keys:
+                l2_pool.touch_many(l2_keys)
+            if computed:
+                evicted = l2_pool.insert_many(computed)
+                lt = self._l2_totals
+                if len(l2_pool) > self._l2_high:
+                    evicted += l2_pool.shrink_to(self._l2_low)
+                if evicted:
+                    lt.evicted_chunks += len(evicted)
+                    lt.eviction_runs += 1
+                nbytes = len(computed) * self._chunk_bytes
+                l2_write_s = self._lat.l2_write_s(len(computed), nbytes)
+                lt.write_bytes += nbytes
+                lt.write_chunks += len(computed)
+                lt.write_time_s += l2_write_s
+                t.l2_write_bytes += nbytes
+                t.l2_write_requests += 1
+                pod.obs.l2_write_s.append(l2_write_s)
+
+        # -- latency -------------------------------------------------------------------------------
+        busy, l2_read_s, extra = self._service_s(n_cpu, n_l2, computed_tokens)
+        start = max(now, pod.free_at)
+        pod.free_at = start + busy
+        queue = start - now
+        ttft = queue + busy + extra
+        heappush(pod.inflight, (now + ttft + out_len * self._lat.decode_s_per_token, start))
+        if not loads:
+            h = pod.inflight
+            while h[0][0] <= now:
+                heappop(h)
+        obs = pod.obs
+        obs.ttft_s.append(ttft)
+        obs.queue_delay_s.append(queue)
+        if n_l2:
+            nbytes = n_l2 * self._chunk_bytes
+            obs.l2_read_s.append(l2_read_s)
+            lt = self._l2_totals
+            lt.read_bytes += nbytes
+            lt.read_chunks += n_l2
+            lt.read_time_s += l2_read_s
+            t.l2_read_bytes += nbytes
+            t.l2_read_chunks += n_l2
+            t.l2_read_requests += 1
+
+        # -- counters ------------------------------------------------------------------------------
+        t.requests += 1
+        t.prompt_tokens += prompt
+        t.generation_tokens += out_len
+        t.gpu_hit_tokens += gpu_hit
+        t.computed_tokens += computed_tokens
+        if self._connector:
+            t.ext_query_tokens += prompt - gpu_hit
+            t.cpu_hit_tokens += cpu_hit
+            t.l2_hit_tokens += l2_hit
+            t.cpu_hit_chunks += n_cpu
+            t.l2_hit_chunks += n_l2
+            if n_cpu or n_l2:
+                t.retrieve_requests += 1
+            else:
+                t.zero_hit_lookups += 1
+            if cpu_written:
+                t.cpu_stored_chunks += cpu_written
+            if cpu_written or computed:
+                t.store_requests += 1
+        return (idx, now, prompt, gpu_hit, cpu_hit, l2_hit, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
+                cold * c, capacity * c, routing * c, tail)
+
+    def _emit_stores(self, pod: str, chunks: Sequence[int], new_pos: list[int], medium: str,
+                     evicted: list[int]) -> None:
+        """One BlockStored per contiguous run of newly stored chunks, then one BlockRemoved per victim."""
+        sink, now, c = self._sink, self._now, self._chunk
+        assert sink is not None
+        i = 0
+        while i < len(new_pos):
+            j = i
+            while j + 1 < len(new_pos) and new_pos[j + 1] == new_pos[j] + 1:
+                j += 1
+            first = new_pos[i]
+            parent = chunks[first - 1] if first else None
+            sink(BlockStored(now, pod, tuple(chunks[first:new_pos[j] + 1]), parent, c, medium))
+            i = j + 1
+        for h in evicted:
+            sink(BlockRemoved(now, pod, (h,), medium))
+
+    # -- observability -------------------------------------------------------------------------
+    def pod_counters(self, pod: int | str) -> dict[str, float]:
+        """Cumulative counters and current gauges of one pod, under the real systems' names."""
+        p = self._pod(pod)
+        h = p.inflight
+        while h and h[0][0] <= self._now:
+            heappop(h)
+        waiting = sum(1 for _, start in h if start > self._now)
+        return pod_metrics(
+            p.totals, connector=self._connector, chunk_tokens=self._chunk, kv_bytes_per_token=self._bpt,
+            gpu_used=len(p.gpu) if p.gpu is not None else 0, gpu_cap=p.gpu.capacity if p.gpu is not None else 0,
+            cpu_used=len(p.cpu) if p.cpu is not None else 0, cpu_cap=p.cpu.capacity if p.cpu is not None else 0,
+            running=len(h) - waiting, waiting=waiting,
+        )
+
+    def l2_counters(self) -> dict[str, float]:
+        """The shared pool: capacity/used bytes, evictions, read/write bytes, ops and time."""
+        l2 = self._l2
+        return l2_metrics(self._l2_totals, used_chunks=len(l2) if l2 is not None else 0,
+                          cap_chunks=l2.capacity if l2 is not None else 0, chunk_bytes=self._chunk_bytes)
+
+    def observations(self, pod: int | str, *, drain: bool = False) -> PodObservations:
+        """TTFT, queue delay and L2 read/write latency samples of one pod (copies, or drained)."""
+        p = self._pod(pod)
+        obs = p.obs
+        if drain:
+            p.obs = PodObservations()
+            return obs
+        return PodObservations(list(obs.ttft_s), list(obs.queue_delay_s), list(obs.l2_read_s), list(obs.l2_write_s))
+
+    def miss_attribution(self, pod: int | str | None = None) -> MissTotals:
+        """Ground truth since the twin started (not reset by restarts): per pod, or the fleet sum."""
+        if pod is not None:
+            return dataclasses.replace(self._pod(pod).truth)
+        total = MissTotals()
+        for p in self._pods:
+            total.add(p.truth)
+        return total
+
+    def resident(self, pod: int | str | None, medium: str) -> set[int]:
+        """Chunk hashes resident now in a pod's "GPU" or "CPU" tier, or in L2 (pod None, medium "L2")."""
+        tier = self._l2 if medium == "L2" else getattr(self._pod(pod), medium.lower())  # type: ignore[arg-type]
+        return set(tier.keys_in_order()) if tier is not None else set()
+
+    def evictions(self) -> dict[str, int]:
+        """Chunks evicted per tier since the twin started (GPU/CPU summed over pods, current counters)."""
+        return {
+            "gpu": sum(p.totals.gpu_evicted_chunks for p in self._pods),
+            "cpu": sum(p.totals.cpu_evicted_chunks for p in self._pods),
+            "l2": self._l2_totals.evicted_chunks,
+        }

@@ -1,0 +1,49 @@
+"""Reads the agent's own export (its `/metrics`) the way a dashboard would, to show next to the
+twin's ground truth: is the agent seeing what really happens?"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentView:
+    ttft_p95_s: float | None  # mean over pods of the agent's per-pod TTFT p95
+    cumulative_hit_ratio: float | None  # mean over pods of the lowest tier's cumulative ratio
+    targets_up: int
+    targets: int
+
+
+def parse_agent_view(text: str) -> AgentView:
+    """Fleet summary from the agent's unified metrics (pure)."""
+    ttft: list[float] = []
+    cumulative: dict[str, tuple[int, float]] = {}  # pod -> (tier rank, value)
+    rank = {"gpu": 0, "cpu": 1, "l2": 2}
+    up = total = 0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "tierpilot_ttft_seconds" and s.labels.get("quantile") == "0.95" and math.isfinite(s.value):
+                ttft.append(s.value)
+            elif s.name == "tierpilot_kv_cumulative_hit_ratio" and math.isfinite(s.value):
+                pod, r = s.labels.get("pod", ""), rank.get(s.labels.get("tier", ""), -1)
+                if r >= cumulative.get(pod, (-1, 0.0))[0]:
+                    cumulative[pod] = (r, s.value)
+            elif s.name == "tierpilot_target_up":
+                total += 1
+                up += int(s.value >= 1)
+    return AgentView(
+        ttft_p95_s=sum(ttft) / len(ttft) if ttft else None,
+        cumulative_hit_ratio=(sum(v for _, v in cumulative.values()) / len(cumulative)) if cumulative else None,
+        targets_up=up, targets=total)
+
+
+def probe_agent(url: str, timeout_s: float = 2.0) -> AgentView | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return parse_agent_view(resp.read().decode("utf-8", "replace"))
+    except (OSError, urllib.error.URLError, ValueError):
+        return None

@@ -1,0 +1,47 @@
+"""Typed, frozen settings of `tierpilot demo`, validated once at start-up."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+class DemoSettingsError(ValueError):
+    """A bad demo option; the message names the option and the valid range."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSettings:
+    """duration_s: wall-clock length of the run (the workload is paced to fit it).
+    pods: emulated vLLM pods. trace: a Mooncake trace for the shifted phase (default: built-in
+    synthetic two-phase workload). seed: workload and sampler seed. report_dir: where report.md
+    and the charts go. dry_run: the tuner proposes but applies nothing. time_scale: trace-seconds
+    per wall-second (None: fit the workload to the duration). agent_port: where the agent exports
+    its unified metrics (falls back to a free port if taken). restart_downtime_s: wall seconds a
+    restarting pod is unreachable. inject_regression: make the first live trial a configuration
+    known to be bad (shows the rollback). live_view: draw the rich console view."""
+
+    duration_s: float = 180.0
+    pods: int = 4
+    trace: Path | None = None
+    seed: int = 7
+    report_dir: Path = Path("demo-report")
+    dry_run: bool = False
+    time_scale: float | None = None
+    agent_port: int = 9400
+    restart_downtime_s: float = 0.3
+    inject_regression: bool = False
+    live_view: bool = True
+
+    def __post_init__(self) -> None:
+        if not 20 <= self.duration_s <= 3600:
+            raise DemoSettingsError(f"--duration: must be between 20 and 3600 seconds, got {self.duration_s}")
+        if not 1 <= self.pods <= 16:
+            raise DemoSettingsError(f"--pods: must be between 1 and 16, got {self.pods}")
+        if self.time_scale is not None and not 0.1 <= self.time_scale <= 10_000:
+            raise DemoSettingsError(f"--time-scale: must be between 0.1 and 10000, got {self.time_scale}")
+        if self.trace is not None and not Path(self.trace).is_file():
+            raise DemoSettingsError(f"--trace: no such file {self.trace}")
+        if not 0 <= self.agent_port <= 65535:
+            raise DemoSettingsError(f"agent port: must be 0..65535, got {self.agent_port}")
+        if not 0 <= self.restart_downtime_s <= 30:
+            raise DemoSettingsError(f"restart downtime: must be 0..30 s, got {self.restart_downtime_s}")

@@ -17,6 +17,7 @@ Blocks stored on other tiers (CPU offload copies) update residency but are never
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterator
 
@@ -222,78 +223,100 @@ class FleetIndex:
                 self._removed(st, ts, ev)  # type: ignore[arg-type]
 
     def _stored(self, st: EngineState, ts: float, ev: Stored, seen: Iterator[bool]) -> None:
+        # Hot path: the two-generation maps are inlined (young/old dicts as locals).
         stats = st.stats
         tb = tier_bit(ev.medium)
+        gpu = tb == GPU
         size = ev.block_size if ev.block_size > 0 else stats.block_size
-        if tb == GPU and ev.block_size > 0:
+        if gpu and ev.block_size > 0:
             stats.block_size = ev.block_size
         _bump(stats.stored_blocks, ev.medium, len(ev.hashes))
-        resident, history, holders, bit = st.resident, st.history, self.holders, st.bit
-        res_count = stats.resident
+        res, hist = st.resident, st.history
+        ry, ro, half = res.young, res.old, res.half
+        hy, ho = hist.young, hist.old
+        holders, bit = self.holders, st.bit
+        others = ~bit
+        cold = capacity = routing = external = rereported = added = 0
         for h in ev.hashes:
             was_seen = next(seen)
-            mask = resident.get(h) or 0
-            if tb == GPU:
-                hist = history.pop(h)
-                if hist is not None:
-                    self._observe_reuse(stats, hist, ts)  # type: ignore[arg-type]
+            mask = ry.get(h)
+            if mask is None:
+                mask = ro.pop(h, 0)
+            if gpu:
+                removal = hy.pop(h, None)
+                if removal is None:
+                    removal = ho.pop(h, None)
+                if removal is not None:
+                    self._observe_reuse(stats, removal, ts)
                 if mask & GPU:
-                    stats.rereported_blocks += 1
+                    rereported += 1
                 elif mask:
-                    stats.external_hit_blocks += 1
-                    stats.external_hit_tokens += size
+                    external += 1
+                elif holders.get(h, 0) & others:
+                    routing += 1
+                elif removal is not None or was_seen:
+                    capacity += 1
                 else:
-                    if holders.get(h, 0) & ~bit:
-                        cause = "routing"
-                    elif hist is not None or was_seen:
-                        cause = "capacity"
-                    else:
-                        cause = "cold"
-                    stats.miss_blocks[cause] += 1
-                    stats.miss_tokens[cause] += size
+                    cold += 1
             if not mask & tb:
-                res_count[tb] = res_count.get(tb, 0) + 1
+                added += 1
             if not mask:
-                self._hold(h, bit)
-            dropped = resident.put(h, mask | tb)
-            if dropped:
+                held = holders.get(h, 0)
+                if held.bit_count() == 1:
+                    self.duplicated += 1
+                holders[h] = held | bit
+            ry[h] = mask | tb
+            if len(ry) >= half:
+                dropped, res.old, res.young = ro, ry, {}
+                ro, ry = res.old, res.young
                 self._aged(st, dropped)
+        stats.resident[tb] = stats.resident.get(tb, 0) + added
+        if gpu:
+            stats.rereported_blocks += rereported
+            stats.external_hit_blocks += external
+            stats.external_hit_tokens += external * size
+            for cause, n in (("cold", cold), ("capacity", capacity), ("routing", routing)):
+                stats.miss_blocks[cause] += n
+                stats.miss_tokens[cause] += n * size
 
-    def _observe_reuse(self, stats: EngineStats, hist: tuple[int, float], ts: float) -> None:
-        tb, removed_ts = hist
+    def _observe_reuse(self, stats: EngineStats, removal: object, ts: float) -> None:
+        tb, removed_ts = removal  # type: ignore[misc]
         medium = TIER_NAMES[tb]
         dist = max(0.0, ts - removed_ts)
         counts = stats.reuse_counts.get(medium)
         if counts is None:
             counts = stats.reuse_counts[medium] = [0] * (len(REUSE_BUCKETS) + 1)
             stats.reuse_sum[medium] = 0.0
-        i = 0
-        while i < len(REUSE_BUCKETS) and dist > REUSE_BUCKETS[i]:
-            i += 1
-        counts[i] += 1
+        counts[bisect.bisect_left(REUSE_BUCKETS, dist)] += 1  # buckets are "<= bound"
         stats.reuse_sum[medium] += dist
 
     def _removed(self, st: EngineState, ts: float, ev: Removed) -> None:
         stats = st.stats
         tb = tier_bit(ev.medium)
         _bump(stats.removed_blocks, ev.medium, len(ev.hashes))
-        resident, history = st.resident, st.history
+        res, hist = st.resident, st.history
+        removal = (tb, ts)
+        unknown = gone = 0
         for h in ev.hashes:
-            mask = resident.get(h) or 0
+            ry = res.young
+            mask = ry.get(h)
+            in_young = mask is not None
+            if not in_young:
+                mask = res.old.get(h, 0)
             if not mask & tb:
-                stats.unknown_removed_blocks += 1
+                unknown += 1
             else:
-                stats.resident[tb] -= 1
+                gone += 1
                 mask &= ~tb
                 if mask:
-                    dropped = resident.put(h, mask)
-                    if dropped:
-                        self._aged(st, dropped)
+                    (ry if in_young else res.old)[h] = mask
                 else:
-                    resident.pop(h)
+                    del (ry if in_young else res.old)[h]
                     self._unhold(h, st.bit)
-            if tb == GPU or history.get(h) is None:
-                history.put(h, (tb, ts))  # the GPU removal wins: it is what a re-store pays for
+            if tb == GPU or hist.get(h) is None:  # a GPU removal wins: it is what a re-store pays for
+                hist.put(h, removal)
+        stats.unknown_removed_blocks += unknown
+        stats.resident[tb] = stats.resident.get(tb, 0) - gone
 
     def clear_engine(self, engine: str, ts: float) -> None:
         """AllBlocksCleared or a detected restart: the engine holds nothing any more. Its GPU

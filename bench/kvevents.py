@@ -1,0 +1,181 @@
+"""Benchmark of the KV-event pipeline (agent/kvevents).
+
+1. Throughput, one core: block events (one hash in a BlockStored or BlockRemoved) decoded and
+   applied to the fleet index per second. Messages are batched as vLLM batches one scheduler
+   step: a few BlockStored events (a prefill's new blocks each, 16-token blocks with their token
+   ids) plus single-hash BlockRemoved events from evictions. Reference in the same process: the
+   bare generic `msgspec.msgpack.decode` of the same payloads (the least any consumer pays).
+2. Index memory at 10 M distinct hashes stored through the index with the default limits
+   (4 pods): RSS growth and tracemalloc's traced peak.
+3. End to end over real ZMQ on loopback (publisher thread -> SUB -> manager), for context.
+
+Targets (issue 8): >= 200,000 block events/s; < 500 MB at 10 M hashes.
+Run: .venv/bin/python bench/kvevents.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.kvevents.index import FleetIndex, IndexLimits  # noqa: E402
+from agent.kvevents.manager import KvEventManager  # noqa: E402
+from agent.kvevents.settings import EndpointSpec, KvEventsSettings  # noqa: E402
+from agent.kvevents.wire import Stored, decode_payload  # noqa: E402
+from simulator.kv_publisher import (  # noqa: E402
+    KVEventBatch,
+    KvEventPublisher,
+    removed_event,
+    stored_event,
+)
+
+BLOCK = 16
+
+
+def make_messages(n_msgs: int, encoding: str, seed: int = 7, reuse: float = 0.5) -> tuple[list[bytes], int]:
+    """Payloads of `n_msgs` scheduler steps and the number of block events they carry."""
+    rng = random.Random(seed)
+    enc = msgspec.msgpack.Encoder()
+    next_hash, recent = 1, []
+    payloads, blocks = [], 0
+    for i in range(n_msgs):
+        events = []
+        for _ in range(4):  # four prefills per step, 16 new blocks each
+            hashes = []
+            for _ in range(16):
+                if recent and rng.random() < reuse:
+                    hashes.append(rng.choice(recent))
+                else:
+                    hashes.append(next_hash * 0x9E3779B97F4A7C15 & (2**64 - 1))
+                    next_hash += 1
+            recent.extend(hashes[:4])
+            del recent[:-4096]
+            events.append(stored_event(hashes, None, BLOCK, encoding=encoding))
+            blocks += len(hashes)
+        for _ in range(32):  # evictions, one hash per event as the GPU pool emits them
+            events.append(removed_event([rng.choice(recent)], encoding=encoding))
+            blocks += 1
+        payloads.append(enc.encode(KVEventBatch(float(i), events, 0)))
+    return payloads, blocks
+
+
+def rate(label: str, fn, payloads: list[bytes], blocks: int, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn(payloads)
+        best = min(best, time.perf_counter() - t0)
+    r = blocks / best
+    print(f"  {label:<44} {r:>12,.0f} block events/s  ({best * 1e3:8.1f} ms for {blocks:,})")
+    return r
+
+
+def throughput(n_msgs: int) -> None:
+    print(f"1. throughput, one core ({n_msgs:,} messages of 96 block events)")
+    for encoding in ("map", "array"):
+        payloads, blocks = make_messages(n_msgs, encoding)
+
+        def bare(ps: list[bytes]) -> None:
+            for p in ps:
+                msgspec.msgpack.decode(p)
+
+        def decode_only(ps: list[bytes]) -> None:
+            for p in ps:
+                decode_payload(p)
+
+        def full(ps: list[bytes]) -> None:
+            idx = FleetIndex(IndexLimits(seen_capacity=1_000_000))
+            for i, p in enumerate(ps):
+                b = decode_payload(p)
+                idx.apply(f"pod-{i % 4}", b.ts, b.events)
+
+        print(f" encoding={encoding} ({'vLLM >= 0.24' if encoding == 'map' else 'vLLM <= 0.23'})")
+        ref = rate("reference: msgspec.msgpack.decode (generic)", bare, payloads, blocks)
+        dec = rate("decode_payload (typed, tokens skipped)", decode_only, payloads, blocks)
+        tot = rate("decode + fleet index update", full, payloads, blocks)
+        print(f"  ratios: decode/reference {dec / ref:.2f}x, decode+index/reference {tot / ref:.2f}x, "
+              f"decode+index vs target 200k/s {tot / 200_000:.2f}x")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def memory(n_hashes: int) -> None:
+    print(f"2. index memory at {n_hashes:,} distinct hashes (default limits, 4 pods, 64 blocks per event)")
+    limits = IndexLimits()
+    gc.collect()
+    rss0 = rss_bytes()
+    tracemalloc.start()
+    idx = FleetIndex(limits)
+    per_msg = 512
+    h = 1
+    t0 = time.perf_counter()
+    step = 0
+    while h <= n_hashes:
+        events = []
+        for _ in range(per_msg // 64):
+            hashes = [(x * 0x9E3779B97F4A7C15) & (2**64 - 1) for x in range(h, min(h + 64, n_hashes + 1))]
+            h += 64
+            if hashes:
+                events.append(Stored(hashes, None, BLOCK, "GPU", 0))
+        idx.apply(f"pod-{step % 4}", float(step), events)
+        step += 1
+    elapsed = time.perf_counter() - t0
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    gc.collect()
+    rss1 = rss_bytes()
+    resident = sum(len(e.resident) for e in idx.engines.values())
+    print(f"  stored {n_hashes:,} hashes in {elapsed:.1f} s (tracemalloc on); resident entries kept "
+          f"{resident:,} (cap {limits.resident_per_engine:,}/pod), aged out "
+          f"{sum(e.stats.aged_out for e in idx.engines.values()):,}")
+    print(f"  sketch {idx.sketch.nbytes / 1e6:.1f} MB ({idx.sketch.generations} x {idx.sketch.bits:,} bits, "
+          f"k={idx.sketch.k}, rotations {idx.sketch.rotations})")
+    print(f"  tracemalloc: current {current / 1e6:.1f} MB, peak {peak / 1e6:.1f} MB; "
+          f"RSS growth {(rss1 - rss0) / 1e6:.1f} MB; target < 500 MB -> "
+          f"{max(peak, rss1 - rss0) / 500e6:.2f} of budget")
+
+
+def end_to_end(n_msgs: int) -> None:
+    print(f"3. end to end over ZMQ on 127.0.0.1 ({n_msgs:,} messages, publisher thread + manager loop)")
+    payloads, blocks = make_messages(n_msgs, "map", seed=11)
+    with KvEventPublisher("tcp://127.0.0.1:0", bind=True) as pub:
+        spec = EndpointSpec(pod="p", model="m", endpoint=pub.endpoint)
+        mgr = KvEventManager(KvEventsSettings(endpoints=(spec,), reorder_hold_s=0.0))
+        mgr.run_once(10)
+        time.sleep(0.3)
+        batches = [msgspec.msgpack.decode(p, type=KVEventBatch) for p in payloads]
+        t0 = time.perf_counter()
+        for b in batches:
+            pub.publish(b.events, ts=b.ts)
+        while mgr.applied_batches < n_msgs and time.perf_counter() - t0 < 120:
+            mgr.run_once(50)
+        elapsed = time.perf_counter() - t0
+        got = mgr.applied_batches
+        mgr.stop()
+    print(f"  applied {got:,}/{n_msgs:,} batches: {blocks * got / n_msgs / elapsed:,.0f} block events/s "
+          f"(both ends share this machine's cores, encode included)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller runs (1 M hashes)")
+    args = ap.parse_args()
+    throughput(2_000 if args.quick else 10_000)
+    memory(1_000_000 if args.quick else 10_000_000)
+    end_to_end(1_000 if args.quick else 5_000)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,8 @@ Families (documented in docs/metrics.md, section "Tuner (tuners)"):
 - tierpilot_drift_events_total{signal}       counter: change points detected
 - tierpilot_config_info{<knob>...}           gauge 1: the configuration the target runs now
 - tierpilot_tuner_last_good_info{<knob>...}  gauge 1: the last configuration marked good
-- tierpilot_tuner_best_objective_seconds     gauge: best objective value of the current phase
+- tierpilot_tuner_best_objective             gauge: best objective (TTFT quantile, s) of the phase
+- tierpilot_tuner_trial_objective            gauge: objective (s) of the latest finished trial
 - tierpilot_tuner_phase                      gauge: tuning phase number (bumps on drift)
 - tierpilot_tuner_trial_in_flight            gauge: 1 while a live trial is applied and measured
 - tierpilot_tuner_dry_run                    gauge: 1 in dry-run mode
@@ -52,6 +53,7 @@ class TunerMetrics(Collector):
         self._config: Knobs | None = None
         self._last_good: Knobs | None = None
         self._best: float | None = None
+        self._last_trial: float | None = None
         self._phase = 0
         self._in_flight = False
         self._dry_run = False
@@ -91,6 +93,10 @@ class TunerMetrics(Collector):
         with self._lock:
             self._best = value
 
+    def set_trial_objective(self, value: float | None) -> None:
+        with self._lock:
+            self._last_trial = value
+
     def set_phase(self, phase: int) -> None:
         with self._lock:
             self._phase = phase
@@ -121,6 +127,7 @@ class TunerMetrics(Collector):
             trials, acts, blocks = dict(self._trials), dict(self._actuations), dict(self._blocks)
             drift, config, last_good = dict(self._drift), self._config, self._last_good
             best, phase, in_flight, dry_run = self._best, self._phase, self._in_flight, self._dry_run
+            last_trial = self._last_trial
         t = self.target
         fam = CounterMetricFamily("tierpilot_tuner_trials", "Finished tuning trials by outcome.",
                                   labels=["target", "state"])
@@ -151,11 +158,16 @@ class TunerMetrics(Collector):
                 g = GaugeMetricFamily(name, doc, labels=list(labels))
                 g.add_metric(list(labels.values()), 1.0)
                 yield g
-        if best is not None:
-            g = GaugeMetricFamily("tierpilot_tuner_best_objective_seconds",
-                                  "Best objective value (TTFT quantile, s) in the current phase.", labels=["target"])
-            g.add_metric([t], best)
-            yield g
+        for name, doc, value in (
+            ("tierpilot_tuner_best_objective", "Best objective (TTFT quantile, seconds) in the current phase.",
+             best),
+            ("tierpilot_tuner_trial_objective", "Objective (TTFT quantile, seconds) of the latest finished trial.",
+             last_trial),
+        ):
+            if value is not None:
+                g = GaugeMetricFamily(name, doc, labels=["target"])
+                g.add_metric([t], value)
+                yield g
         for name, doc, value in (
             ("tierpilot_tuner_phase", "Tuning phase number; a new phase starts on drift.", phase),
             ("tierpilot_tuner_trial_in_flight", "1 while a live trial is applied and being measured.",

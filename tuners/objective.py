@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -129,7 +129,9 @@ class ObjectiveSpec:
             return (primary, ev.hit_ratio, ev.memory_gib)
         return (primary,)
 
-    def sort_key(self, ev_attrs: dict[str, Any]) -> tuple[float, float, float]:
+    def sort_key(self, primary: float, ev_attrs: Mapping[str, Any] | None = None) -> tuple[float, float, float]:
         """Single-objective order: primary metric, then higher hit ratio, then less memory."""
-        return (float(ev_attrs[f"{self.metric}_s"]), -float(ev_attrs.get("hit_ratio", 0.0)),
-                float(ev_attrs.get("memory_gib", 0.0)))
+        ev_attrs = ev_attrs or {}
+        hit = ev_attrs.get("hit_ratio")
+        hit = 0.0 if hit is None or not math.isfinite(float(hit)) else float(hit)
+        return (primary, -hit, float(ev_attrs.get("memory_gib") or 0.0))

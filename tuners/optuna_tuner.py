@@ -108,15 +108,14 @@ class OptunaTuner:
             raise CandidateError(f"trial {trial.number}: {exc}") from None
         for key, value in self.space.constraints(knobs).items():
             trial.set_constraint(key, value)
-        trial.set_user_attr("owner", self.owner)
-        trial.set_user_attr("knobs", knobs.to_dict())
+        trial.set_user_attr("candidate", {"knobs": knobs.to_dict(), "owner": self.owner})
         source = trial.user_attrs.get("source", "sampler")
         self._open[trial.number] = trial
         return Candidate(trial.number, knobs, dict(trial.params), source)
 
     def tell(self, candidate: Candidate, evaluation: Evaluation, *, rolled_back: bool = False) -> TrialRecord:
         values = self.objective.values(evaluation)
-        self._set_attrs(candidate.number, {**evaluation.attrs(),
+        self._set_attrs(candidate.number, {"evaluation": evaluation.attrs(),
                                            "outcome": "rolled_back" if rolled_back else "complete"})
         frozen = self.study.tell(candidate.number, list(values))
         self._open.pop(candidate.number, None)
@@ -136,6 +135,21 @@ class OptunaTuner:
                                      f"is not {dim.describe()}")
         self.study.enqueue_trial(params, user_attrs={"source": source}, skip_if_exists=True)
 
+    def record(self, knobs: Knobs, evaluation: Evaluation, *, source: str) -> TrialRecord | None:
+        """Add a configuration measured outside ask/tell (e.g. the baseline) as a finished trial.
+        Returns None (and records nothing) if `knobs` lies outside the space's distributions."""
+        params = self.space.to_params(knobs)
+        if not all(d.contains(params[d.name]) for d in self.space.dimensions):
+            log.info(json.dumps({"event": "record_skipped", "study": self.study_name, "source": source,
+                                 "reason": "outside the search space"}))
+            return None
+        trial = optuna.trial.create_trial(
+            params=params, distributions=self._distributions, values=list(self.objective.values(evaluation)),
+            user_attrs={"evaluation": evaluation.attrs(), "outcome": "complete", "source": source,
+                        "candidate": {"knobs": knobs.to_dict(), "owner": self.owner}})
+        self.study.add_trial(trial)
+        return self._record(self.study.get_trials(deepcopy=False)[-1])
+
     def exhausted(self) -> bool:
         """True when a grid sampler has visited every grid point."""
         sampler = self.study.sampler
@@ -145,7 +159,7 @@ class OptunaTuner:
     def resume(self) -> list[int]:
         """Fail this owner's trials left RUNNING by a crash. Returns their numbers."""
         orphans = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.user_attrs.get("owner", self.owner) == self.owner]
+                   if (t.user_attrs.get("candidate") or {}).get("owner", self.owner) == self.owner]
         for t in orphans:
             self._set_attrs(t.number, {"outcome": "failed", "failure": "in flight when the agent restarted"})
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
@@ -175,7 +189,12 @@ class OptunaTuner:
             return None
         if self.objective.multi:
             return min(done, key=lambda t: (t.values or (math.inf,))[0])
-        return min(done, key=lambda t: self.objective.sort_key(dict(t.attrs)) if t.attrs else (t.value,))
+        return min(done, key=self.rank)
+
+    def rank(self, record: TrialRecord) -> tuple[float, ...]:
+        """Order of finished trials: objective, then hit ratio, then memory (single-objective)."""
+        values = record.values or (math.inf,)
+        return self.objective.sort_key(values[0], record.attrs.get("evaluation"))
 
     def pareto_front(self) -> list[TrialRecord]:
         if not self.objective.multi:
@@ -208,7 +227,7 @@ class OptunaTuner:
             state = "running"
         else:
             state = str(t.user_attrs.get("outcome", "complete" if t.state == TrialState.COMPLETE else "failed"))
-        knobs_dict = t.user_attrs.get("knobs")
+        knobs_dict = (t.user_attrs.get("candidate") or {}).get("knobs")
         knobs = Knobs.from_mapping(knobs_dict) if knobs_dict else self.space.to_knobs(t.params)
         feasible = all(v <= 0.0 for v in t.constraints.values())
         return TrialRecord(t.number, knobs, state, tuple(t.values) if t.values else None,

@@ -157,10 +157,11 @@ class IntRange:
         return tuple(range(self.low, self.high + 1, self.step))
 
     def contains(self, value: Any) -> bool:
-        return isinstance(value, int) and self.low <= value <= self.high
+        return (isinstance(value, int) and self.low <= value <= self.high
+                and (value - self.low) % self.step == 0)
 
     def describe(self) -> str:
-        return f"an integer in {self.low}..{self.high}"
+        return f"an integer in {self.low}..{self.high} in steps of {self.step}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +181,13 @@ class FloatRange:
         return tuple(round(self.low + i * self.step, 6) for i in range(n + 1))
 
     def contains(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) and self.low - 1e-9 <= value <= self.high + 1e-9
+        if not isinstance(value, (int, float)) or not self.low - 1e-9 <= value <= self.high + 1e-9:
+            return False
+        k = (value - self.low) / self.step
+        return abs(k - round(k)) < 1e-6
 
     def describe(self) -> str:
-        return f"a number in {self.low}..{self.high}"
+        return f"a number in {self.low:g}..{self.high:g} in steps of {self.step:g}"
 
 
 Dimension = Choice | IntRange | FloatRange

@@ -1,0 +1,347 @@
+"""The tuning controller: what the agent's scheduler calls on every tick.
+
+`TuningController.step(now, signals)` does at most one thing per call, never sleeps, and never
+raises for an actuation or evaluation problem (it reports it):
+
+1. drift check on the workload signals; on a change point, abort any trial in flight (roll back
+   to the last good configuration) and start a new phase;
+2. a new phase opens its own optuna study (`<study>.phase000`, `.phase001`, ...), enqueues the
+   twin's top candidates for the new workload first (warm start), and measures a baseline of the
+   running configuration (recorded as a trial, and kept as the regression reference);
+3. otherwise, with no trial in flight and the guardrails permitting: ask -> validate -> apply ->
+   settle -> measure a window -> judge against the baseline -> tell; a statistically worse trial
+   is rolled back at once; a better one becomes the last good configuration (study user attrs
+   and `actuator.mark_good`);
+4. after `trials_per_phase` trials the phase holds the last good configuration until drift.
+
+`resume(now)` after a restart: reopen the latest phase, fail trials left in flight, and
+re-apply the last good configuration if the target runs anything else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+import optuna
+
+from simulator.knobs import Knobs
+from tuners.actuator import ActuationError
+from tuners.base import Candidate
+from tuners.drift import CONFIG_DEPENDENT, DriftDetector, DriftEvent
+from tuners.guardrails import Guardrails
+from tuners.live import InsufficientTraffic, LiveEvaluator, LiveResult
+from tuners.logline import log_event
+from tuners.metrics import TunerMetrics
+from tuners.objective import ObjectiveSpec, TtftObservations
+from tuners.optuna_tuner import OptunaTuner
+from tuners.space import CandidateError, SearchSpace
+from tuners.warmstart import WarmStart
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    """study: base study name (phases are `<study>.phaseNNN`). sampler/seed: the live sampler.
+    trials_per_phase: live trials before holding. warm_start_k: twin candidates enqueued first.
+    min_improvement: relative gain needed to replace the last good configuration.
+    max_apply_retries: retriable actuation failures before the trial fails."""
+
+    study: str = "tierpilot"
+    sampler: str = "tpe"
+    seed: int | None = None
+    owner: str = "tierpilot"
+    trials_per_phase: int = 20
+    warm_start_k: int = 3
+    min_improvement: float = 0.01
+    max_apply_retries: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one `step` did. state: see `TuningController.step`."""
+
+    now: float
+    phase: int
+    state: str
+    trial: int | None = None
+    message: str = ""
+    drift: DriftEvent | None = None
+
+
+class TuningController:
+    """Drift -> phase -> ask -> actuate via guardrails -> evaluate -> tell -> rollback."""
+
+    def __init__(self, *, space: SearchSpace, objective: ObjectiveSpec | None, storage: optuna.storages.BaseStorage,
+                 guardrails: Guardrails, evaluator: LiveEvaluator, metrics: TunerMetrics,
+                 settings: ControllerSettings = ControllerSettings(), warm_start: WarmStart | None = None,
+                 drift: DriftDetector | None = None) -> None:
+        self.space = space
+        self.objective = ObjectiveSpec(metric=(objective or ObjectiveSpec()).metric)
+        self.storage = storage
+        self.guardrails = guardrails
+        self.evaluator = evaluator
+        self.metrics = metrics
+        self.settings = settings
+        self.warm_start = warm_start
+        self.drift = drift
+        self.phase = -1
+        self.tuner: OptunaTuner | None = None
+        self.baseline: LiveResult | None = None
+        self.candidate: Candidate | None = None  # asked, applied, being measured
+        self._retry: tuple[Candidate, float, int] | None = None  # (candidate, retry at, attempts)
+        self.stopped: str | None = None
+        self.holding = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def resume(self, now: float) -> list[int]:
+        """Reopen the latest phase after a restart; fail orphaned trials; restore last good."""
+        latest = latest_phase(self.storage, self.settings.study)
+        self._open_phase(max(latest, 0), now, reason="resume" if latest >= 0 else "start",
+                         fresh=latest < 0)
+        assert self.tuner is not None
+        orphans = self.tuner.resume()
+        for _ in orphans:
+            self.metrics.trial_finished("failed")
+        good = self.tuner.last_good() or self.guardrails.actuator.last_good()
+        if good is not None:
+            self.metrics.set_last_good(good)
+            try:
+                current = self.guardrails.actuator.current()
+                self.metrics.set_config(current)
+                if current != good:
+                    self.guardrails.reapply(good, reason="restart: target not on the last good configuration")
+                    self._config_changed()
+            except (ActuationError, CandidateError) as exc:
+                log_event("reapply_failed", error=str(exc))
+        log_event("resume", phase=self.phase, orphaned_trials=orphans,
+                  last_good=good, finished_trials=len(self.tuner.trials()))
+        return orphans
+
+    def step(self, now: float, signals: Mapping[str, float] | None = None) -> StepReport:
+        """One scheduler tick. See the module docstring for the order of work."""
+        if self.tuner is None:
+            self.resume(now)
+        event = self.drift.update(signals, now) if (self.drift is not None and signals) else None
+        if event is not None:
+            self.metrics.drift_event(event.signal)
+            self._on_drift(event, now)
+            return StepReport(now, self.phase, "drift", message=f"{event.signal} {event.direction}", drift=event)
+        if self.stopped:
+            return StepReport(now, self.phase, "stopped", message=self.stopped)
+        if self.evaluator.pending is not None:
+            return self._poll(now)
+        if self.baseline is None:
+            knobs = self._current()
+            self.evaluator.start_baseline(knobs, now)
+            return StepReport(now, self.phase, "baseline", message="measuring the running configuration")
+        if self._retry is not None:
+            cand, at, attempts = self._retry
+            if now < at:
+                return StepReport(now, self.phase, "retry", cand.number, f"retrying at {at:g}")
+            return self._start(cand, now, attempts)
+        if self._phase_done():
+            return self._hold(now)
+        blocked = self.guardrails.blocked(now)
+        if blocked is not None:
+            return StepReport(now, self.phase, "blocked", message=blocked)
+        assert self.tuner is not None
+        try:
+            cand = self.tuner.ask()
+        except CandidateError as exc:
+            self.metrics.trial_finished("rejected")
+            return StepReport(now, self.phase, "rejected", message=str(exc))
+        return self._start(cand, now, 0)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _start(self, cand: Candidate, now: float, attempts: int) -> StepReport:
+        assert self.tuner is not None
+        self._retry = None
+        res = self.evaluator.start(cand, now)
+        if res.started:
+            self.candidate = cand
+            self._config_changed()
+            return StepReport(now, self.phase, "trial_started", cand.number, res.message)
+        if res.status == "dry_run":
+            self.tuner.fail(cand, "dry-run: proposed, not applied", state="dry_run")
+            self.metrics.trial_finished("dry_run")
+            self.guardrails.finish(cand.number)
+            return StepReport(now, self.phase, "dry_run", cand.number, "proposed, not applied")
+        if res.status == "rejected":
+            self.tuner.fail(cand, res.message, state="rejected")
+            self.metrics.trial_finished("rejected")
+            return StepReport(now, self.phase, "rejected", cand.number, res.message)
+        if res.status in ("retry", "blocked") and attempts + 1 < self.settings.max_apply_retries:
+            self._retry = (cand, now + res.retry_after_s, attempts + 1)
+            return StepReport(now, self.phase, "retry", cand.number, res.message)
+        # failed: permanent error, rollout timeout, or out of retries
+        self.tuner.fail(cand, res.message or res.status)
+        self.metrics.trial_finished("failed")
+        if self.guardrails.in_flight == cand.number:  # rollout timed out: undo whatever happened
+            self._rollback(cand.number, f"apply failed: {res.message}")
+            self.guardrails.finish(cand.number)
+        if res.permanent:
+            self.stopped = f"permanent actuation error: {res.message}"
+            log_event("tuning_stopped", reason=self.stopped)
+            return StepReport(now, self.phase, "stopped", cand.number, self.stopped)
+        return StepReport(now, self.phase, "failed", cand.number, res.message)
+
+    def _poll(self, now: float) -> StepReport:
+        assert self.tuner is not None
+        cand = self.candidate
+        try:
+            result = self.evaluator.poll_result(now)
+        except InsufficientTraffic as exc:
+            if cand is None:  # baseline: try again with the next window
+                return StepReport(now, self.phase, "baseline", message=str(exc))
+            self.tuner.fail(cand, str(exc))
+            self.metrics.trial_finished("failed")
+            self._rollback(cand.number, "too little traffic to judge the trial")
+            self._finish(cand)
+            return StepReport(now, self.phase, "failed", cand.number, str(exc))
+        if result is None:
+            return StepReport(now, self.phase, "measuring", cand.number if cand else None)
+        if cand is None:
+            return self._baseline_done(result, now)
+        return self._judge(cand, result, now)
+
+    def _baseline_done(self, result: LiveResult, now: float) -> StepReport:
+        assert self.tuner is not None
+        self.baseline = result
+        rec = self.tuner.record(result.knobs, result.evaluation, source="baseline")
+        value = result.evaluation.metric(self.objective.metric)
+        if self.tuner.last_good() is None or self.tuner.last_good() == result.knobs:
+            self.tuner.set_last_good(result.knobs, trial=rec.number if rec else None, value=value)
+            self.guardrails.mark_good(result.knobs, trial=rec.number if rec else None)
+        self._update_best()
+        return StepReport(now, self.phase, "baseline_done", rec.number if rec else None,
+                          f"{self.objective.metric}={value:.4g}s")
+
+    def _judge(self, cand: Candidate, result: LiveResult, now: float) -> StepReport:
+        assert self.tuner is not None and self.baseline is not None
+        ev = result.evaluation
+        base_obs: TtftObservations | None = self.baseline.evaluation.ttft
+        verdict = self.guardrails.judge(ev.ttft, base_obs, trial=cand.number) if ev.ttft and base_obs else None
+        if verdict is not None and verdict.worse:
+            self._rollback(cand.number, verdict.reason)
+            self.tuner.tell(cand, ev, rolled_back=True)
+            self.metrics.trial_finished("rolled_back")
+            self.metrics.set_trial_objective(ev.metric(self.objective.metric))
+            self._finish(cand)
+            return StepReport(now, self.phase, "rolled_back", cand.number, verdict.reason)
+        self.tuner.tell(cand, ev)
+        self.metrics.trial_finished("complete")
+        value = ev.metric(self.objective.metric)
+        self.metrics.set_trial_objective(value)
+        good_value = self.tuner.last_good_value()
+        state = "told"
+        if (verdict is None or verdict.conclusive) and (
+                good_value is None or value < good_value * (1.0 - self.settings.min_improvement)):
+            self.tuner.set_last_good(cand.knobs, trial=cand.number, value=value)
+            self.guardrails.mark_good(cand.knobs, trial=cand.number)
+            self.baseline = result
+            state = "improved"
+        self._finish(cand)
+        self._update_best()
+        return StepReport(now, self.phase, state, cand.number, verdict.reason if verdict else "")
+
+    def _finish(self, cand: Candidate) -> None:
+        self.candidate = None
+        self.guardrails.finish(cand.number)
+
+    def _rollback(self, trial: int | None, reason: str) -> None:
+        assert self.tuner is not None
+        try:
+            self.guardrails.rollback(reason, trial=trial, last_good=self.tuner.last_good())
+            self._config_changed()
+        except ActuationError as exc:
+            log_event("rollback_failed", trial=trial, error=str(exc))
+
+    def _on_drift(self, event: DriftEvent, now: float) -> None:
+        assert self.tuner is not None
+        dropped = self.evaluator.abort()
+        if dropped is not None and self.candidate is not None:
+            self.tuner.fail(self.candidate, f"workload drift ({event.signal}) during evaluation")
+            self.metrics.trial_finished("failed")
+            self._rollback(self.candidate.number, "workload drift during evaluation")
+            self._finish(self.candidate)
+        self._retry = None
+        self._open_phase(self.phase + 1, now, reason=f"drift:{event.signal}", fresh=True)
+
+    def _open_phase(self, phase: int, now: float, *, reason: str, fresh: bool) -> None:
+        s = self.settings
+        self.phase = phase
+        self.tuner = OptunaTuner(self.space, self.objective, storage=self.storage,
+                                 study_name=phase_study_name(s.study, phase), sampler=s.sampler,
+                                 seed=s.seed, owner=s.owner)
+        self.baseline = None
+        self.holding = False
+        self.stopped = None
+        self.metrics.set_phase(phase)
+        if fresh:
+            self.tuner.study.set_user_attr("phase", {"number": phase, "reason": reason, "started_at": now})
+            previous = latest_good_before(self.storage, s.study, phase)
+            if previous is not None and self.tuner.last_good() is None:
+                self.tuner.set_last_good(previous)  # carry the fallback across phases
+            if self.warm_start is not None and s.warm_start_k > 0:
+                for knobs in self.warm_start.candidates(s.warm_start_k):
+                    try:
+                        self.tuner.enqueue(knobs, source="twin")
+                    except CandidateError as exc:
+                        log_event("warm_start_skipped", error=str(exc))
+        log_event("phase", phase=phase, reason=reason, study=self.tuner.study_name)
+
+    def _phase_done(self) -> bool:
+        assert self.tuner is not None
+        done = [t for t in self.tuner.trials() if t.state != "running" and t.attrs.get("source") != "baseline"]
+        return len(done) >= self.settings.trials_per_phase
+
+    def _hold(self, now: float) -> StepReport:
+        assert self.tuner is not None
+        good = self.tuner.last_good()
+        if not self.holding:
+            self.holding = True
+            if good is not None and self._current() != good:
+                self._rollback(None, "phase finished: restore the best configuration")
+            log_event("phase_done", phase=self.phase, last_good=good)
+        return StepReport(now, self.phase, "holding", message="phase finished; waiting for drift")
+
+    def _current(self) -> Knobs:
+        try:
+            return self.guardrails.actuator.current()
+        except ActuationError:
+            assert self.tuner is not None
+            return self.tuner.last_good() or self.space.fixed
+
+    def _config_changed(self) -> None:
+        if self.drift is not None:
+            self.drift.reset(CONFIG_DEPENDENT)
+
+    def _update_best(self) -> None:
+        assert self.tuner is not None
+        best = self.tuner.best()
+        self.metrics.set_best(best.value if best else None)
+
+
+def phase_study_name(study: str, phase: int) -> str:
+    return f"{study}.phase{phase:03d}"
+
+
+def latest_phase(storage: optuna.storages.BaseStorage, study: str) -> int:
+    """The highest phase number stored for `study`, or -1."""
+    pattern = re.compile(re.escape(study) + r"\.phase(\d{3,})$")
+    phases = [int(m.group(1)) for s in optuna.study.get_all_study_names(storage)
+              if (m := pattern.match(s))]
+    return max(phases, default=-1)
+
+
+def latest_good_before(storage: optuna.storages.BaseStorage, study: str, phase: int) -> Knobs | None:
+    """The last good configuration of the most recent earlier phase that has one."""
+    for p in range(phase - 1, -1, -1):
+        try:
+            s = optuna.load_study(study_name=phase_study_name(study, p), storage=storage)
+        except KeyError:
+            continue
+        data = s.user_attrs.get("last_good")
+        if data:
+            return Knobs.from_mapping(data["knobs"], source=f"study {s.study_name} last_good")
+    return None

@@ -76,7 +76,12 @@ def cache_records() -> tuple[Record, ...]:
 def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
     baseline = f"avg_over_time({TOTAL_HIT}[1h] offset 10m)"
     evictions_now = "sum by (namespace, pod, tier) (rate(tierpilot_kv_evictions_total[5m]))"
-    evictions_before = "sum by (namespace, pod, tier) (rate(tierpilot_kv_evictions_total[1h] offset 5m))"
+    # The baseline is the mean 5-minute rate over 6 hours ending an hour ago: a storm does not
+    # dilute its own baseline while it lasts, and a young series is not compared with a 6-hour
+    # rate() that its few samples would make near zero.
+    evictions_before = (
+        "avg_over_time(\n    sum by (namespace, pod, tier) (rate(tierpilot_kv_evictions_total[5m]))[6h:5m]"
+        " offset 1h\n  )")
     l2 = "max by (namespace, pod, op) (tierpilot_l2_io_latency_seconds{{op=\"{op}\", quantile=\"{q}\"}})"
     q = a.l2_latency_quantile
     return (
@@ -110,7 +115,7 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
             "warning",
             "Eviction storm in the {{ $labels.tier }} tier of {{ $labels.pod }}",
             "The {{ $labels.tier }} tier of {{ $labels.pod }} evicts {{ $value | humanize }} entries/s, "
-            f"more than {a.eviction_storm_factor:g}x its rate over the hour before: the tier is "
+            f"more than {a.eviction_storm_factor:g}x its rate over the 6 hours before the last hour: the tier is "
             "thrashing and cached prefixes are evicted before they are reused.",
             "tierpilotevictionstorm", for_="10m",
         ),

@@ -16,9 +16,10 @@ NS = ("namespace",)
 VARIABLES = (Variable("namespace", "namespace", "tierpilot_target_up"),)
 
 
-def _events(metric: str, *matchers: str) -> str:
+def _events(metric: str, *matchers: str, by: str = "") -> str:
     """Steps at which a counter moved: one annotation per change, at the step it happened."""
-    return f"sum(increase({metric}{selector(*matchers, scope=NS)}[2m])) > 0"
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (increase({metric}{selector(*matchers, scope=NS)}[2m])) > 0"
 
 
 ANNOTATIONS = (
@@ -26,9 +27,18 @@ ANNOTATIONS = (
                "Configuration applied", "The tuner applied a new configuration."),
     Annotation("Rollbacks", _events("tierpilot_actuations_total", eq("result", "rolled_back")), "red",
                "Rolled back", "A trial regressed TTFT and was rolled back to the last good configuration."),
-    Annotation("Drift", _events("tierpilot_drift_events_total"), "purple",
-               "Workload drift", "The drift detector saw the workload shift; a new tuning phase starts."),
+    Annotation("Drift", _events("tierpilot_drift_events_total", by="signal"), "purple",
+               "Workload drift ({{signal}})",
+               "The drift detector saw {{signal}} shift; a new tuning phase starts."),
 )
+
+
+def _config_table(title: str, metric: str, description: str) -> Panel:
+    return Panel(
+        title, "table", "none",
+        (Query(f"{metric}{selector(scope=NS)}", instant=True, format="table"),),
+        description, width=24, height=5, columns=("target", *KNOB_COLUMNS),
+    )
 
 
 def panels(settings: BuildSettings) -> tuple[Panel, ...]:
@@ -36,56 +46,69 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
     return (
         Panel(
             "Best objective so far", "stat", "s",
-            (Query(f"min(tierpilot_tuner_best_objective{s})"),),
-            "Lowest objective (TTFT p95 by default, seconds) of any completed trial in the study.",
+            (Query(f"min(tierpilot_tuner_best_objective_seconds{s})"),),
+            "Lowest objective (TTFT p95 by default, seconds) of any completed trial in the current "
+            "tuning phase. Lower is better.",
             width=6, height=5,
         ),
         Panel(
-            "Trials", "stat", "short",
-            (Query(f"sum by (state) (tierpilot_tuner_trials_total{s})", "{{state}}"),),
-            "Trials of the current study by state.",
-            width=6, height=5,
-        ),
-        Panel(
-            "Applies and rollbacks (24 h)", "stat", "short",
-            (Query(f"sum by (result) (increase(tierpilot_actuations_total{s}[24h]))", "{{result}}"),),
-            "Configuration changes sent to the cluster in the last day, by outcome.",
+            "Trials (complete)", "stat", "short",
+            (Query(f"sum(tierpilot_tuner_trials_total{selector(eq('state', 'complete'), scope=NS)})"),),
+            "Completed trials since the agent started.",
             width=6, height=5, decimals=0,
         ),
         Panel(
-            "Drift events (24 h)", "stat", "short",
-            (Query(f"sum(increase(tierpilot_drift_events_total{s}[24h]))"),),
-            "Workload shifts the drift detector reported in the last day.",
+            "Tuning phase", "stat", "short",
+            (Query(f"max(tierpilot_tuner_phase{s})"),),
+            "Tuning phase number; a workload drift starts a new phase (warm-started from the twin).",
             width=6, height=5, decimals=0,
         ),
         Panel(
-            "Trial objective over time", "timeseries", "s",
-            (Query(f"max(tierpilot_tuner_trial_objective{s})", "trial objective"),
-             Query(f"min(tierpilot_tuner_best_objective{s})", "best so far")),
-            "Objective of the latest completed trial (points) against the best objective so far. "
-            "Lower is better. Applies, rollbacks and drift are marked as annotations.",
+            "Mode", "stat", "short",
+            (Query(f"max(tierpilot_tuner_dry_run{s})", "dry run"),
+             Query(f"max(tierpilot_tuner_trial_in_flight{s})", "trial in flight")),
+            "1 = dry run (proposes, applies nothing); trial in flight = a live trial is applied and "
+            "being measured.",
+            width=6, height=5, decimals=0,
+        ),
+        Panel(
+            "Objective over time", "timeseries", "s",
+            (Query(f"min by (target) (tierpilot_tuner_best_objective_seconds{s})", "best so far ({{target}})"),),
+            "Best objective of the current phase over time: each step down is a trial that beat all "
+            "before it; a step up is a new phase after drift. Lower is better. Applies, rollbacks and "
+            "drift are marked as annotations.",
             width=24, draw_points=True, min=0,
         ),
         Panel(
-            "Trials over time", "timeseries", "short",
+            "Trials by state", "timeseries", "short",
             (Query(f"sum by (state) (tierpilot_tuner_trials_total{s})", "{{state}}"),),
-            "Cumulative trials by state (complete, pruned, failed, rolled back...).",
-            min=0,
+            "Finished trials by state since the agent started (complete, pruned, failed...).",
+            min=0, decimals=0,
         ),
         Panel(
             "Actuations per hour", "timeseries", "short",
             (Query(f"sum by (result) (increase(tierpilot_actuations_total{s}[1h]))", "{{result}}"),
              Query(f"sum(increase(tierpilot_reapplied_total{s}[1h]))", "re-applied after revert")),
-            "Changes per hour by outcome, and patches re-applied after an operator reconcile undid them.",
+            "Configuration changes per hour by result, and patches re-applied after an operator "
+            "reconcile undid them.",
             min=0,
         ),
         Panel(
-            "Current configuration", "table", "none",
-            (Query(f"tierpilot_config_info{s}", instant=True, format="table"),),
-            "The knob values in force now (labels of tierpilot_config_info).",
-            width=24, height=6,
-            columns=KNOB_COLUMNS,
+            "Guardrail blocks per hour", "timeseries", "short",
+            (Query(f"sum by (reason) (increase(tierpilot_tuner_guardrail_blocks_total{s}[1h]))", "{{reason}}"),),
+            "Changes held back by a guardrail (one in flight, cooldown, hourly cap, invalid candidate).",
+            min=0,
         ),
+        Panel(
+            "Drift events per hour", "timeseries", "short",
+            (Query(f"sum by (signal) (increase(tierpilot_drift_events_total{s}[1h]))", "{{signal}}"),),
+            "Workload change points by the signal that moved.",
+            min=0,
+        ),
+        _config_table("Current configuration", "tierpilot_config_info",
+                      "The knob values in force now (labels of tierpilot_config_info)."),
+        _config_table("Last good configuration", "tierpilot_tuner_last_good_info",
+                      "The configuration a rollback restores (labels of tierpilot_tuner_last_good_info)."),
     )
 
 

@@ -189,7 +189,7 @@ class FleetIndex:
             self._unhold(h, st.bit)
             for tb in TIER_NAMES:
                 if mask & tb:  # type: ignore[operator]
-                    resident[tb] -= 1
+                    resident[tb] = resident.get(tb, 0) - 1
         st.stats.aged_out += len(dropped)
 
     def _release_all(self, st: EngineState) -> None:

@@ -153,8 +153,9 @@ def draw_stat(ax: Axes, data: PanelData) -> None:
             color = {"green": "tab:green", "orange": "tab:orange", "red": "tab:red"}.get(t.color, t.color)
     ax.plot(_times(s), s.values, color=color, alpha=0.35, linewidth=1.2)
     ax.fill_between(_times(s), s.values, color=color, alpha=0.08)
-    ax.text(0.5, 0.55, format_value(p.unit, value), ha="center", va="center", transform=ax.transAxes,
-            fontsize=26, fontweight="bold", color=color)
+    text = format_value(p.unit, value)
+    ax.text(0.5, 0.55, text, ha="center", va="center", transform=ax.transAxes,
+            fontsize=26 if len(text) <= 8 else 18, fontweight="bold", color=color)
     if len(data.series) > 1:
         ax.text(0.5, 0.2, "  ".join(f"{d.legend}: {format_value(p.unit, d.series.values[-1])}"
                                     for d in data.series if d.series.values),
@@ -255,7 +256,7 @@ def _save_sheet(dashboard: Dashboard, data: Sequence[PanelData], path: Path, sta
         DRAW[d.panel.kind](ax, d)
     window = f"{datetime.fromtimestamp(start):%Y-%m-%d %H:%M} - {datetime.fromtimestamp(end):%H:%M}"
     fig.suptitle(f"{dashboard.title}   ({window})", fontsize=13)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

@@ -1,0 +1,192 @@
+"""Typed, frozen agent settings: a YAML file, overridden by environment variables.
+
+Environment overrides use the prefix `TIERPILOT_` and `__` between levels, e.g.
+`TIERPILOT_SCRAPE__TIMEOUT_S=3` or `TIERPILOT_SERVER__PORT=9500`. Settings are validated once at
+start; a bad value or an unknown key is one `SettingsError` naming the file and the key.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.model import ROLES, Role
+
+ENV_PREFIX = "TIERPILOT_"
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message names the source and the key."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ScrapeSettings(_Frozen):
+    interval_s: float = Field(15.0, gt=0, description="seconds between scrape cycles")
+    timeout_s: float = Field(5.0, gt=0, description="total time allowed per target (connect + body)")
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="decompressed body cap per target")
+    concurrency: int = Field(256, gt=0, description="simultaneous connections")
+    backoff_base_s: float = Field(5.0, ge=0, description="first back-off after a failure; doubles each time")
+    backoff_max_s: float = Field(300.0, ge=0, description="back-off ceiling")
+
+
+class StoreSettings(_Frozen):
+    retention_s: float = Field(900.0, gt=0, description="how long normalised samples are kept")
+    window_s: float = Field(300.0, gt=0, description="window for ratios, rates and quantiles")
+
+
+class ServerSettings(_Frozen):
+    host: str = Field("0.0.0.0", description="address /metrics listens on")
+    port: int = Field(9400, ge=0, le=65535, description="port of /metrics (0 picks a free one)")
+
+
+class OtelSettings(_Frozen):
+    endpoint: str | None = Field(None, description="OTLP endpoint; unset disables OpenTelemetry export")
+    protocol: Literal["http", "grpc"] = "http"
+    interval_s: float = Field(15.0, gt=0, description="export interval")
+    timeout_s: float = Field(10.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    service_name: str = "tierpilot-agent"
+    genai_operation: str = Field("chat", description="gen_ai.operation.name on TTFT")
+    genai_provider: str = Field("vllm", description="gen_ai.provider.name on TTFT")
+
+
+class StaticTarget(_Frozen):
+    url: str
+    role: Role
+    pod: str
+    namespace: str = ""
+    node: str = ""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {v!r}")
+        return v
+
+
+DEFAULT_PORTS: dict[str, tuple[int, str]] = {
+    "vllm": (8000, "/metrics"),
+    "lmcache": (9090, "/metrics"),
+    "curvine-master": (9001, "/metrics"),
+    "curvine-worker": (9002, "/metrics"),
+    "curvine-fuse": (9003, "/metrics"),
+    "router": (8001, "/metrics"),
+}
+
+
+class RoleDiscovery(_Frozen):
+    selector: str = Field(description="Kubernetes label selector, e.g. app=vllm")
+    port: int | None = Field(None, description="default port when the pod has no annotation")
+    path: str | None = None
+    scheme: Literal["http", "https"] = "http"
+
+
+class KubernetesSettings(_Frozen):
+    enabled: bool = False
+    namespace: str | None = Field(None, description="namespace to watch; unset = all namespaces")
+    roles: dict[Role, RoleDiscovery] = Field(default_factory=dict)
+    in_cluster: bool | None = Field(None, description="None: in-cluster config if available, else kubeconfig")
+    watch_timeout_s: int = Field(300, gt=0)
+
+
+class TargetSettings(_Frozen):
+    static: tuple[StaticTarget, ...] = ()
+    file: Path | None = Field(None, description="YAML file with a `targets:` list, re-read when it changes")
+    kubernetes: KubernetesSettings = KubernetesSettings()
+
+
+class TierSettings(_Frozen):
+    kv_bytes_per_token: float | None = Field(
+        131072.0, gt=0, description="2 x layers x KV heads x head dim x dtype bytes (Llama-3.1-8B bf16)")
+    cpu_capacity_gib: float | None = Field(None, gt=0, description="LMCache CPU buffer, for in-process usage")
+
+
+class AgentSettings(BaseSettings):
+    """All agent settings. Build with `load_settings`."""
+
+    model_config = SettingsConfigDict(
+        frozen=True, extra="forbid", env_prefix=ENV_PREFIX, env_nested_delimiter="__",
+    )
+
+    scrape: ScrapeSettings = ScrapeSettings()
+    store: StoreSettings = StoreSettings()
+    server: ServerSettings = ServerSettings()
+    otel: OtelSettings = OtelSettings()
+    targets: TargetSettings = TargetSettings()
+    tiers: TierSettings = TierSettings()
+    mappings: tuple[Path, ...] = Field((), description="extra mapping files (added to the built-in ones)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings, init_settings)  # environment wins over the file
+
+    @property
+    def cpu_capacity_bytes(self) -> float | None:
+        gib = self.tiers.cpu_capacity_gib
+        return gib * 2**30 if gib else None
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    first = exc.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{origin}: key {key!r}: {msg}{extra}"
+
+
+def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None = None,
+                  **overrides: Any) -> AgentSettings:
+    """Settings from `path` (YAML), then `TIERPILOT_*` environment variables, then overrides."""
+    data: dict[str, Any] = {}
+    origin = "settings"
+    if path is not None:
+        path = Path(path)
+        origin = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise SettingsError(f"{path}: cannot read: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"{path}: expected a mapping at the top level, got {type(loaded).__name__}")
+        data = loaded
+    data.update(overrides)
+    saved = None
+    if env is not None:  # evaluate against an explicit environment (tests)
+        saved = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+        for k in saved:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in env.items() if k.startswith(ENV_PREFIX)})
+    try:
+        return AgentSettings(**data)
+    except ValidationError as exc:
+        env_keys = sorted(k for k in (env if env is not None else os.environ) if k.startswith(ENV_PREFIX))
+        where = origin + (f" (with environment {', '.join(env_keys)})" if env_keys else "")
+        raise SettingsError(_describe(exc, where)) from exc
+    finally:
+        if saved is not None:
+            for k in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+                del os.environ[k]
+            os.environ.update(saved)
+
+
+__all__ = ["DEFAULT_PORTS", "ROLES", "AgentSettings", "SettingsError", "load_settings"]

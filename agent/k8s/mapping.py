@@ -1,0 +1,172 @@
+"""The knob -> setting mapping (`mappings.yaml`), loaded once into frozen records.
+
+Pure conversions between a knob value (`simulator.knobs.Knobs`) and the component's own value
+(`LRU` for LMCache, `lru` for Curvine, an int of tokens...). The text encoding of that value in
+its store (env var, YAML line, TOML line, JSON) is the stores' business (`agent/k8s/stores.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.knobs import Knobs
+
+MAPPINGS_FILE = Path(__file__).with_name("mappings.yaml")
+SETTING_TYPES = ("int", "float", "enum")
+STORES = ("env", "yaml-lines", "toml-lines", "router-config", "json-pointer")
+TAKES_EFFECT = ("rollout", "restart-workloads", "hot-reload", "operator")
+RESOURCES = ("Deployment", "StatefulSet", "ConfigMap", "InferenceEndpointConfig")
+KNOB_NAMES = tuple(f.name for f in dataclasses.fields(Knobs))
+
+
+class MappingError(ValueError):
+    """mappings.yaml is malformed. The message names the file, kind and key."""
+
+
+class RefusedValue(ValueError):
+    """A knob value the target cannot express (e.g. l2_eviction=s3fifo on Curvine)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One knob as one setting of one target kind."""
+
+    knob: str
+    key: str
+    type: str
+    default: Any
+    values: Mapping[str, str] | None = None  # knob value -> component spelling (enums)
+
+    def to_component(self, knob_value: Any) -> Any:
+        """The component's value for a knob value; RefusedValue names the supported values."""
+        if self.type == "enum":
+            assert self.values is not None
+            if knob_value not in self.values:
+                raise RefusedValue(
+                    f"{self.knob}={knob_value!r} cannot be expressed as {self.key}; "
+                    f"supported: {', '.join(self.values)}"
+                )
+            return self.values[knob_value]
+        if self.type == "int":
+            return int(knob_value)
+        return float(knob_value)
+
+    def from_component(self, value: Any) -> Any:
+        """The knob value for a component value (enum match is case-insensitive, as LMCache's)."""
+        if self.type == "enum":
+            assert self.values is not None
+            for knob_value, spelled in self.values.items():
+                if str(value).lower() == spelled.lower():
+                    return knob_value
+            raise ValueError(
+                f"{self.key}={value!r} has no {self.knob} equivalent; known: {', '.join(self.values.values())}"
+            )
+        if isinstance(value, bool):
+            raise TypeError(f"{self.key}={value!r} is not a number")
+        if self.type == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"{self.key}={value!r} is not an integer")
+            return int(value)
+        return float(value)
+
+    def same(self, a: Any, b: Any) -> bool:
+        """Whether two component values mean the same thing ('LRU' == 'lru', 5 == 5.0)."""
+        try:
+            return self.from_component(a) == self.from_component(b)
+        except (ValueError, TypeError):
+            return a == b
+
+
+@dataclasses.dataclass(frozen=True)
+class KindMapping:
+    kind: str
+    description: str
+    resource: str
+    store: str
+    takes_effect: str
+    settings: tuple[Setting, ...]
+    immutable: tuple[str, ...] = ()
+    requires: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        return tuple(s.knob for s in self.settings)
+
+    def setting(self, knob: str) -> Setting:
+        for s in self.settings:
+            if s.knob == knob:
+                return s
+        raise KeyError(f"{self.kind} has no setting for knob {knob!r}; it maps: {', '.join(self.knobs)}")
+
+
+def _fail(src: str, where: str, msg: str) -> MappingError:
+    return MappingError(f"{src}: {where}: {msg}")
+
+
+def _choice(src: str, where: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _fail(src, where, f"invalid value {value!r}; valid choices: {', '.join(choices)}")
+    return str(value)
+
+
+def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, KindMapping]:
+    if not isinstance(data, Mapping) or not data:
+        raise MappingError(f"{source}: expected a mapping of target kinds")
+    kinds: dict[str, KindMapping] = {}
+    for kind, spec in data.items():
+        if not isinstance(spec, Mapping):
+            raise _fail(source, kind, "expected a mapping")
+        allowed = {"description", "resource", "store", "takes_effect", "settings", "immutable", "requires"}
+        unknown = sorted(set(spec) - allowed)
+        if unknown:
+            raise _fail(source, kind, f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(allowed))}")
+        settings = []
+        for i, s in enumerate(spec.get("settings") or []):
+            where = f"{kind}.settings[{i}]"
+            if not isinstance(s, Mapping):
+                raise _fail(source, where, "expected a mapping")
+            knob = _choice(source, where + ".knob", s.get("knob"), KNOB_NAMES)
+            typ = _choice(source, where + ".type", s.get("type"), SETTING_TYPES)
+            if not isinstance(s.get("key"), str) or not s["key"]:
+                raise _fail(source, where + ".key", "must be a non-empty string")
+            values = s.get("values")
+            if typ == "enum":
+                if not isinstance(values, Mapping) or not values:
+                    raise _fail(source, where + ".values", "an enum needs a mapping knob value -> spelling")
+                values = {str(k): str(v) for k, v in values.items()}
+                if s.get("default") not in values:
+                    raise _fail(source, where + ".default", f"must be one of {', '.join(values)}")
+            elif values is not None:
+                raise _fail(source, where + ".values", f"only enums take values (type is {typ})")
+            settings.append(Setting(knob=knob, key=s["key"], type=typ, default=s.get("default"), values=values))
+        if not settings:
+            raise _fail(source, kind, "no settings")
+        knobs = [s.knob for s in settings]
+        if len(set(knobs)) != len(knobs):
+            raise _fail(source, kind, "a knob is mapped twice")
+        kinds[kind] = KindMapping(
+            kind=kind,
+            description=" ".join(str(spec.get("description", "")).split()),
+            resource=_choice(source, f"{kind}.resource", spec.get("resource"), RESOURCES),
+            store=_choice(source, f"{kind}.store", spec.get("store"), STORES),
+            takes_effect=_choice(source, f"{kind}.takes_effect", spec.get("takes_effect"), TAKES_EFFECT),
+            settings=tuple(settings),
+            immutable=tuple(spec.get("immutable") or ()),
+            requires=dict(spec.get("requires") or {}),
+        )
+    return kinds
+
+
+def load_mappings(path: str | Path | None = None) -> dict[str, KindMapping]:
+    p = Path(path) if path else MAPPINGS_FILE
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise MappingError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise MappingError(f"{p}: not valid YAML: {exc}") from None
+    return parse_mappings(data, source=str(p))

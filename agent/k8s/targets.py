@@ -1,0 +1,208 @@
+"""One configured target: its owned settings, and the pure logic that reads knobs from its live
+object and plans patches against it. No I/O here; `actuator.py` does the reads and sends."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from agent.k8s import stores
+from agent.k8s.api import ObjectRef
+from agent.k8s.mapping import KindMapping, RefusedValue, Setting
+from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION, Patch, resolve
+from agent.k8s.settings import ActuationSettings, TargetSpec
+from simulator.knobs import Knobs
+from tuners.actuator import PermanentActuationError
+
+SESSION_KEY = "session_key"
+LAST_GOOD_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    spec: TargetSpec
+    mapping: KindMapping
+    namespace: str
+
+    @classmethod
+    def build(cls, spec: TargetSpec, mappings: Mapping[str, KindMapping], settings: ActuationSettings) -> Target:
+        return cls(spec=spec, mapping=mappings[spec.kind], namespace=settings.ns(spec))
+
+    # -- identity --
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef(self.mapping.resource, self.namespace, self.spec.name)
+
+    @property
+    def label(self) -> str:
+        """A short stable id, used as the `target` metric label."""
+        return f"{self.spec.kind}/{self.namespace}/{self.spec.name}"
+
+    @property
+    def where(self) -> str:
+        extra = f" container {self.spec.container}" if self.spec.container else ""
+        extra += f" key {self.spec.key}" if self.spec.key else ""
+        return f"{self.ref}{extra}"
+
+    @property
+    def settings(self) -> tuple[Setting, ...]:
+        owned = self.spec.knobs
+        return tuple(s for s in self.mapping.settings if owned is None or s.knob in owned)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        return tuple(s.knob for s in self.settings)
+
+    @property
+    def keys(self) -> list[str]:
+        keys = [s.key for s in self.settings]
+        if self.mapping.store == "router-config" and self.spec.session_key:
+            keys.append(SESSION_KEY)
+        return keys
+
+    @property
+    def restart_refs(self) -> tuple[ObjectRef, ...]:
+        return tuple(ObjectRef(w.kind, self.namespace, w.name) for w in self.spec.restart)
+
+    @property
+    def rollout_refs(self) -> tuple[ObjectRef, ...]:
+        """Objects whose rollout shows the change took effect."""
+        effect = self.mapping.takes_effect
+        if effect in ("rollout", "operator"):
+            return (self.ref,)
+        if effect == "restart-workloads":
+            return self.restart_refs
+        return ()
+
+    # -- reading --
+    def read_tokens(self, obj: Mapping[str, Any]) -> dict[str, str | None]:
+        try:
+            return stores.read_tokens(self.mapping.store, obj, self.keys, container=self.spec.container,
+                                      data_key=self.spec.key, where=self.where)
+        except stores.StoreError as exc:
+            raise PermanentActuationError(str(exc)) from None
+
+    def _text(self, obj: Mapping[str, Any]) -> str:
+        return stores.file_text(obj, self.spec.key) if self.spec.key else ""
+
+    def knob_values(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The knob values the live object expresses (absent settings read as the component default)."""
+        tokens = self.read_tokens(obj)
+        text = self._text(obj)
+        out: dict[str, Any] = {}
+        for s in self.settings:
+            tok = tokens[s.key]
+            try:
+                value = s.default if tok is None else s.from_component(
+                    stores.decode(self.mapping.store, tok, text=text))
+            except (ValueError, TypeError) as exc:
+                raise PermanentActuationError(f"{self.where}: cannot read {s.knob}: {exc}") from None
+            out[s.knob] = value
+        return out
+
+    # -- planning --
+    def check_preconditions(self, obj: Mapping[str, Any]) -> None:
+        for ptr, expected in self.mapping.requires.items():
+            actual = resolve(obj, ptr, None)
+            if actual != expected:
+                raise PermanentActuationError(
+                    f"{self.where}: refusing to change {', '.join(self.knobs)}: {ptr} is {actual!r}, "
+                    f"needs {expected!r} (InferenceEndpointConfig: intelligentRoutingSpec cannot be added "
+                    f"to an existing deployment and `enabled` cannot be modified once set)"
+                )
+
+    def tokens_for(self, knobs: Knobs, obj: Mapping[str, Any]) -> dict[str, str | None]:
+        """Tokens that express `knobs`; a live token meaning the same value is kept as is."""
+        live = self.read_tokens(obj)
+        text = self._text(obj)
+        store = self.mapping.store
+        out: dict[str, str | None] = {}
+        for s in self.settings:
+            try:
+                component = s.to_component(getattr(knobs, s.knob))
+            except RefusedValue as exc:
+                raise PermanentActuationError(f"{self.where}: {exc}") from None
+            tok = live[s.key]
+            if tok is not None:
+                try:
+                    if s.same(stores.decode(store, tok, text=text), component):
+                        out[s.key] = tok
+                        continue
+                except (ValueError, TypeError):
+                    pass
+            out[s.key] = stores.encode(store, component, text=text)
+        if store == "router-config":
+            out.update(self._session_tokens(knobs, live, text))
+        return out
+
+    def _session_tokens(self, knobs: Knobs, live: Mapping[str, str | None], text: str) -> dict[str, str | None]:
+        if knobs.router != "session" or "router" not in self.knobs:
+            return {}
+        if self.spec.session_key:
+            return {SESSION_KEY: stores.encode(self.mapping.store, self.spec.session_key, text=text)}
+        if stores.text_get(self.mapping.store, text, SESSION_KEY) is None:
+            raise PermanentActuationError(
+                f"{self.where}: routing_logic=session needs session_key in the dynamic config; "
+                f"set `session_key` on this target"
+            )
+        return {}
+
+    def plan(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None], reason: str) -> Patch:
+        for ptr in self.mapping.immutable:
+            if any(key == ptr or key.startswith(ptr + "/") for key in tokens):
+                raise PermanentActuationError(f"{self.where}: {ptr} cannot be updated; refusing to write it")
+        try:
+            return stores.plan_tokens(self.mapping.store, obj, tokens, container=self.spec.container,
+                                      data_key=self.spec.key, where=self.where, reason=reason)
+        except stores.StoreError as exc:
+            raise PermanentActuationError(str(exc)) from None
+
+    def config_hash(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None]) -> str:
+        """The pod-template annotation that rolls the restart workloads after a file change."""
+        text = stores.text_set(self.mapping.store, self._text(obj), tokens) if self.spec.key else ""
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def drifted(self, obj: Mapping[str, Any], desired: Mapping[str, Any]) -> list[str]:
+        """Knobs whose live value differs from `desired` (e.g. reverted by an operator)."""
+        live = self.knob_values(obj)
+        return sorted(k for k, v in desired.items() if k in live and live[k] != v)
+
+
+def workload_hash(obj: Mapping[str, Any]) -> str | None:
+    return resolve(obj, "/spec/template/metadata/annotations", {}).get(CONFIG_HASH_ANNOTATION)
+
+
+# -- the last-good record -----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LastGood:
+    """What `tierpilot.io/last-good` holds on one target: the knobs and the exact tokens that
+    expressed them there (plus the restart workloads' config-hash annotations)."""
+
+    knobs: Knobs
+    tokens: Mapping[str, str | None]
+    restart: Mapping[str, str | None]
+    marked_at: str
+    by: str
+
+    def to_json(self) -> str:
+        return json.dumps({"v": LAST_GOOD_VERSION, "knobs": self.knobs.to_dict(), "tokens": dict(self.tokens),
+                           "restart": dict(self.restart), "markedAt": self.marked_at, "by": self.by},
+                          sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str) -> LastGood:
+        try:
+            data = json.loads(text)
+            return cls(knobs=Knobs.from_mapping(data["knobs"], source=f"{where} {LAST_GOOD_ANNOTATION}"),
+                       tokens=dict(data["tokens"]), restart=dict(data.get("restart") or {}),
+                       marked_at=str(data.get("markedAt", "")), by=str(data.get("by", "")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PermanentActuationError(f"{where}: annotation {LAST_GOOD_ANNOTATION} is unreadable: {exc}") from None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any], *, where: str) -> LastGood | None:
+        text = (obj.get("metadata", {}).get("annotations") or {}).get(LAST_GOOD_ANNOTATION)
+        return None if text is None else cls.from_json(text, where=where)

@@ -3,9 +3,11 @@ a window source whose TTFT depends on the configuration in force (so regressions
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -27,15 +29,30 @@ class FakeClock:
 
 
 class FakeActuator:
-    """Implements tuners.actuator.Actuator in memory; records every call with the clock's time."""
+    """Implements tuners.actuator.Actuator in memory; records every call with the clock's time.
+    With `path`, its state (the "cluster object") survives the process, like a real target."""
 
-    def __init__(self, clock: Callable[[], float], initial: Knobs | None = None) -> None:
+    def __init__(self, clock: Callable[[], float], initial: Knobs | None = None, *,
+                 path: Path | None = None) -> None:
         self.clock = clock
+        self.path = path
         self._current = initial or Knobs()
         self._last_good: Knobs | None = None
         self.history: list[tuple[float, Knobs]] = [(-math.inf, self._current)]
         self.calls: list[tuple[str, object]] = []
         self.fail_next: list[ActuationError] = []  # raised (in order) by the next apply calls
+        if path is not None and path.exists():
+            state = json.loads(path.read_text())
+            self._current = Knobs.from_mapping(state["current"])
+            self._last_good = Knobs.from_mapping(state["last_good"]) if state["last_good"] else None
+            self.history = [(t, Knobs.from_mapping(k)) for t, k in state["history"]]
+
+    def _save(self) -> None:
+        if self.path is not None:
+            self.path.write_text(json.dumps({
+                "current": self._current.to_dict(),
+                "last_good": self._last_good.to_dict() if self._last_good else None,
+                "history": [(max(t, -1e300), k.to_dict()) for t, k in self.history]}))
 
     def current(self) -> Knobs:
         return self._current
@@ -58,6 +75,7 @@ class FakeActuator:
     def mark_good(self, knobs: Knobs) -> None:
         self.calls.append(("mark_good", knobs))
         self._last_good = knobs
+        self._save()
 
     def rollback(self) -> ApplyResult:
         self.calls.append(("rollback", self._last_good))
@@ -77,6 +95,7 @@ class FakeActuator:
     def _set(self, knobs: Knobs) -> None:
         self._current = knobs
         self.history.append((self.clock(), knobs))
+        self._save()
 
 
 @dataclasses.dataclass

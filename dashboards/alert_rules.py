@@ -156,7 +156,7 @@ def agent_alerts(a: AlertSettings) -> tuple[Alert, ...]:
         ),
         Alert(
             "TierpilotAgentStale",
-            f"time() - max by (namespace) (tierpilot_last_scrape_timestamp_seconds)\n"
+            f"time() - max by (namespace) (tierpilot_snapshot_timestamp_seconds)\n"
             f"  > {a.agent_stale_seconds}",
             "warning",
             "tierpilot agent has not completed a scrape cycle for {{ $value | humanizeDuration }}",

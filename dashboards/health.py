@@ -43,8 +43,9 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "Seconds since last scrape cycle", "stat", "s",
-            (Query(f"time() - max(tierpilot_last_scrape_timestamp_seconds{ns})"),),
-            "Age of the agent's newest completed scrape cycle. Above a few intervals the agent is stale.",
+            (Query(f"time() - max(tierpilot_snapshot_timestamp_seconds{ns})"),),
+            "Age of the snapshot the agent serves (its newest completed scrape cycle). Above a few "
+            "scrape intervals the agent is stale.",
             width=6, height=5,
             thresholds=(Threshold("green"), Threshold("red", settings.alerts.agent_stale_seconds)),
         ),
@@ -68,8 +69,23 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             min=0,
         ),
         Panel(
+            "Scrape cycle duration", "timeseries", "s",
+            (Query(f"max(tierpilot_scrape_cycle_duration_seconds{ns})", "full cycle"),),
+            "Wall time of the agent's last full cycle: fetch every target, parse, normalise, store.",
+            min=0,
+        ),
+        Panel(
+            "KV event streams", "timeseries", "suffix: /s",
+            (Query(f"sum by (pod) (rate(tierpilot_kv_events_total{ns}[{RATE}]))", "{{pod}} events"),
+             Query(f"sum by (pod) (rate(tierpilot_kv_sequence_gaps_total{ns}[{RATE}]))", "{{pod}} gaps"),
+             Query(f"sum by (pod) (rate(tierpilot_kv_restarts_total{ns}[{RATE}]))", "{{pod}} restarts")),
+            "vLLM KV events applied per second per pod, with sequence gaps and engine restarts seen "
+            "on the streams.",
+            min=0,
+        ),
+        Panel(
             "Leader over time", "timeseries", "none",
-            (Query(f"max by (pod) (tierpilot_leader{ns})", "{{pod}}"),),
+            (Query(f"max by (identity) (tierpilot_leader{ns})", "{{identity}}"),),
             "Which replica held the Lease. A flapping leader means lease renewals are failing.",
             min=0, max=1, decimals=0,
         ),

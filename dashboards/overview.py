@@ -9,6 +9,7 @@ UID = "tierpilot-overview"
 RATE = "$__rate_interval"
 TIERS = ("gpu", "cpu", "l2")
 TOKENS = "suffix: tokens"
+MODEL_SCOPE = ("namespace", "model")  # fleet-level KV-event signals carry no pod label
 
 VARIABLES = (
     Variable("namespace", "namespace", "tierpilot_target_up"),
@@ -62,7 +63,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "L2 break-even prompt length", "stat", TOKENS,
-            (Query(f"min(tierpilot_l2_breakeven_prompt_tokens{selector()})"),),
+            (Query(f"min(tierpilot_l2_break_even_prompt_tokens{selector()})"),),
             "Prompt length above which reading a cached prefix from L2 beats recomputing the prefill. "
             "Prompts shorter than this should not read from L2 (knob l2_min_prompt_tokens).",
             width=6, height=5, decimals=0,
@@ -117,10 +118,33 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "L2 break-even prompt length per model", "timeseries", TOKENS,
-            (Query(f"min by (model) (tierpilot_l2_breakeven_prompt_tokens{selector()})", "{{model}}"),),
+            (Query(f"min by (model) (tierpilot_l2_break_even_prompt_tokens{selector()})", "{{model}}"),),
             "Prompt length above which an L2 read beats recomputing the prefill, from the measured L2 "
             "read latency and prefill throughput.",
             min=0, decimals=0,
+        ),
+        Panel(
+            "Misses by cause", "timeseries", "suffix: blocks/s",
+            (Query(_rate("tierpilot_kv_misses_total", by="cause"), "{{cause}}"),),
+            "GPU blocks that had to be computed, by cause, from the vLLM KV-event streams: cold (never "
+            "seen), capacity (evicted from this pod earlier), routing (resident on another pod). An estimate; "
+            "see docs/metrics.md.",
+            width=8, min=0,
+        ),
+        Panel(
+            "Workload prefix overlap", "timeseries", "percentunit",
+            (Query(f"avg by (model) (tierpilot_kv_workload_overlap_ratio{selector(scope=MODEL_SCOPE)})",
+                   "{{model}}"),),
+            "Share of prompt tokens in blocks seen before anywhere in the fleet. It depends on the workload "
+            "only, not on cache settings: a drop here means the prompts changed.",
+            width=8, min=0, max=1,
+        ),
+        Panel(
+            "Cross-pod duplicated blocks", "timeseries", "short",
+            (Query(f"sum by (model) (tierpilot_kv_duplicated_blocks{selector(scope=MODEL_SCOPE)})",
+                   "{{model}}"),),
+            "KV blocks resident on more than one pod's GPU or CPU: capacity the routing wastes.",
+            width=8, min=0, decimals=0,
         ),
         Panel(
             "Pods", "table", "percentunit",

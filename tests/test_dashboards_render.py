@@ -25,7 +25,8 @@ from dashboards.source import Series, SourceError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 LABEL_VALUES = {"tier": ("gpu", "cpu", "l2"), "quantile": ("0.5", "0.95", "0.99"), "op": ("read", "write"),
-                "pod": ("vllm-0", "vllm-1"), "model": ("llama-3.1-8b",)}
+                "pod": ("vllm-0", "vllm-1"), "model": ("llama-3.1-8b",),
+                "cause": ("cold", "capacity", "routing")}
 
 
 class FakeSource:
@@ -65,7 +66,7 @@ def test_render_overview_writes_one_png_per_panel_and_a_sheet(tmp_path):
 
 
 def test_a_failing_query_is_drawn_as_no_data(tmp_path):
-    source = FakeSource(fail_on="tierpilot_l2_breakeven_prompt_tokens")
+    source = FakeSource(fail_on="tierpilot_l2_break_even_prompt_tokens")
     panel = overview.build(BuildSettings()).panels[3]
     data = fetch_panel(panel, source, 0, 3600, 60, template_values(60, 15, 0, 3600))
     assert data.series == () and "bad_data" in data.error

@@ -12,7 +12,7 @@ from simulator.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
 from tuners.controller import ControllerSettings, TuningController, latest_phase
 from tuners.drift import DriftDetector, DriftSettings
-from tuners.guardrails import GuardrailSettings, Guardrails
+from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.live import LiveEvaluator, LiveSettings
 from tuners.metrics import TunerMetrics
 from tuners.space import Choice, DeploymentLimits, FloatRange, SearchSpace

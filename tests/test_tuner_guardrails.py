@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from simulator.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock
 from tuners.actuator import PermanentActuationError, RetriableActuationError, RolloutTimeoutError
-from tuners.guardrails import GuardrailSettings, Guardrails
+from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.metrics import TunerMetrics
 from tuners.space import DeploymentLimits, SearchSpace
 
@@ -88,7 +88,7 @@ def test_dry_run_proposes_and_logs_but_changes_nothing(caplog: pytest.LogCapture
 
 
 def test_actuation_errors_are_reported_not_raised() -> None:
-    clock, actuator, g, registry = make(cooldown=0)
+    _, actuator, g, registry = make(cooldown=0)
     actuator.fail_next = [RetriableActuationError("409 conflict", delay_s=5.0)]
     out = g.apply(Knobs(chunk_tokens=512), trial=0)
     assert (out.status, out.retry_after_s) == ("retry", 5.0)

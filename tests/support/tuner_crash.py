@@ -15,7 +15,7 @@ import optuna
 from simulator.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
 from tuners.controller import ControllerSettings, TuningController
-from tuners.guardrails import GuardrailSettings, Guardrails
+from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.live import LiveEvaluator, LiveSettings
 from tuners.metrics import TunerMetrics
 from tuners.optuna_tuner import open_storage

@@ -4,7 +4,8 @@ Public API (what the agent, the drift detector and the demo use):
 
 - `KvEventManager(settings, clock=time.time)`: subscribes to every engine stream; `start()` /
   `stop()` run it in a background thread; `set_endpoints(specs)` follows discovery;
-  `observe_prompt_tokens(pod, model, total)` feeds vLLM's prompt-token counter;
+  `observe_counters(pod, model, PodCounters(prompt_tokens, local_compute_tokens,
+  external_hit_tokens))` (or `observe_prompt_tokens(pod, model, total)`) feeds vLLM's counters;
   `current_overlap(model=None, window_s=None) -> OverlapReading | None`; `snapshot() -> KvSnapshot`.
 - `KvEventsCollector(manager.snapshot)`: a prometheus_client Collector for the agent's registry.
 - `workload_overlap(manager, model=None, window_s=None) -> float | None`: the drift detector's
@@ -22,7 +23,8 @@ from agent.kvevents.settings import (
     SettingsError,
     endpoint_from_annotations,
 )
-from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
+from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot
+from agent.kvevents.workload import OverlapReading, PodCounters
 
 __all__ = [
     "EndpointSpec",
@@ -34,6 +36,7 @@ __all__ = [
     "KvSignals",
     "KvSnapshot",
     "OverlapReading",
+    "PodCounters",
     "SettingsError",
     "endpoint_from_annotations",
     "workload_overlap",

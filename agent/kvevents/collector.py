@@ -52,12 +52,15 @@ METRICS: dict[str, tuple[str, str, list[str]]] = {
                                             "pod to its next GPU store on that pod."), ["medium"]),
     "tierpilot_kv_workload_overlap_ratio": ("gauge", ("Workload prefix overlap over the window: 1 - cold "
                                             "prompt tokens / prompt tokens."), []),
+    "tierpilot_kv_prompt_token_ratio": ("gauge", ("Share of prompt tokens over the overlap window, by "
+                                        "class: cold, capacity, routing (misses, corrected for L2 hits), "
+                                        "tail (partial last chunk), l1_hit, l2_hit. Estimates."), ["class"]),
     "tierpilot_kv_overlap_prompt_tokens": ("gauge", "Prompt tokens in the overlap window (denominator).", []),
     "tierpilot_kv_duplicated_blocks": ("gauge", "Blocks resident on more than one pod (GPU or CPU).", []),
     "tierpilot_kv_resident_hashes": ("gauge", "Distinct block hashes resident anywhere in the fleet.", []),
     "tierpilot_kv_index_sketch_bytes": ("gauge", "Memory of the 'ever seen' sketch.", []),
 }
-MODEL_LEVEL = {"tierpilot_kv_workload_overlap_ratio", "tierpilot_kv_overlap_prompt_tokens",
+MODEL_LEVEL = {"tierpilot_kv_workload_overlap_ratio", "tierpilot_kv_prompt_token_ratio", "tierpilot_kv_overlap_prompt_tokens",
                "tierpilot_kv_duplicated_blocks", "tierpilot_kv_resident_hashes",
                "tierpilot_kv_index_sketch_bytes"}
 
@@ -115,6 +118,10 @@ def build_families(snap: KvSnapshot) -> list[Metric]:
         if m.overlap is not None:
             add("tierpilot_kv_workload_overlap_ratio", [m.model], m.overlap.ratio)
             add("tierpilot_kv_overlap_prompt_tokens", [m.model], m.overlap.prompt_tokens)
+            for cls in ("cold", "capacity", "routing", "tail", "l1_hit", "l2_hit"):
+                share = m.overlap.share(cls)
+                if share is not None:
+                    add("tierpilot_kv_prompt_token_ratio", [m.model, cls], share)
         add("tierpilot_kv_duplicated_blocks", [m.model], m.duplicated_blocks)
         add("tierpilot_kv_resident_hashes", [m.model], m.resident_hashes)
         add("tierpilot_kv_index_sketch_bytes", [m.model], m.sketch_bytes)

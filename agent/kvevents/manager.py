@@ -27,6 +27,7 @@ from agent.kvevents.merge import EventTimeMerger
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
 from agent.kvevents.wire import FrameError, PayloadError, decode_payload, split_frames
+from agent.kvevents.workload import PodCounters
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _DRAIN = 256  # messages read from one socket before looking at the others
@@ -128,6 +129,12 @@ class KvEventManager:
         """Feed one pod's scraped `vllm:prompt_tokens_total` (cumulative)."""
         with self._lock:
             self.signals.observe_prompt_tokens(pod, model, total, ts)
+
+    def observe_counters(self, pod: str, model: str, counters: PodCounters, ts: float | None = None) -> None:
+        """Feed one pod's scraped token counters: prompt tokens, local-compute tokens and external
+        (LMCache) hit tokens, which correct the miss split for L2 hits and estimate the tails."""
+        with self._lock:
+            self.signals.observe_counters(pod, model, counters, ts)
 
     # -- the loop --------------------------------------------------------------------------
     def run_once(self, timeout_ms: int = 100) -> int:

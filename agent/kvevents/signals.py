@@ -1,22 +1,23 @@
 """Block-level workload signals from decoded KV-event batches (pure; no sockets, no threads).
 
 `KvSignals` owns one `FleetIndex` per model and the per-engine stream counters. The manager
-feeds it decoded batches in order; the agent's scrape loop feeds it vLLM's prompt-token counters
-(`observe_prompt_tokens`) so the workload overlap can be computed:
+feeds it decoded batches in order; the agent's scrape loop feeds it vLLM's token counters
+(`observe_counters`, or just `observe_prompt_tokens`) so the workload overlap and the corrected
+miss split can be computed over a sliding window (see `workload.py`):
 
-    overlap = 1 - cold prompt tokens (blocks never seen anywhere in the fleet) / prompt tokens
+    overlap = 1 - (cold tokens (blocks never seen anywhere in the fleet) + tail tokens) / prompt tokens
 
-over a sliding window. `snapshot()` returns a frozen, self-contained view for exporters.
+`snapshot()` returns a frozen, self-contained view for exporters.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
 from agent.kvevents.index import CAUSES, REUSE_BUCKETS, TIER_NAMES, FleetIndex, IndexLimits
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
+from agent.kvevents.workload import EventTotals, OverlapReading, PodCounters, WorkloadWindow
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -45,18 +46,6 @@ class StreamStats:
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)
     last_seq: int | None = None
     last_event_ts: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class OverlapReading:
-    """Workload overlap over `[start, end]` (wall seconds): 1 - cold_tokens / prompt_tokens."""
-
-    model: str
-    ratio: float
-    prompt_tokens: float
-    cold_tokens: float
-    start: float
-    end: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,21 +83,6 @@ class KvSnapshot:
     taken_at: float
 
 
-class _PromptCounter:
-    """A cumulative counter scraped from a pod; survives counter resets (pod restarts)."""
-
-    __slots__ = ("last", "total")
-
-    def __init__(self) -> None:
-        self.last: float | None = None
-        self.total = 0.0
-
-    def update(self, value: float) -> None:
-        if self.last is not None:
-            self.total += value - self.last if value >= self.last else value
-        self.last = value
-
-
 class KvSignals:
     def __init__(self, limits: IndexLimits | None = None, group_idx: int = 0,
                  overlap_window_s: float = 300.0, clock: Callable[[], float] | None = None) -> None:
@@ -120,8 +94,7 @@ class KvSignals:
         self.clock = clock or time.time
         self.indexes: dict[str, FleetIndex] = {}
         self.streams: dict[EngineId, StreamStats] = {}
-        self._prompt: dict[tuple[str, str], _PromptCounter] = {}
-        self._samples: dict[str, collections.deque[tuple[float, float, float]]] = {}
+        self._windows: dict[str, WorkloadWindow] = {}
 
     # -- feeding ---------------------------------------------------------------------------
     def index(self, model: str) -> FleetIndex:
@@ -185,45 +158,41 @@ class KvSignals:
             idx.drop_engine(engine.key)
 
     # -- prompt tokens and overlap ---------------------------------------------------------
-    def cold_tokens(self, model: str) -> int:
+    def event_totals(self, model: str) -> EventTotals:
+        """Cumulative miss and L1-hit tokens of one model's events, summed over its engines."""
         idx = self.indexes.get(model)
         if idx is None:
-            return 0
-        return sum(e.stats.miss_tokens["cold"] for e in idx.engines.values())
+            return EventTotals()
+        cold = capacity = routing = l1 = 0
+        for e in idx.engines.values():
+            t = e.stats.miss_tokens
+            cold, capacity, routing = cold + t["cold"], capacity + t["capacity"], routing + t["routing"]
+            l1 += e.stats.external_hit_tokens
+        return EventTotals(cold, capacity, routing, l1)
+
+    def observe_counters(self, pod: str, model: str, counters: PodCounters, ts: float | None = None) -> None:
+        """Feed one pod's scraped token counters (cumulative; resets are handled)."""
+        window = self._windows.get(model)
+        if window is None:
+            window = self._windows[model] = WorkloadWindow(model, max(self.overlap_window_s, 1.0) * 4)
+        window.observe(pod, counters, self.event_totals(model), self.clock() if ts is None else ts)
 
     def observe_prompt_tokens(self, pod: str, model: str, total: float, ts: float | None = None) -> None:
-        """Feed `vllm:prompt_tokens_total` of one pod (cumulative, as scraped)."""
-        now = self.clock() if ts is None else ts
-        self._prompt.setdefault((pod, model), _PromptCounter()).update(float(total))
-        fleet = sum(c.total for (_, m), c in self._prompt.items() if m == model)
-        samples = self._samples.setdefault(model, collections.deque())
-        samples.append((now, fleet, float(self.cold_tokens(model))))
-        horizon = now - max(self.overlap_window_s, 1.0) * 4
-        while len(samples) > 2 and samples[1][0] < horizon:
-            samples.popleft()
+        """Feed `vllm:prompt_tokens_total` only (no L2 correction, no tail estimate)."""
+        self.observe_counters(pod, model, PodCounters(total), ts)
 
     def overlap(self, model: str | None = None, window_s: float | None = None) -> OverlapReading | None:
-        """Workload overlap over the last `window_s` seconds (default: the configured window).
-        None when no prompt tokens were observed in the window or the model is unknown."""
+        """Workload signals over the last `window_s` seconds (default: the configured window).
+        None when no prompt tokens were observed in the window or the model is unknown; with
+        `model=None` the single model watched (None if several)."""
         if model is None:
-            if len(self._samples) != 1:
+            if len(self._windows) != 1:
                 return None
-            model = next(iter(self._samples))
-        samples = self._samples.get(model)
-        if not samples:
+            model = next(iter(self._windows))
+        window = self._windows.get(model)
+        if window is None:
             return None
-        window = self.overlap_window_s if window_s is None else window_s
-        end_ts, end_prompt, end_cold = samples[-1]
-        base = samples[0]
-        for s in samples:
-            if s[0] >= end_ts - window:
-                break
-            base = s
-        d_prompt, d_cold = end_prompt - base[1], end_cold - base[2]
-        if d_prompt <= 0:
-            return None
-        ratio = min(1.0, max(0.0, 1.0 - d_cold / d_prompt))
-        return OverlapReading(model, ratio, d_prompt, d_cold, base[0], end_ts)
+        return window.reading(self.overlap_window_s if window_s is None else window_s)
 
     # -- read-out --------------------------------------------------------------------------
     def snapshot(self) -> KvSnapshot:

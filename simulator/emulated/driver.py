@@ -75,7 +75,7 @@ class ScaledRealtimeDriver:
     def __init__(self, port: TwinPort, cluster: EmulatedCluster, recorder: Recorder, *,
                  time_scale: float = 60.0, phase_of: Callable[[float], int] = lambda _t: 0,
                  clock: Callable[[], float] = time.monotonic, tick_s: float = 0.05,
-                 max_batch: int = 2000) -> None:
+                 max_batch: int = 2000, on_step: Callable[[], None] | None = None) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.port = port
@@ -94,6 +94,7 @@ class ScaledRealtimeDriver:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.served = 0
+        self._on_step = on_step  # e.g. flush the KV-event publishers once per step
         cluster.on_restart(self._on_restart)
 
     # -- time ----------------------------------------------------------------------------------------
@@ -131,6 +132,8 @@ class ScaledRealtimeDriver:
                 self._next += 1
                 n += 1
             self._refresh_gauges()
+            if self._on_step is not None:
+                self._on_step()
         self.served += n
         return n
 

@@ -1,0 +1,152 @@
+"""`tierpilot run` (the long-lived agent) and `tierpilot scrape-once` (one scrape, printed)."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+
+from agent.model import ROLES, Snapshot, Target
+from agent.settings import SettingsError, load_settings
+
+
+def _settings(config: Path | None, **overrides):
+    try:
+        return load_settings(config, **overrides)
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("run")
+@click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Agent YAML config. Every key can be overridden by TIERPILOT_<SECTION>__<KEY> "
+                   "environment variables (e.g. TIERPILOT_SCRAPE__INTERVAL_S=5).")
+@click.option("--host", default=None, help="Address for /metrics (default from config: 0.0.0.0).")
+@click.option("--port", type=int, default=None, help="Port for /metrics (default from config: 9400).")
+def run(config: Path | None, host: str | None, port: int | None) -> None:
+    """Run the agent until SIGTERM or Ctrl-C.
+
+    It discovers targets (static list, targets file, Kubernetes label selectors), scrapes them on
+    a schedule, keeps a rolling window of the unified tier model, serves it on /metrics, and
+    pushes it over OTLP when `otel.endpoint` is set. The config is validated before anything
+    starts; a bad key is one error naming it.
+    """
+    server = {}
+    if host is not None:
+        server["host"] = host
+    if port is not None:
+        server["port"] = port
+    settings = _settings(config)
+    if server:
+        settings = _settings(config, server={**settings.server.model_dump(), **server})
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agent.app import Agent
+
+    try:
+        agent = Agent(settings)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"tierpilot agent: /metrics on {settings.server.host}:{settings.server.port}, "
+               f"scraping every {settings.scrape.interval_s:g}s", err=True)
+    agent.run_forever()
+    click.echo("tierpilot agent stopped", err=True)
+
+
+def parse_target(spec: str) -> Target:
+    """`URL`, `ROLE=URL` or `ROLE/POD=URL`; the pod defaults to the URL's host:port."""
+    role, pod, url = "vllm", "", spec
+    head, sep, tail = spec.partition("=")
+    if sep and "://" not in head:
+        url = tail
+        role, _, pod = head.partition("/")
+    if role not in ROLES:
+        raise click.BadParameter(f"unknown role {role!r} in {spec!r}; valid: {', '.join(ROLES)}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise click.BadParameter(f"{url!r} is not an http(s) URL")
+    if not parts.path:
+        url = url.rstrip("/") + "/metrics"
+    return Target(url=url, role=role, pod=pod or parts.netloc)  # type: ignore[arg-type]
+
+
+@click.command("scrape-once")
+@click.option("--target", "-t", "targets", multiple=True, required=True, metavar="[ROLE[/POD]=]URL",
+              help="A /metrics URL; repeat for several. Prefix with a role (vllm, lmcache, curvine-master, "
+                   "curvine-worker, curvine-fuse, router; default vllm) and optionally a pod name, e.g. "
+                   "curvine-fuse/vllm-0=http://10.0.0.5:9003/metrics.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table",
+              show_default=True, help="prometheus prints exactly what the agent's /metrics would serve.")
+@click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Optional agent config (timeouts, KV bytes per token, extra mappings).")
+@click.option("--timeout", type=float, default=None, help="Per-target timeout in seconds.")
+def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout: float | None) -> None:
+    """Scrape the targets once and print the unified tier view.
+
+    With a single scrape, ratios come from the counters' lifetime totals. Exits 1 when no target
+    answered.
+    """
+    from agent.app import Agent, snapshot_json
+    from agent.discovery import StaticTargets
+
+    parsed = [parse_target(t) for t in targets]
+    settings = _settings(config)
+    if timeout is not None:
+        settings = _settings(config, scrape={**settings.scrape.model_dump(), "timeout_s": timeout})
+    agent = Agent(settings, StaticTargets(parsed))
+    snap = agent.scrape_now()
+    if fmt == "json":
+        click.echo(snapshot_json(snap))
+    elif fmt == "prometheus":
+        click.echo(agent.metrics_text(), nl=False)
+    else:
+        render_table(snap)
+    if not any(st.up for st in snap.targets):
+        sys.exit(1)
+
+
+def _fmt(v: float | None, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1%}" if pct else f"{v:,.0f}"
+
+
+def render_table(snap: Snapshot) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    targets = Table(title="Targets")
+    for col in ("target", "role", "pod", "up", "seconds", "reason"):
+        targets.add_column(col)
+    for st in snap.targets:
+        targets.add_row(st.target.url, st.target.role, st.target.pod, "yes" if st.up else "NO",
+                        f"{st.duration_s:.3f}", st.reason + (f" ({st.detail})" if st.detail else ""))
+    console.print(targets)
+    tiers = Table(title="Tiers (lifetime totals; ratios over the window)")
+    for col in ("pod", "model", "tier", "source", "lookup tok", "hit tok", "hit ratio", "cumulative",
+                "evictions", "usage"):
+        tiers.add_column(col)
+    for t in snap.tiers:
+        tiers.add_row(t.pod, t.model or "-", t.tier, t.source, _fmt(t.lookup_tokens), _fmt(t.hit_tokens),
+                      _fmt(t.hit_ratio, True), _fmt(t.cumulative_hit_ratio, True), _fmt(t.evictions),
+                      _fmt(t.usage_ratio, True))
+    console.print(tiers)
+    pods = Table(title="Traffic and latency")
+    for col in ("pod", "model", "prompt tok", "requests", "TTFT p50", "p95", "p99", "L2 break-even tok"):
+        pods.add_column(col)
+    for p in snap.pods:
+        q = p.ttft_quantiles
+        pods.add_row(p.pod, p.model or "-", _fmt(p.prompt_tokens), _fmt(p.requests),
+                     *(f"{q[x] * 1000:.1f} ms" if x in q else "-" for x in (0.5, 0.95, 0.99)),
+                     _fmt(p.l2_break_even_tokens))
+    console.print(pods)
+    if snap.l2_io:
+        io = Table(title="L2 I/O latency")
+        for col in ("pod", "op", "p50", "p95", "p99"):
+            io.add_column(col)
+        for x in snap.l2_io:
+            io.add_row(x.pod, x.op, *(f"{x.quantiles[q] * 1000:.2f} ms" if q in x.quantiles else "-"
+                                      for q in (0.5, 0.95, 0.99)))
+        console.print(io)

@@ -61,14 +61,28 @@ def chunk_hashes(hash_ids: Sequence[int], input_length: int, chunk_tokens: int) 
 
 
 def chunk_hash_table(
-    hash_ids: Sequence[Sequence[int]] | np.ndarray,
+    hash_ids: Sequence[Sequence[int]] | None,
     input_lengths: Sequence[int] | np.ndarray,
     chunk_tokens: int,
     *,
     flat_ids: np.ndarray | None = None,
     block_offsets: np.ndarray | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Chunk hashes of every request at once: (flat list of hashes, offsets with len = requests + 1).
+    """Chunk hashes of every request at once: (flat list of hashes, offsets with len = requests + 1)."""
+    flat, offsets = chunk_hash_array(hash_ids, input_lengths, chunk_tokens, flat_ids=flat_ids,
+                                     block_offsets=block_offsets)
+    return flat.tolist(), offsets.tolist()
+
+
+def chunk_hash_array(
+    hash_ids: Sequence[Sequence[int]] | None,
+    input_lengths: Sequence[int] | np.ndarray,
+    chunk_tokens: int,
+    *,
+    flat_ids: np.ndarray | None = None,
+    block_offsets: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Like `chunk_hash_table`, as numpy arrays (uint64 hashes, int64 offsets).
 
     Request i's chunks are `flat[offsets[i]:offsets[i + 1]]`. Pass `flat_ids` (all block ids
     concatenated) and `block_offsets` (start of each request's blocks, len = requests + 1) to
@@ -77,6 +91,7 @@ def chunk_hash_table(
     _check_chunk(chunk_tokens)
     lengths = np.asarray(input_lengths, dtype=np.int64)
     if flat_ids is None or block_offsets is None:
+        assert hash_ids is not None, "pass hash_ids, or flat_ids with block_offsets"
         counts = np.fromiter((len(h) for h in hash_ids), dtype=np.int64, count=len(lengths))
         block_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(counts, out=block_offsets[1:])
@@ -100,4 +115,4 @@ def chunk_hash_table(
         z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
         z = z ^ (z >> np.uint64(31))
-    return z.tolist(), offsets.tolist()
+    return z, offsets

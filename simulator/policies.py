@@ -67,8 +67,9 @@ class LRU(Policy):
             over = len(d) - self.capacity
             if over <= 0:
                 return []
-            pop = d.popitem
-            return [pop(last=False)[0] for _ in range(over)]
+            victims = list(islice(d, over))  # oldest first
+            _consume(map(d.__delitem__, victims))
+            return victims
         evicted: list[int] = []
         cap = self.capacity
         for k in keys:
@@ -82,7 +83,9 @@ class LRU(Policy):
 
     def shrink_to(self, n: int) -> list[int]:
         d = self._resident
-        return [d.popitem(last=False)[0] for _ in range(max(len(d) - n, 0))]
+        victims = list(islice(d, max(len(d) - n, 0)))
+        _consume(map(d.__delitem__, victims))
+        return victims
 
     def clear(self) -> None:
         self._resident.clear()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from simulator.chunking import chunk_hash_table
+from simulator.chunking import chunk_hash_array
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import MissTotals
 from simulator.events import EventSink
@@ -154,15 +154,24 @@ class ReplayResult:
         )
 
 
-def workload_chunks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int], list[int]]:
-    """All chunk hashes of a (checked) workload frame: (flat list, offsets per request)."""
+def workload_chunks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int], list[int], list[int]]:
+    """All chunk hashes of a (checked, arrival-ordered) workload frame.
+
+    Returns (flat list of hashes, offsets per request, cold chunks per request), where a request's
+    cold chunks are those whose hash appears for the first time in the workload.
+    """
     counts = workload["hash_ids"].list.len().to_numpy()
     block_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=block_offsets[1:])
     flat_ids = workload["hash_ids"].explode().drop_nulls().to_numpy()
-    return chunk_hash_table(
+    flat, offsets = chunk_hash_array(
         None, workload["input_length"].to_numpy(), chunk_tokens, flat_ids=flat_ids, block_offsets=block_offsets
     )
+    first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
+    cum = np.zeros(len(first) + 1, dtype=np.int64)
+    np.cumsum(first, out=cum[1:])
+    cold = cum[offsets[1:]] - cum[offsets[:-1]]
+    return flat.tolist(), offsets.tolist(), cold.tolist()
 
 
 def replay(
@@ -177,7 +186,7 @@ def replay(
     """Replay a workload frame (see `simulator.workload`) on a fresh twin."""
     frame = check_workload(workload)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
-    flat, offsets = workload_chunks(frame, knobs.chunk_tokens)
+    flat, offsets, cold = workload_chunks(frame, knobs.chunk_tokens)
     times = (frame["timestamp_ms"].cast(pl.Float64) / 1000.0).to_list()
     prompts = frame["input_length"].to_list()
     outputs = frame["output_length"].to_list()
@@ -189,7 +198,7 @@ def replay(
     append = rows.append
     t0 = time.perf_counter()
     for i in range(total):
-        append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i]))
+        append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i], cold[i]))
         if progress is not None and i % step == 0:
             progress(i, total)
     elapsed = time.perf_counter() - t0

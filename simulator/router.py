@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import takewhile
 
 from simulator.cluster import RouterSettings
 
@@ -85,12 +84,30 @@ class PrefixAwareRouter(Router):
 
     def choose(self, chunks, session_id, loads, estimate) -> int:
         cap = min(loads) * self.settings.prefix_load_ratio + self.settings.prefix_load_slack
+        n_all = len(chunks)
+        first = chunks[0] if n_all else None
+        last = chunks[-1] if n_all else None
         best, best_len, best_load = -1, -1, 0
         for pod, seen in enumerate(self._seen):
             load = loads[pod]
             if load > cap:
                 continue
-            n = len(list(takewhile(seen.__contains__, chunks))) if chunks else 0
+            # The memory is prefix-closed (a chained chunk hash implies its whole prefix, and whole
+            # prompts are recorded), so membership is monotone along the prompt: check both ends,
+            # then binary search.
+            if not n_all or first not in seen:
+                n = 0
+            elif last in seen:
+                n = n_all
+            else:
+                lo, hi = 1, n_all - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) >> 1
+                    if chunks[mid - 1] in seen:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                n = lo
             if n > best_len or (n == best_len and load < best_load):
                 best, best_len, best_load = pod, n, load
         return best

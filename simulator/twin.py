@@ -9,8 +9,10 @@ not model the window between arrival and the end of prefill). See docs/twin.md.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
+from itertools import takewhile
 from typing import Any
 
 from simulator.chunking import BLOCK_TOKENS, chunk_hashes
@@ -61,17 +63,20 @@ class PodObservations:
 
 
 class _Pod:
-    __slots__ = ("cpu", "free_at", "gpu", "inflight", "name", "obs", "totals", "truth")
+    __slots__ = ("cpu", "free_at", "gpu", "name", "obs", "totals", "truth")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.gpu: Policy | None = None
         self.cpu: Policy | None = None
         self.free_at = 0.0  # when the pod's prefill queue drains
-        self.inflight: list[tuple[float, float]] = []  # heap of (end of decode, start of prefill)
         self.totals = PodTotals()
         self.truth = MissTotals()
         self.obs = PodObservations()
+
+
+_EMPTY: list[int] = []
+_consume = deque(maxlen=0).extend
 
 
 def _chunks_of(capacity_tokens: int, chunk_tokens: int) -> int:
@@ -97,6 +102,8 @@ class Twin:
         self._l2: Policy | None = None
         self._l2_totals = L2Totals()
         self._seen: set[int] = set()
+        self._heap: list[tuple[float, float, int]] = []  # in flight: (end of decode, start of prefill, pod)
+        self._loads = [0] * len(self._pods)  # requests in flight per pod
         self._now = 0.0
         self.knobs = knobs
         self._configure(knobs, first=True)
@@ -110,7 +117,16 @@ class Twin:
         self._chunk = c = knobs.chunk_tokens
         self._bpt = caps.kv_bytes_per_token
         self._chunk_bytes = c * caps.kv_bytes_per_token
-        self._lat = self.profile.latency
+        self._lat = lat = self.profile.latency
+        cb = self._chunk_bytes
+        self._prefill_s = lat.prefill_s_per_token
+        self._overhead_s = lat.request_overhead_s
+        self._decode_s = lat.decode_s_per_token
+        self._cpu_chunk_s = lat.cpu_load_chunk_s + cb / lat.pcie_bytes_per_s  # one chunk CPU -> GPU
+        self._l2_chunk_s = lat.l2_read_chunk_s + cb / lat.l2_read_bytes_per_s  # one chunk L2 read
+        self._l2_retrieve_s = lat.l2_retrieve_overhead_s
+        self._w_chunk_s = lat.l2_write_chunk_s
+        self._w_byte_s = 1.0 / lat.l2_write_bytes_per_s
         gpu_n, cpu_n, l2_n = (_chunks_of(caps.gpu_tokens, c), _chunks_of(caps.cpu_tokens, c),
                               _chunks_of(caps.l2_tokens, c))
         for pod in self._pods:
@@ -171,7 +187,10 @@ class Twin:
                 tier.clear()
         p.totals = PodTotals()
         p.obs = PodObservations()
-        p.inflight.clear()
+        idx = self._pods.index(p)
+        self._heap = [e for e in self._heap if e[2] != idx]
+        heapify(self._heap)
+        self._loads[idx] = 0
         p.free_at = at
         if self._sink:
             self._sink(AllBlocksCleared(at, p.name))
@@ -192,19 +211,24 @@ class Twin:
                             chunks, request.session_id)
         return RequestOutcome(self._pods[row[0]].name, *row)
 
-    def _lookup(self, pod: _Pod, chunks: Sequence[int], l2: Policy | None):
-        """(GPU prefix chunks, CPU-hit keys, L2-hit keys, first computed index) without side effects."""
+    def _lookup(self, pod: _Pod, chunks: list[int], l2: Policy | None, g: int = -1):
+        """(GPU prefix chunks, CPU-hit keys, L2-hit keys, first computed index) without side effects.
+
+        GPU first with prefix semantics; from the first GPU miss on, each chunk is served by the
+        CPU if resident there, else by L2; the lookup stops at the first chunk in neither.
+        """
         n = len(chunks)
-        g = pod.gpu.prefix_len(chunks) if pod.gpu is not None else 0
+        if g < 0:
+            g = pod.gpu.prefix_len(chunks) if pod.gpu is not None else 0
         cpu = pod.cpu
         if g == n or (cpu is None and l2 is None):
-            return g, [], [], g
+            return g, _EMPTY, _EMPTY, g
         if l2 is None:
             a = cpu.prefix_len(chunks, g)
-            return g, chunks[g:g + a], [], g + a
+            return g, chunks[g:g + a], _EMPTY, g + a
         if cpu is None:
             b = l2.prefix_len(chunks, g)
-            return g, [], chunks[g:g + b], g + b
+            return g, _EMPTY, chunks[g:g + b], g + b
         k = g
         cpu_keys: list[int] = []
         l2_keys: list[int] = []
@@ -234,7 +258,7 @@ class Twin:
         extra = lat.request_overhead_s + (lat.l2_retrieve_overhead_s if l2_chunks else 0.0)
         return busy, l2_read, extra
 
-    def _estimate(self, chunks: Sequence[int], prompt: int, now: float) -> Callable[[int], float]:
+    def _estimate(self, chunks: list[int], prompt: int, now: float) -> Callable[[int], float]:
         l2 = self._l2 if prompt >= self._l2_min else None
         c = self._chunk
 
@@ -246,89 +270,99 @@ class Twin:
 
         return expected_ttft
 
-    def _process(self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None) -> tuple:
+    def _process(
+        self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None, cold: int = -1
+    ) -> tuple:
+        """The hot path: one request, returned as a row (see `replay.RESULT_SCHEMA`).
+
+        `cold`: how many of the request's chunks never appeared in an earlier request, when the
+        caller precomputed it for a whole workload (batch replay); -1 = track it here.
+        """
         pods, router, c = self._pods, self._router, self._chunk
         self._now = now
-        loads = None
-        if router.needs_loads:
-            loads = []
-            for p in pods:
-                h = p.inflight
-                while h and h[0][0] <= now:
-                    heappop(h)
-                loads.append(len(h))
+        heap, loads = self._heap, self._loads
+        while heap and heap[0][0] <= now:
+            loads[heappop(heap)[2]] -= 1
         est = self._estimate(chunks, prompt, now) if router.needs_estimate else None
         idx = router.choose(chunks, session, loads, est)
         router.record(idx, chunks)
         pod = pods[idx]
         gpu, cpu = pod.gpu, pod.cpu
         l2 = self._l2 if prompt >= self._l2_min else None
-        g, cpu_keys, l2_keys, k = self._lookup(pod, chunks, l2)
         n = len(chunks)
-        computed = chunks[k:]
+        g = len(list(takewhile(gpu._resident.__contains__, chunks))) if gpu is not None else 0
+        if g == n or (cpu is None and l2 is None):
+            cpu_keys = l2_keys = _EMPTY
+            k = g
+        else:
+            _, cpu_keys, l2_keys, k = self._lookup(pod, chunks, l2, g)
+        computed = chunks[k:] if k else chunks
         n_cpu, n_l2 = len(cpu_keys), len(l2_keys)
-        gpu_hit, cpu_hit, l2_hit = g * c, n_cpu * c, n_l2 * c
-        computed_tokens = prompt - k * c
+        hit = k * c
+        computed_tokens = prompt - hit
         tail = prompt - n * c
 
         # -- ground truth: miss attribution of the computed full chunks ----------------------------
-        seen = self._seen
-        cold = capacity = routing = 0
-        if computed:
-            seen_missed = seen.intersection(computed)
-            cold = len(computed) - len(seen_missed)
-            if seen_missed and len(pods) > 1:
-                elsewhere = [h for h in seen_missed if (gpu is None or h not in gpu) and (cpu is None or h not in cpu)]
-                if elsewhere:
-                    found: set[int] = set()
-                    want = set(elsewhere)
-                    for q in pods:
-                        if q is pod:
-                            continue
-                        for tier in (q.gpu, q.cpu):
-                            if tier is not None:
-                                found |= tier._resident.keys() & want
-                    routing = len(found)
-            capacity = len(seen_missed) - routing
-            seen_chunks = n - cold
+        capacity = routing = 0
+        if not computed:
+            cold = 0
         else:
-            seen_chunks = n
-        seen.update(computed)
+            if cold < 0:
+                seen = self._seen
+                seen_missed = seen.intersection(computed)
+                cold = len(computed) - len(seen_missed)
+                seen.update(computed)
+            else:  # never-seen chunks are a suffix of the prompt (chained hashes), hence of `computed`
+                seen_missed = computed[:len(computed) - cold]
+            if seen_missed:
+                if len(pods) > 1:
+                    want = {h for h in seen_missed
+                            if (gpu is None or h not in gpu) and (cpu is None or h not in cpu)}
+                    if want:
+                        found: set[int] = set()
+                        for q in pods:
+                            if q is not pod:
+                                if q.gpu is not None:
+                                    found |= q.gpu._resident.keys() & want
+                                if q.cpu is not None:
+                                    found |= q.cpu._resident.keys() & want
+                        routing = len(found)
+                capacity = len(seen_missed) - routing
         truth = pod.truth
         truth.requests += 1
         truth.prompt_tokens += prompt
-        truth.hit_tokens += gpu_hit + cpu_hit + l2_hit
+        truth.hit_tokens += hit
         truth.cold_tokens += cold * c
         truth.capacity_tokens += capacity * c
         truth.routing_tokens += routing * c
         truth.tail_tokens += tail
-        truth.seen_tokens += seen_chunks * c
+        truth.seen_tokens += (n - cold) * c
 
-        # -- tier updates --------------------------------------------------------------------------
+        # -- tier updates: promote hits upwards, write computed chunks through ---------------------
         sink = self._sink
         t = pod.totals
         if gpu is not None:
             if g:
-                gpu.touch_many(chunks[:g])
+                _consume(map(gpu._resident.move_to_end, chunks[:g]))
             if g < n:
-                rest = chunks[g:]
                 new_pos = [i for i in range(g, n) if chunks[i] not in gpu] if sink else None
-                evicted = gpu.insert_many(rest)
-                t.gpu_evicted_chunks += len(evicted)
+                evicted = gpu.insert_many(chunks[g:] if g else chunks)
+                if evicted:
+                    t.gpu_evicted_chunks += len(evicted)
                 if sink:
                     self._emit_stores(pod.name, chunks, new_pos, "GPU", evicted)
-        cpu_written = 0
         if cpu is not None:
-            if cpu_keys:
+            if n_cpu:
                 cpu.touch_many(cpu_keys)
-            to_cpu = l2_keys + computed if l2_keys else computed
+            to_cpu = l2_keys + computed if n_l2 else computed
             if to_cpu:
                 new_pos = None
                 if sink:
                     wanted = set(to_cpu)
                     new_pos = [i for i in range(g, n) if chunks[i] in wanted and chunks[i] not in cpu]
-                cpu_written = len(to_cpu)
                 evicted = cpu.insert_many(to_cpu)
+                t.cpu_stored_chunks += len(to_cpu)
+                t.store_requests += 1
                 if evicted:
                     t.cpu_evicted_chunks += len(evicted)
                     t.cpu_evict_events += 1
@@ -337,7 +371,7 @@ class Twin:
         l2_write_s = 0.0
         l2_pool = self._l2
         if l2_pool is not None:
-            if l2_keys:
+            if n_l2:
                 l2_pool.touch_many(l2_keys)
             if computed:
                 evicted = l2_pool.insert_many(computed)
@@ -347,61 +381,66 @@ class Twin:
                 if evicted:
                     lt.evicted_chunks += len(evicted)
                     lt.eviction_runs += 1
-                nbytes = len(computed) * self._chunk_bytes
-                l2_write_s = self._lat.l2_write_s(len(computed), nbytes)
+                m = len(computed)
+                nbytes = m * self._chunk_bytes
+                l2_write_s = m * self._w_chunk_s + nbytes * self._w_byte_s
                 lt.write_bytes += nbytes
-                lt.write_chunks += len(computed)
+                lt.write_chunks += m
                 lt.write_time_s += l2_write_s
                 t.l2_write_bytes += nbytes
                 t.l2_write_requests += 1
                 pod.obs.l2_write_s.append(l2_write_s)
+                if cpu is None:
+                    t.store_requests += 1
 
         # -- latency -------------------------------------------------------------------------------
-        busy, l2_read_s, extra = self._service_s(n_cpu, n_l2, computed_tokens)
-        start = max(now, pod.free_at)
+        busy = (computed_tokens if computed_tokens > 0 else 1) * self._prefill_s
+        extra = self._overhead_s
+        l2_read_s = 0.0
+        if n_cpu:
+            busy += n_cpu * self._cpu_chunk_s
+        if n_l2:
+            l2_read_s = n_l2 * self._l2_chunk_s
+            busy += l2_read_s
+            extra += self._l2_retrieve_s
+        free_at = pod.free_at
+        start = max(now, free_at)
         pod.free_at = start + busy
         queue = start - now
         ttft = queue + busy + extra
-        heappush(pod.inflight, (now + ttft + out_len * self._lat.decode_s_per_token, start))
-        if not loads:
-            h = pod.inflight
-            while h[0][0] <= now:
-                heappop(h)
+        heappush(heap, (now + ttft + out_len * self._decode_s, start, idx))
+        loads[idx] += 1
         obs = pod.obs
         obs.ttft_s.append(ttft)
         obs.queue_delay_s.append(queue)
-        if n_l2:
-            nbytes = n_l2 * self._chunk_bytes
-            obs.l2_read_s.append(l2_read_s)
-            lt = self._l2_totals
-            lt.read_bytes += nbytes
-            lt.read_chunks += n_l2
-            lt.read_time_s += l2_read_s
-            t.l2_read_bytes += nbytes
-            t.l2_read_chunks += n_l2
-            t.l2_read_requests += 1
 
         # -- counters ------------------------------------------------------------------------------
         t.requests += 1
         t.prompt_tokens += prompt
         t.generation_tokens += out_len
-        t.gpu_hit_tokens += gpu_hit
+        t.gpu_hit_tokens += g * c
         t.computed_tokens += computed_tokens
         if self._connector:
-            t.ext_query_tokens += prompt - gpu_hit
-            t.cpu_hit_tokens += cpu_hit
-            t.l2_hit_tokens += l2_hit
-            t.cpu_hit_chunks += n_cpu
-            t.l2_hit_chunks += n_l2
+            t.ext_query_tokens += prompt - g * c
             if n_cpu or n_l2:
                 t.retrieve_requests += 1
+                t.cpu_hit_tokens += n_cpu * c
+                t.cpu_hit_chunks += n_cpu
+                if n_l2:
+                    nbytes = n_l2 * self._chunk_bytes
+                    obs.l2_read_s.append(l2_read_s)
+                    lt = self._l2_totals
+                    lt.read_bytes += nbytes
+                    lt.read_chunks += n_l2
+                    lt.read_time_s += l2_read_s
+                    t.l2_hit_tokens += n_l2 * c
+                    t.l2_hit_chunks += n_l2
+                    t.l2_read_bytes += nbytes
+                    t.l2_read_chunks += n_l2
+                    t.l2_read_requests += 1
             else:
                 t.zero_hit_lookups += 1
-            if cpu_written:
-                t.cpu_stored_chunks += cpu_written
-            if cpu_written or computed:
-                t.store_requests += 1
-        return (idx, now, prompt, gpu_hit, cpu_hit, l2_hit, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
+        return (idx, now, prompt, g * c, n_cpu * c, n_l2 * c, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
                 cold * c, capacity * c, routing * c, tail)
 
     def _emit_stores(self, pod: str, chunks: Sequence[int], new_pos: list[int], medium: str,
@@ -425,15 +464,14 @@ class Twin:
     def pod_counters(self, pod: int | str) -> dict[str, float]:
         """Cumulative counters and current gauges of one pod, under the real systems' names."""
         p = self._pod(pod)
-        h = p.inflight
-        while h and h[0][0] <= self._now:
-            heappop(h)
-        waiting = sum(1 for _, start in h if start > self._now)
+        idx, now = self._pods.index(p), self._now
+        waiting = sum(1 for end, start, i in self._heap if i == idx and start > now)
+        running = sum(1 for end, start, i in self._heap if i == idx and start <= now < end)
         return pod_metrics(
             p.totals, connector=self._connector, chunk_tokens=self._chunk, kv_bytes_per_token=self._bpt,
             gpu_used=len(p.gpu) if p.gpu is not None else 0, gpu_cap=p.gpu.capacity if p.gpu is not None else 0,
             cpu_used=len(p.cpu) if p.cpu is not None else 0, cpu_cap=p.cpu.capacity if p.cpu is not None else 0,
-            running=len(h) - waiting, waiting=waiting,
+            running=running, waiting=waiting,
         )
 
     def l2_counters(self) -> dict[str, float]:

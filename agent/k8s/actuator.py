@@ -21,6 +21,10 @@ from agent.k8s.patches import (
     LAST_GOOD_ANNOTATION,
     Patch,
     annotations_patch,
+    json_patch,
+    op_remove,
+    op_test,
+    pointer,
     template_annotations_patch,
 )
 from agent.k8s.reapply import ReapplyGuard
@@ -430,6 +434,16 @@ class KubernetesActuator:
 
 
 def _restart_patch(workload: Mapping[str, Any], value: str | None) -> Patch:
-    if workload_hash(workload) == value:
+    """Set the config-hash pod-template annotation (strategic merge), or remove it exactly: a JSON
+    Patch that also drops the annotations map if it was ours alone (strategic merge would leave {})."""
+    current = workload_hash(workload)
+    if current == value:
         return Patch("strategic", {}, "restart (unchanged)")
-    return template_annotations_patch({CONFIG_HASH_ANNOTATION: value}, "roll pods to read the new config")
+    if value is not None:
+        return template_annotations_patch({CONFIG_HASH_ANNOTATION: value}, "roll pods to read the new config")
+    annotations = workload["spec"]["template"]["metadata"]["annotations"]
+    ptr = "/spec/template/metadata/annotations"
+    target = ptr if len(annotations) == 1 else pointer("spec", "template", "metadata", "annotations",
+                                                       CONFIG_HASH_ANNOTATION)
+    return json_patch([op_test(pointer("spec", "template", "metadata", "annotations", CONFIG_HASH_ANNOTATION),
+                               current), op_remove(target)], "restore the pod template")

@@ -125,6 +125,9 @@ class Target:
             except RefusedValue as exc:
                 raise PermanentActuationError(f"{self.where}: {exc}") from None
             tok = live[s.key]
+            if tok is None and s.same(s.to_component(s.default), component):
+                out[s.key] = None  # absent already means this value: do not write the default
+                continue
             if tok is not None:
                 try:
                     if s.same(stores.decode(store, tok, text=text), component):

@@ -36,6 +36,18 @@ REUSE_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 
                                      14400.0, 86400.0)
 
 
+DISTANCE_BUCKETS = 4 * 65 + 1  # 4 per octave of the store distance, plus "never / aged out"
+FAR = DISTANCE_BUCKETS - 1
+
+
+def distance_bucket(d: int) -> int:
+    """Log-scale bucket (4 per power of two) of a store distance; monotone in d."""
+    if d < 4:
+        return d
+    b = d.bit_length()
+    return 4 * b + ((d >> (b - 3)) & 3) - 8
+
+
 def tier_bit(medium: str) -> int:
     return _TIER_BITS.get(medium, _OTHER_TIER)
 
@@ -49,9 +61,11 @@ class IndexLimits:
     seen_capacity: int = 8_000_000  # hashes per Bloom generation
     seen_generations: int = 2
     seen_fp_rate: float = 0.001
+    shadow_l2: int = 1_048_576  # hashes whose last fleet-wide store order is kept (L2 inference)
 
     def __post_init__(self) -> None:
-        for name in ("resident_per_engine", "history_per_engine", "seen_capacity", "seen_generations"):
+        for name in ("resident_per_engine", "history_per_engine", "seen_capacity", "seen_generations",
+                     "shadow_l2"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
 
@@ -117,6 +131,9 @@ class EngineStats:
     reuse_counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # medium -> buckets+inf
     reuse_sum: dict[str, float] = dataclasses.field(default_factory=dict)
     block_size: int = 0
+    # miss tokens by store distance (DISTANCE_BUCKETS), for "capacity" and "routing"
+    miss_distance: dict[str, list[int]] = dataclasses.field(default_factory=lambda: {
+        "capacity": [0] * DISTANCE_BUCKETS, "routing": [0] * DISTANCE_BUCKETS})
 
 
 class EngineState:
@@ -143,6 +160,10 @@ class FleetIndex:
         self.sketch = SeenSketch(self.limits.seen_capacity, self.limits.seen_fp_rate,
                                  self.limits.seen_generations)
         self.holders: dict[int, int] = {}  # hash -> bitmask of engines holding it (any tier)
+        # Shadow of the shared L2's recency: the fleet-wide order number of each hash's last GPU
+        # store that was not an L1 hit (computed or read from L2: exactly what touches L2).
+        self.l2_shadow = TwoGenMap(self.limits.shadow_l2)
+        self.l2_seq = 0
         self.duplicated = 0  # hashes held by >= 2 engines
         self.engines: dict[str, EngineState] = {}
         self._free_positions: list[int] = []
@@ -237,6 +258,8 @@ class FleetIndex:
         holders, bit = self.holders, st.bit
         others = ~bit
         cold = capacity = routing = external = rereported = added = 0
+        shadow = self.l2_shadow
+        cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
         for h in ev.hashes:
             was_seen = next(seen)
             mask = ry.get(h)
@@ -252,12 +275,19 @@ class FleetIndex:
                     rereported += 1
                 elif mask:
                     external += 1
-                elif holders.get(h, 0) & others:
-                    routing += 1
-                elif removal is not None or was_seen:
-                    capacity += 1
                 else:
-                    cold += 1
+                    last = shadow.get(h)
+                    bucket = FAR if last is None else distance_bucket(self.l2_seq - last)  # type: ignore[operator]
+                    if holders.get(h, 0) & others:
+                        routing += 1
+                        rout_dist[bucket] += size
+                    elif removal is not None or was_seen:
+                        capacity += 1
+                        cap_dist[bucket] += size
+                    else:
+                        cold += 1
+                    shadow.put(h, self.l2_seq)  # a dropped generation simply ages out
+                    self.l2_seq += 1
             if not mask & tb:
                 added += 1
             if not mask:

@@ -95,6 +95,7 @@ class LimitsSpec(BaseModel):
     seen_capacity: int = Field(8_000_000, ge=2, description="hashes per 'ever seen' Bloom generation")
     seen_generations: int = Field(2, ge=1, le=8, description="Bloom generations kept (ageing)")
     seen_fp_rate: float = Field(0.001, gt=0, lt=0.5, description="Bloom false-positive rate at capacity")
+    shadow_l2: int = Field(1_048_576, ge=2, description="hashes whose store order is kept to infer L2 hits")
 
     def to_limits(self) -> IndexLimits:
         return IndexLimits(**self.model_dump())

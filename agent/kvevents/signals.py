@@ -15,7 +15,9 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
-from agent.kvevents.index import CAUSES, REUSE_BUCKETS, TIER_NAMES, FleetIndex, IndexLimits
+import numpy as np
+
+from agent.kvevents.index import CAUSES, DISTANCE_BUCKETS, REUSE_BUCKETS, TIER_NAMES, FleetIndex, IndexLimits
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 from agent.kvevents.workload import EventTotals, OverlapReading, PodCounters, WorkloadWindow
 
@@ -164,11 +166,15 @@ class KvSignals:
         if idx is None:
             return EventTotals()
         cold = capacity = routing = l1 = 0
+        by_cap = np.zeros(DISTANCE_BUCKETS)
+        by_rout = np.zeros(DISTANCE_BUCKETS)
         for e in idx.engines.values():
             t = e.stats.miss_tokens
             cold, capacity, routing = cold + t["cold"], capacity + t["capacity"], routing + t["routing"]
             l1 += e.stats.external_hit_tokens
-        return EventTotals(cold, capacity, routing, l1)
+            by_cap += e.stats.miss_distance["capacity"]
+            by_rout += e.stats.miss_distance["routing"]
+        return EventTotals(cold, capacity, routing, l1, by_cap, by_rout)
 
     def observe_counters(self, pod: str, model: str, counters: PodCounters, ts: float | None = None) -> None:
         """Feed one pod's scraped token counters (cumulative; resets are handled)."""

@@ -9,8 +9,12 @@ vLLM's counters close both gaps, per pod (cumulative, as scraped):
 - `vllm:prompt_tokens_total` = P;
 - `vllm:external_prefix_cache_hits_total` = X, tokens the connector (LMCache L1 + L2) supplied.
   L1 hits are visible in the events (E1: GPU stores of blocks the pod held on its CPU tier), so
-  L2 hits = X - E1. They are removed from capacity + routing in proportion to the two (an
-  estimate: which of those blocks came from L2 is not observable);
+  L2 hits = X - E1. Which capacity/routing blocks they were is not observable; the shared pool
+  keeps the most recently touched blocks, and what touches it (computing a block, or reading it)
+  is exactly a GPU store that is not an L1 hit. So each miss carries its store distance (fleet
+  stores since that hash was last stored) and the L2 hits are taken from the smallest distances
+  first: in effect the pool's size is inferred from the counters (exact for an LRU pool, an
+  estimate for other policies);
 - `vllm:prompt_tokens_by_source_total{source="local_compute"}` = C, computed tokens including
   tails. Computed full blocks = cold + capacity + routing (after the L2 correction), so
   tail = C - that.
@@ -23,6 +27,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,9 @@ class EventTotals:
     capacity: float = 0.0
     routing: float = 0.0
     l1_hits: float = 0.0
+    # capacity / routing miss tokens by store distance bucket (index.DISTANCE_BUCKETS), or None
+    capacity_by_distance: np.ndarray | None = None
+    routing_by_distance: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,16 +112,31 @@ def estimate(model: str, base: _Sample, end: _Sample) -> OverlapReading | None:
     x = end.external - base.external
     if not math.isnan(x):
         l2 = max(0.0, x - l1)
-        both = cap + rout
-        if both > 0:
-            keep = max(0.0, both - l2) / both
-            cap, rout = cap * keep, rout * keep
+        cap, rout = _remove_l2_hits(l2, cap, rout, e0, e1)
     tail: float | None = None
     c = end.compute - base.compute
     if not math.isnan(c):
         tail = max(0.0, c - (cold + cap + rout))
     ratio = 1.0 - (cold + (tail or 0.0)) / p
     return OverlapReading(model, base.ts, end.ts, p, min(1.0, max(0.0, ratio)), cold, cap, rout, tail, l1, l2)
+
+
+def _remove_l2_hits(l2: float, cap: float, rout: float, e0: EventTotals, e1: EventTotals) -> tuple[float, float]:
+    """Capacity and routing tokens after taking `l2` tokens away, nearest store distance first
+    (proportionally when the distance histograms are not available)."""
+    both = cap + rout
+    if both <= 0 or l2 <= 0:
+        return cap, rout
+    if e1.capacity_by_distance is None or e1.routing_by_distance is None:
+        keep = max(0.0, both - l2) / both
+        return cap * keep, rout * keep
+    hc = e1.capacity_by_distance - (0 if e0.capacity_by_distance is None else e0.capacity_by_distance)
+    hr = e1.routing_by_distance - (0 if e0.routing_by_distance is None else e0.routing_by_distance)
+    tot = hc + hr
+    before = np.cumsum(tot) - tot
+    take = np.clip(l2 - before, 0.0, tot)
+    frac = np.divide(take, tot, out=np.zeros_like(tot, dtype=float), where=tot > 0)
+    return max(0.0, cap - float((hc * frac).sum())), max(0.0, rout - float((hr * frac).sum()))
 
 
 class WorkloadWindow:

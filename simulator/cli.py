@@ -1,0 +1,202 @@
+"""`tierpilot replay`: replay a trace or a synthetic workload on the digital twin."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from simulator.cluster import ClusterError, ClusterSpec
+from simulator.knobs import (
+    CHUNK_TOKEN_CHOICES,
+    CPU_EVICTION_CHOICES,
+    L2_EVICTION_CHOICES,
+    ROUTER_CHOICES,
+    KnobError,
+    Knobs,
+)
+from simulator.models import GIB, ModelError, get_model, models
+from simulator.profile import DEFAULT_PROFILE, ProfileError, get_profile, profile_names
+from simulator.records import WorkloadError
+from simulator.synthetic import DEFAULT_PRESET, PRESETS
+
+PROGRESS_MIN_REQUESTS = 2000
+
+
+def _tokens(tokens: int | None, gib: float | None, name: str, model: str) -> int | None:
+    if tokens is not None and gib is not None:
+        raise click.UsageError(f"give either --{name}-tokens or --{name}-gib, not both")
+    if gib is not None:
+        return get_model(model).tokens_for_gib(gib)
+    return tokens
+
+
+def _render_table(summary: dict[str, Any], header: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(header)
+    t = Table(title="Tiers", title_justify="left")
+    for col in ("tier", "capacity (tokens)", "lookup tokens", "hit tokens", "hit ratio", "evictions (chunks)"):
+        t.add_column(col, justify="right" if col != "tier" else "left")
+    for tier in ("gpu", "cpu", "l2"):
+        d = summary["tiers"][tier]
+        cap = d["capacity_tokens"]
+        t.add_row(tier.upper(), f"{cap:,}" if cap else "off", f"{d['lookup_tokens']:,}", f"{d['hit_tokens']:,}",
+                  f"{d['hit_ratio']:.3f}", f"{d['evictions']:,}")
+    console.print(t)
+    s = Table(title="Summary", title_justify="left", show_header=False)
+    s.add_column("metric")
+    s.add_column("value", justify="right")
+    miss = summary["miss"]
+    prompt = summary["prompt_tokens"] or 1
+    rows = [
+        ("requests", f"{summary['requests']:,}"),
+        ("prompt tokens", f"{summary['prompt_tokens']:,}"),
+        ("token hit ratio (all tiers)", f"{summary['hit_ratio']:.4f}"),
+        ("workload overlap (max achievable)", f"{summary['overlap']:.4f}"),
+        ("TTFT p50 / p95 / p99", (f"{summary['ttft_p50_s']:.3f} / {summary['ttft_p95_s']:.3f} / "
+                                 f"{summary['ttft_p99_s']:.3f} s")),
+        ("queue delay p95", f"{summary['queue_delay_p95_s']:.3f} s"),
+        ("L2 bytes read / written", f"{summary['l2_bytes_read'] / GIB:,.2f} / {summary['l2_bytes_written'] / GIB:,.2f} GiB"),
+        ("miss: cold", f"{miss['cold_tokens']:,} ({miss['cold_tokens'] / prompt:.1%})"),
+        ("miss: capacity", f"{miss['capacity_tokens']:,} ({miss['capacity_tokens'] / prompt:.1%})"),
+        ("miss: routing", f"{miss['routing_tokens']:,} ({miss['routing_tokens'] / prompt:.1%})"),
+        ("miss: partial last chunk", f"{miss['tail_tokens']:,} ({miss['tail_tokens'] / prompt:.1%})"),
+        ("replay wall time", f"{summary['elapsed_s']:.2f} s"),
+    ]
+    for k, v in rows:
+        s.add_row(k, v)
+    console.print(s)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path),
+              help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids per 512 tokens).")
+@click.option("--workload", type=click.Choice(sorted(PRESETS)), default=None,
+              help=f"Built-in synthetic preset (default {DEFAULT_PRESET!r} when no --trace): "
+                   + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic generator.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Synthetic workload length in seconds (phases keep their proportions).")
+@click.option("--rate", "rate_rps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Synthetic request rate (requests/s) in every phase.")
+@click.option("--pods", type=click.IntRange(1, 1024), default=4, show_default=True, help="Number of vLLM pods.")
+@click.option("--gpu-tokens", type=click.IntRange(min=0), help="GPU prefix cache per pod, tokens (0 disables).")
+@click.option("--cpu-tokens", type=click.IntRange(min=0), help="LMCache CPU tier per pod, tokens (0 disables).")
+@click.option("--l2-tokens", type=click.IntRange(min=0), help="Shared L2 pool, tokens (0 disables).")
+@click.option("--gpu-gib", type=click.FloatRange(min=0), help="GPU prefix cache per pod in GiB (uses --model).")
+@click.option("--cpu-gib", type=click.FloatRange(min=0), help="LMCache CPU tier per pod in GiB (the cpu_gib knob).")
+@click.option("--l2-gib", type=click.FloatRange(min=0), help="Shared L2 pool in GiB (uses --model).")
+@click.option("--model", type=click.Choice(list(models())), default=None,
+              help="Model for GiB <-> token conversion (KV bytes/token); default: the profile's model.")
+@click.option("--chunk-tokens", type=click.Choice([str(c) for c in CHUNK_TOKEN_CHOICES]), default=None,
+              help="LMCache chunk size in tokens [default 256].")
+@click.option("--router", type=click.Choice(ROUTER_CHOICES), default=None, help="Routing strategy [default roundrobin].")
+@click.option("--l2-eviction", type=click.Choice(L2_EVICTION_CHOICES), default=None, help="L2 eviction policy [default lru].")
+@click.option("--cpu-eviction", type=click.Choice(CPU_EVICTION_CHOICES), default=None, help="CPU eviction policy [default lru].")
+@click.option("--l2-min-prompt-tokens", type=click.IntRange(min=0), default=None,
+              help="Prompts shorter than this recompute instead of reading L2 [default 0].")
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+              help=f"Hardware profile: {', '.join(profile_names())}, or a path to a profile YAML.")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path),
+              help="Knobs YAML (the tuner's output format); flags given on the command line override it.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the summary) instead of tables.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of per-tier hit ratio and TTFT over trace time.")
+def replay(trace: Path | None, workload: str | None, seed: int, duration_s: float | None, rate_rps: float | None,
+           pods: int, gpu_tokens: int | None, cpu_tokens: int | None, l2_tokens: int | None, gpu_gib: float | None,
+           cpu_gib: float | None, l2_gib: float | None, model: str | None, chunk_tokens: str | None,
+           router: str | None, l2_eviction: str | None, cpu_eviction: str | None, l2_min_prompt_tokens: int | None,
+           profile: str, config: Path | None, as_json: bool, plot_path: Path | None) -> None:
+    """Replay a trace or synthetic workload on the digital twin of the tiered KV cache.
+
+    The twin models per-pod GPU (vLLM prefix cache) and CPU (LMCache) tiers, a shared L2 pool,
+    a router and a calibrated latency model, and reports hit ratios per tier, TTFT quantiles and
+    why tokens missed. With no knob given it uses LMCache's defaults (256-token chunks, 5 GiB CPU,
+    LRU) with round-robin routing, the profile's GPU capacity and L2 pool size.
+
+    \b
+    Examples:
+      tierpilot replay                                  # default synthetic workload ('shift')
+      tierpilot replay --workload rag --seed 7 --router prefixaware --json
+      tierpilot replay --trace ../shared/traces/mooncake_fast25_conversation_trace.jsonl \\
+          --pods 8 --chunk-tokens 512 --l2-eviction s3fifo --plot replay.png
+      tierpilot replay --pods 1 --cpu-tokens 0 --l2-tokens 0 --chunk-tokens 512 --trace T.jsonl  # pure replay
+      tierpilot replay --config best.yaml --workload sessions
+    """
+    from simulator.replay import replay as run_replay
+    from simulator.synthetic import synthetic
+    from simulator.workload import load_trace
+
+    if trace is not None and workload is not None:
+        raise click.UsageError("give either --trace or --workload, not both")
+    try:
+        prof = get_profile(profile)
+        model_name = model or prof.model
+        knobs = Knobs.from_yaml_file(config) if config is not None else Knobs()
+        overrides: dict[str, Any] = {
+            "chunk_tokens": int(chunk_tokens) if chunk_tokens else None, "router": router,
+            "l2_eviction": l2_eviction, "cpu_eviction": cpu_eviction, "cpu_gib": cpu_gib,
+            "l2_min_prompt_tokens": l2_min_prompt_tokens,
+        }
+        if cpu_gib is not None and cpu_tokens is not None:
+            raise click.UsageError("give either --cpu-tokens or --cpu-gib, not both")
+        knobs = knobs.replace(**{k: v for k, v in overrides.items() if v is not None})
+        cluster = ClusterSpec(
+            pods=pods, gpu_tokens=_tokens(gpu_tokens, gpu_gib, "gpu", model_name), cpu_tokens=cpu_tokens,
+            l2_tokens=_tokens(l2_tokens, l2_gib, "l2", model_name), model=model_name, profile=prof,
+        )
+        cluster.capacities(knobs)  # impossible capacities fail here, before any work
+        if trace is not None:
+            frame = load_trace(trace)
+            source = str(trace)
+        else:
+            preset = workload or DEFAULT_PRESET
+            frame = synthetic(preset, seed=seed, duration_s=duration_s, rate_rps=rate_rps)
+            source = f"synthetic {preset!r} (seed {seed})"
+    except (KnobError, ClusterError, ProfileError, ModelError, WorkloadError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+    progress_cb = None
+    bar = None
+    if frame.height >= PROGRESS_MIN_REQUESTS and sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        bar = Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                       console=Console(stderr=True), transient=True)
+        task = bar.add_task("replay", total=frame.height)
+
+        def progress_cb(done: int, total: int) -> None:
+            bar.update(task, completed=done)
+
+        bar.start()
+    try:
+        result = run_replay(frame, cluster, knobs, progress=progress_cb)
+    finally:
+        if bar is not None:
+            bar.stop()
+    summary = result.summary()
+    summary["workload"] = source
+    summary["profile"] = prof.name
+    summary["model"] = model_name
+    if plot_path is not None:
+        from simulator.plot import plot_replay
+
+        plot_replay(result, plot_path)
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+    else:
+        caps = result.capacities
+        header = (
+            f"[bold]{source}[/bold]: {frame.height:,} requests on {pods} pods, profile {prof.name}, "
+            f"model {model_name} ({caps.kv_bytes_per_token:,} B/token)\n"
+            f"knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.to_dict().items())
+        )
+        _render_table(summary, header)
+    if plot_path is not None and not as_json:
+        click.echo(f"plot written to {plot_path}")

@@ -1,0 +1,59 @@
+"""`tierpilot replay --plot`: per-tier hit ratio and TTFT over trace time, as one PNG."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import polars as pl
+
+from simulator.replay import ReplayResult
+
+_COLORS = {"gpu": "#2b7bba", "cpu": "#e08214", "l2": "#4daf4a", "all": "#333333"}
+
+
+def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "") -> Path:
+    """Draw hit ratios (top) and TTFT p50/p95 (bottom) per time bucket; return the path."""
+    tl = result.timeline()
+    minutes = (tl["time_s"] / 60.0).to_list()
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, constrained_layout=True)
+    for tier in ("gpu", "cpu", "l2"):
+        col = tl[f"{tier}_hit_ratio"]
+        if col.null_count() < len(col):  # the tier is enabled
+            ax1.plot(minutes, col.to_list(), label=f"{tier.upper()} (hits / tokens reaching the tier)",
+                     color=_COLORS[tier], lw=1.6)
+    ax1.plot(minutes, tl["hit_ratio"].to_list(), label="all tiers (hits / prompt tokens)", color=_COLORS["all"],
+             lw=2.2, ls="--")
+    ax1.set_ylim(0, 1.02)
+    ax1.set_ylabel("token hit ratio")
+    ax1.grid(alpha=0.3)
+    ax1.legend(loc="lower right", fontsize=9, ncols=2, framealpha=0.9)
+    ax2.plot(minutes, tl["ttft_p50_s"].to_list(), label="TTFT p50", color="#7b3294", lw=1.6)
+    ax2.plot(minutes, tl["ttft_p95_s"].to_list(), label="TTFT p95", color="#c2a5cf", lw=1.6)
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax2.set_ylabel("TTFT (s, log scale)")
+    ax2.set_xlabel("trace time (minutes)")
+    ax2.grid(alpha=0.3, which="both")
+    ax2.legend(loc="upper left", fontsize=9)
+    phases = result.requests.group_by("phase").agg(pl.col("time_s").min()).sort("phase")
+    for start in phases["time_s"].to_list()[1:]:
+        for ax in (ax1, ax2):
+            ax.axvline(start / 60.0, color="red", ls=":", lw=1.2)
+        ax1.text(start / 60.0, 0.02, " phase change", color="red", va="bottom", fontsize=8)
+    s = result.summary()
+    k = result.knobs
+    fig.suptitle(
+        title or f"{s['requests']:,} requests on {result.cluster.pods} pods: hit ratio {s['hit_ratio']:.3f}, "
+        f"TTFT p50 {s['ttft_p50_s']:.3g} s / p95 {s['ttft_p95_s']:.3g} s\n"
+        f"chunk {k.chunk_tokens}, router {k.router}, CPU {k.cpu_eviction}, L2 {k.l2_eviction}",
+        fontsize=11,
+    )
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

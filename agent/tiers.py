@@ -17,7 +17,8 @@ The L1/L2 split has several possible sources, tried in this fixed order (the win
    connector labels its hits by tier);
 3. `estimated_l2_read_bytes`: L2 read bytes (Curvine FUSE, else LMCache remote reads) divided by
    KV bytes per token gives L2 hit tokens; the rest of the connector hits are L1;
-4. `connector_combined`: no split known: the `cpu` tier reports L1 and L2 together, no `l2` row.
+4. `connector_combined`: no split known: the `cpu` tier reports L1 and L2 together, no `l2` row
+   (and no `cpu` row either while the connector has never seen a token).
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def split_l1_l2(
         l2_hit = min(read / kv_bytes_per_token, c_hit)
         l1_hit = c_hit - l2_hit
         return "estimated_l2_read_bytes", (c_lookup, l1_hit), (max(c_lookup - l1_hit, 0.0), l2_hit)
+    if c_lookup == 0 and c_hit == 0:
+        return None  # the connector never saw a token: no KV connector configured
     return "connector_combined", (c_lookup, c_hit), None
 
 

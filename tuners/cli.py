@@ -1,0 +1,167 @@
+"""`tierpilot tune`: tune the cache-tier knobs on the digital twin with optuna."""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import click
+
+from tuners.objective import METRICS, Evaluation, ObjectiveSpec
+from tuners.optuna_tuner import DEFAULT_STORAGE, SAMPLERS
+from tuners.space import L2_BACKENDS, DeploymentLimits
+
+EPILOG = """\b
+Examples:
+  tierpilot tune --workload shift --trials 40
+  tierpilot tune --trace ../shared/traces/mooncake_fast25_synthetic_trace.jsonl --max-requests 1500 \\
+      --pods 16 --trials 60 --sampler tpe --plot-dir plots --out best.yaml
+  tierpilot replay --trace ... --config best.yaml      # replay with the tuned knobs
+"""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Mooncake JSONL trace to replay (block hashes, 512-token blocks).")
+@click.option("--workload", "preset", help="Synthetic workload preset instead of a trace (rag, sessions, shift, short).")
+@click.option("--trials", type=click.IntRange(1), required=True, help="Trials to run (added to a resumed study).")
+@click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True,
+              help="tpe (multivariate TPE), random, or grid (every grid point of the space, in random order).")
+@click.option("--storage", default=DEFAULT_STORAGE, show_default=True,
+              help="Optuna storage URL: sqlite:///FILE or postgresql+psycopg2://USER@HOST:PORT/DB. "
+                   "An existing study of the same name is resumed.")
+@click.option("--study", help="Study name [default: tune-<trace or workload name>].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler and the synthetic workload.")
+@click.option("--metric", type=click.Choice(METRICS), default="ttft_p95", show_default=True,
+              help="Objective to minimise.")
+@click.option("--multi-objective", is_flag=True,
+              help="Also maximise hit ratio and minimise memory cost; report the Pareto front.")
+@click.option("--plot-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write history.png, importances.png (and pareto.png) here.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the best configuration as YAML (read by `tierpilot replay --config`).")
+@click.option("--pods", type=click.IntRange(1), default=4, show_default=True, help="Serving pods in the twin.")
+@click.option("--gpu-tokens", type=click.IntRange(0), help="GPU KV capacity per pod in tokens [default: profile].")
+@click.option("--l2-tokens", type=click.IntRange(0), help="Shared L2 pool capacity in tokens [default: profile]. "
+              "The pool size is fixed; tuning only chooses how it is used.")
+@click.option("--model", help="Model (KV bytes per token) [default: the profile's model].")
+@click.option("--profile", default=None, help="Hardware profile name or YAML file [default: g6e-l40s].")
+@click.option("--node-memory-gib", type=click.FloatRange(0), default=32.0, show_default=True,
+              help="Host memory headroom per pod: the upper bound of the CPU buffer.")
+@click.option("--cpu-gib-step", type=click.FloatRange(0.25), default=1.0, show_default=True,
+              help="Resolution of the CPU buffer dimension.")
+@click.option("--cpu-budget-gib", type=click.FloatRange(0), help="Fleet-wide cap on CPU GiB x pods (a constraint).")
+@click.option("--l2-backend", type=click.Choice(tuple(L2_BACKENDS)), default="twin", show_default=True,
+              help="Which eviction policies and watermarks exist: curvine (lru/lfu + watermarks), "
+                   "lmcache (lru/lfu/fifo), twin (all).")
+@click.option("--max-requests", type=click.IntRange(1), help="Replay only the first N requests.")
+@click.option("--duration", type=click.FloatRange(0, min_open=True), help="Replay only the first S seconds.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, storage: str, study: str | None,
+         seed: int, metric: str, multi_objective: bool, plot_dir: Path | None, out: Path | None, pods: int,
+         gpu_tokens: int | None, l2_tokens: int | None, model: str | None, profile: str | None,
+         node_memory_gib: float, cpu_gib_step: float, cpu_budget_gib: float | None, l2_backend: str,
+         max_requests: int | None, duration: float | None, quiet: bool) -> None:
+    """Tune the cache-tier knobs on the digital twin with optuna (ask/tell, persistent study).
+
+    Each trial replays the workload with one candidate configuration; the objective is the
+    replay's TTFT p95 (or p50). The defaults (LMCache: chunk 256, CPU 5 GiB, LRU; round-robin
+    routing) are tried first and printed next to the best configuration found.
+    """
+    import optuna
+
+    from simulator.cluster import ClusterSpec
+    from simulator.models import GIB
+    from tuners.offline import DEFAULTS, best_yaml, load_workload, tune_on_twin
+    from tuners.plots import write_plots
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("tierpilot.tuner").setLevel(logging.WARNING)
+    if (trace is None) == (preset is None):
+        raise click.UsageError("give exactly one of --trace PATH or --workload NAME")
+    try:
+        workload = load_workload(trace=trace, preset=preset, seed=seed, max_requests=max_requests,
+                                 duration_s=duration)
+        cluster_kw = {"profile": profile} if profile else {}
+        cluster = ClusterSpec(pods=pods, gpu_tokens=gpu_tokens, l2_tokens=l2_tokens, model=model, **cluster_kw)
+        bpt = cluster.model_spec.kv_bytes_per_token
+        l2_gib = (l2_tokens * bpt / GIB) if l2_tokens is not None else cluster.hardware.l2_pool_gib
+        limits = DeploymentLimits(pods=pods, node_memory_headroom_gib=node_memory_gib, cpu_gib_step=cpu_gib_step,
+                                  cpu_budget_gib=cpu_budget_gib, l2_pool_gib=max(l2_gib, 1e-9),
+                                  l2_backend=l2_backend)
+        objective = ObjectiveSpec(metric=metric, multi=multi_objective)
+    except (ValueError, OSError) as exc:  # WorkloadError, ClusterError, CandidateError are ValueErrors
+        raise click.ClickException(str(exc)) from None
+    name = study or f"tune-{trace.stem if trace else preset}"
+    click.echo(f"workload: {trace or preset} ({workload.height:,} requests), {pods} pods; "
+               f"study {name!r} in {storage}; sampler {sampler}; objective {', '.join(objective.names)}")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    best_seen = [math.inf]
+    with Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), disable=quiet) as bar:
+        task = bar.add_task("", total=trials)
+
+        def on_trial(rec: object) -> None:
+            v = getattr(rec, "value", None)
+            if v is not None and v < best_seen[0] and getattr(rec, "feasible", True):
+                best_seen[0] = v
+            desc = f"best {metric} {best_seen[0]:.3f} s" if math.isfinite(best_seen[0]) else ""
+            bar.update(task, advance=1, description=desc)
+
+        try:
+            tuner, result = tune_on_twin(workload, cluster, limits, trials=trials, objective=objective,
+                                         storage=storage, study=name, sampler=sampler, seed=seed,
+                                         on_trial=on_trial)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"{len(result.records)} trials run ({result.replays} replays, {result.replay_seconds:.1f} s); "
+               f"study now holds {len(tuner.trials())} trials")
+    if result.best is None or result.best_evaluation is None:
+        raise click.ClickException("no feasible trial finished; nothing to report")
+    _print_comparison(result.best.knobs, result.best_evaluation, DEFAULTS, result.defaults)
+    if multi_objective:
+        click.echo(f"\nPareto front ({len(result.pareto)} configurations):")
+        for rec in result.pareto[:15]:
+            ttft, hit, mem = rec.values or (math.nan,) * 3
+            click.echo(f"  #{rec.number:<4} {metric} {ttft:8.3f} s  hit {hit:6.3f}  memory {mem:7.1f} GiB  "
+                       f"{_knob_line(rec.knobs)}")
+    if out is not None:
+        meta = {"study": name, "storage": storage, "trial": result.best.number, "objective": metric,
+                f"{metric}_s": result.best_evaluation.metric(metric),
+                "defaults_" + f"{metric}_s": result.defaults.metric(metric),
+                "workload": str(trace or preset), "requests": workload.height, "pods": pods}
+        out.write_text(best_yaml(result.best.knobs, meta))
+        click.echo(f"wrote {out}")
+    if plot_dir is not None:
+        for path in write_plots(tuner.study, plot_dir, objective_names=objective.names):
+            click.echo(f"wrote {path}")
+
+
+def _knob_line(k: object) -> str:
+    d = k.to_dict()  # type: ignore[attr-defined]
+    return " ".join(f"{key}={value}" for key, value in d.items())
+
+
+def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="best configuration vs defaults (LMCache defaults + roundrobin)")
+    table.add_column("")
+    table.add_column("defaults", justify="right")
+    table.add_column("best", justify="right")
+    table.add_column("change", justify="right")
+    for label, a, b, fmt in (
+        ("TTFT p95 (s)", defaults.ttft_p95_s, best.ttft_p95_s, "{:.3f}"),
+        ("TTFT p50 (s)", defaults.ttft_p50_s, best.ttft_p50_s, "{:.3f}"),
+        ("hit ratio", defaults.hit_ratio, best.hit_ratio, "{:.3f}"),
+        ("CPU memory (GiB, fleet)", defaults.memory_gib, best.memory_gib, "{:.1f}"),
+    ):
+        change = f"{b / a:.2f}x" if a else "-"
+        table.add_row(label, fmt.format(a), fmt.format(b), change)
+    dk, bk = default_knobs.to_dict(), best_knobs.to_dict()  # type: ignore[attr-defined]
+    for key in dk:
+        table.add_row(key, str(dk[key]), str(bk[key]), "" if dk[key] == bk[key] else "*")
+    Console().print(table)

@@ -225,7 +225,8 @@ class KubeApi:
         }
         fn, args = lists.get(ref.kind) or (self.custom.list_namespaced_custom_object,
                                            (ref.info.group, ref.info.version, ref.namespace, ref.info.plural))
-        stream = self._call("watch", ref, lambda: w.stream(fn, *args, deserialize=False, **kw))
+        # deserialize stays on: with deserialize=False the client (v37) raises KeyError on ERROR events.
+        stream = self._call("watch", ref, lambda: w.stream(fn, *args, **kw))
         try:
             while True:
                 try:
@@ -235,7 +236,7 @@ class KubeApi:
 
                 if event is None:
                     return
-                obj = event.get("object") or {}
+                obj = event.get("raw_object") or {}
                 if obj.get("metadata", {}).get("name") == ref.name:
                     yield event["type"], obj
         finally:

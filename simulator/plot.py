@@ -23,23 +23,24 @@ def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "") -> P
     for tier in ("gpu", "cpu", "l2"):
         col = tl[f"{tier}_hit_ratio"]
         if col.null_count() < len(col):  # the tier is enabled
-            ax1.plot(minutes, col.to_list(), label=f"{tier.upper()} (hits / tokens reaching the tier)",
+            ax1.plot(minutes, col.to_list(), label=f"{tier.upper()} hits / tokens reaching it",
                      color=_COLORS[tier], lw=1.6)
-    ax1.plot(minutes, tl["hit_ratio"].to_list(), label="all tiers (hits / prompt tokens)", color=_COLORS["all"],
+    ax1.plot(minutes, tl["hit_ratio"].to_list(), label="all tiers: hits / prompt tokens", color=_COLORS["all"],
              lw=2.2, ls="--")
     ax1.set_ylim(0, 1.02)
     ax1.set_ylabel("token hit ratio")
     ax1.grid(alpha=0.3)
-    ax1.legend(loc="lower right", fontsize=9, ncols=2, framealpha=0.9)
+    ax1.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=9, ncols=4, frameon=False)
     ax2.plot(minutes, tl["ttft_p50_s"].to_list(), label="TTFT p50", color="#7b3294", lw=1.6)
     ax2.plot(minutes, tl["ttft_p95_s"].to_list(), label="TTFT p95", color="#c2a5cf", lw=1.6)
     ax2.set_yscale("log")
+    ax2.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax2.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax2.set_ylabel("TTFT (s, log scale)")
     ax2.set_xlabel("trace time (minutes)")
     ax2.grid(alpha=0.3, which="both")
-    ax2.legend(loc="upper left", fontsize=9)
+    ax2.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=9, ncols=2, frameon=False)
     phases = result.requests.group_by("phase").agg(pl.col("time_s").min()).sort("phase")
     for start in phases["time_s"].to_list()[1:]:
         for ax in (ax1, ax2):

@@ -8,9 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import optuna  # noqa: E402
-from optuna.visualization import matplotlib as ovm  # noqa: E402
+import matplotlib.pyplot as plt
+import optuna
+from optuna.visualization import matplotlib as ovm
 
 
 def _save(ax: object, path: Path, title: str) -> Path:

@@ -52,7 +52,7 @@ def _combine(values: list[float], how: str) -> float:
 
 
 def _rule_signals(
-    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, anomalies: dict[str, int]
+    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, invalid: set[int]
 ) -> list[Signal]:
     names = [rule.name] + [
         alias + rule.name[len(canon):] for alias, canon in mapping.prefixes.items() if rule.name.startswith(canon)
@@ -74,7 +74,7 @@ def _rule_signals(
                 if reject and any(k in labels for k in reject):
                     continue
                 if not math.isfinite(s.value):
-                    anomalies["invalid_value"] = anomalies.get("invalid_value", 0) + 1
+                    invalid.add(id(s))
                     continue
                 groups[_model_of(labels, model_labels)].append(s.value * scale)
         for model, values in groups.items():
@@ -98,6 +98,7 @@ def _rule_signals(
                     continue
                 model = _model_of(labels, model_labels)
                 if not math.isfinite(s.value):
+                    invalid.add(id(s))
                     bad_models.add(model)
                     continue
                 if target is None:
@@ -114,8 +115,6 @@ def _rule_signals(
                     sums[model].append(s.value * scale)
                 else:
                     counts[model].append(s.value)
-    for model in bad_models:
-        anomalies["invalid_value"] = anomalies.get("invalid_value", 0) + 1
     src = mapping.source
     per_model_inf: set[str] = set()
     for (model, le), values in sorted(buckets.items()):
@@ -140,9 +139,12 @@ def _rule_signals(
 def normalise(target: Target, payload: Payload, mappings: MappingSet) -> Normalised:
     """All candidate signals one target's payload yields (every applicable source)."""
     result = Normalised()
+    invalid: set[int] = set()  # identities of rejected samples: one count per wire series
     for mapping in mappings.by_role.get(target.role, ()):
         for rule in mapping.metrics:
-            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, result.anomalies))
+            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, invalid))
+    if invalid:
+        result.anomalies["invalid_value"] = len(invalid)
     return result
 
 

@@ -80,8 +80,8 @@ class MetricsServer:
                 if route.reset:
                     self.wfile.write(body[: len(body) // 2])
                     self.wfile.flush()
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    self.connection.close()
+                    self.connection.shutdown(socket.SHUT_RDWR)  # gone before the body is complete
+                    self.close_connection = True
                     return
                 if route.drip_s:
                     for i in range(len(body)):
@@ -110,7 +110,10 @@ class MetricsServer:
                     pass
                 self.close_connection = True
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            request_queue_size = 256  # the default backlog of 5 drops concurrent connects (1 s SYN retry)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

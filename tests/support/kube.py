@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -428,7 +429,9 @@ class KubeServer:
                 and (plural is None or r["plural"] == plural)]
 
 
+@functools.lru_cache(maxsize=4)
 def iec_validator(shared_dir: Path) -> jsonschema.protocols.Validator:
+    """The v1 schema validator of the HyperPod CRD (parsed once per session: the file is 7,700 lines)."""
     return crd_validator(shared_dir / "reference" / "crds" / "inferenceendpointconfigs.crd.yaml")
 
 
@@ -518,7 +521,8 @@ class FakeTime:
         return datetime.datetime(2026, 11, 29, tzinfo=datetime.UTC) + datetime.timedelta(seconds=self.t)
 
 
-def actuator_for(server: KubeServer, targets: list[dict[str, Any]], fake: FakeTime, **overrides: Any) -> Any:
+def actuator_for(server: KubeServer, targets: list[dict[str, Any]], fake: FakeTime, *,
+                 is_leader: Callable[[], bool] | None = None, **overrides: Any) -> Any:
     """A KubernetesActuator on the emulator with fake time (rollouts polled every 1 s, 30 s timeout)."""
     from agent.k8s.actuator import KubernetesActuator
     from agent.k8s.api import KubeApi
@@ -527,4 +531,4 @@ def actuator_for(server: KubeServer, targets: list[dict[str, Any]], fake: FakeTi
     settings = settings_from_mapping({"namespace": NS, "identity": "tierpilot-0", "targets": targets,
                                       "rollout_timeout_s": 30, "rollout_poll_s": 1, **overrides})
     return KubernetesActuator(KubeApi(server.api_client()), settings, clock=fake.clock, sleep=fake.sleep,
-                              now=fake.now, on_progress=lambda msg: None)
+                              now=fake.now, on_progress=lambda msg: None, is_leader=is_leader)

@@ -41,7 +41,7 @@ class DriftSettings:
     method: str = "page_hinkley"
     warmup: int = 20
     delta: float = 0.5
-    threshold: float = 12.0
+    threshold: float = 16.0
     min_rel_sigma: float = 0.02
 
     def __post_init__(self) -> None:
@@ -168,3 +168,40 @@ class DriftDetector:
         for name, det in self.detectors.items():
             if names is None or name in names:
                 det.reset()
+
+
+def workload_signals(frame: object, window_s: float, *, long_prompt_tokens: int = 2048) -> list[dict[str, float]]:
+    """Per-window workload signals of a workload frame (twin / benchmark use; the live agent
+    computes the same signals from KV events): reuse ratio (share of prompt blocks already seen
+    earlier in the workload), mean prompt tokens, share of long prompts, arrival rate (req/s).
+    Each dict also carries `t` (window start, seconds)."""
+    import polars as pl
+
+    f = frame if isinstance(frame, pl.DataFrame) else pl.DataFrame(frame)
+    f = f.sort("timestamp_ms")
+    flat = f["hash_ids"].explode()
+    first = flat.is_first_distinct().cast(pl.Int64)
+    lens = f["hash_ids"].list.len().to_numpy()
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    cum = np.concatenate([[0], np.cumsum(first.to_numpy())])
+    new_blocks = cum[offsets[1:]] - cum[offsets[:-1]]
+    t = f["timestamp_ms"].to_numpy() / 1000.0
+    t0 = float(t.min())
+    win = ((t - t0) // window_s).astype(int)
+    prompts = f["input_length"].to_numpy()
+    out: list[dict[str, float]] = []
+    for w in range(int(win.max()) + 1):
+        m = win == w
+        n = int(m.sum())
+        if n == 0:
+            out.append({"t": t0 + w * window_s, "arrival_rate": 0.0})
+            continue
+        blocks = float(lens[m].sum())
+        out.append({
+            "t": t0 + w * window_s,
+            "reuse_ratio": 1.0 - float(new_blocks[m].sum()) / blocks if blocks else 0.0,
+            "prompt_tokens_mean": float(prompts[m].mean()),
+            "long_prompt_fraction": float((prompts[m] >= long_prompt_tokens).mean()),
+            "arrival_rate": n / window_s,
+        })
+    return out

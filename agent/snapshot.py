@@ -1,7 +1,9 @@
 """Window aggregate + target statuses -> the `Snapshot` the exporters serve. Pure functions.
 
 Per pod and model, `derive_tiers` runs twice: on lifetime totals (the `_total` counters and the
-source label) and on window increases (the ratios). Signals without a model (LMCache MP L1 usage,
+source label) and on window increases (the ratios). A ratio or TTFT quantile whose window saw no
+traffic (an idle pod, or a single scrape so far) comes from the lifetime totals instead, so an idle
+pod keeps reporting what its cache achieved rather than a gap. Signals without a model (LMCache MP L1 usage,
 Curvine FUSE I/O) belong to every model of their pod; a pod with no model at all (a Curvine
 master or worker) keeps model "".
 """
@@ -117,7 +119,8 @@ def build_snapshot(
             for op in ("read", "write"):
                 rows = g.buckets.get(f"l2_{op}_latency_seconds")
                 if rows:
-                    qs = _quantiles((le, inc) for le, inc, _ in rows)
+                    idle = rows[-1][1] <= 0  # no I/O in the window: lifetime buckets
+                    qs = _quantiles((le, last if idle else inc) for le, inc, last in rows)
                     if qs:
                         l2_io.append(L2IoView(pod, op, qs))  # type: ignore[arg-type]
         ttft = g.buckets.get("ttft_seconds")
@@ -140,13 +143,16 @@ def _tier_views(pod: str, model: str, g: SeriesGroup, kvbpt: float | None,
     win = {t.tier: t for t in derive_tiers(g.increase, g.sources, kv_bytes_per_token=kvbpt,
                                            cpu_capacity_bytes=cpu_cap)}
     cumulative = cumulative_hit_ratios(list(win.values()), prompt_lookups(g.increase))
+    if not cumulative:  # nothing entered the cache in the window: lifetime totals
+        cumulative = cumulative_hit_ratios(life, prompt_lookups(g.last))
     out = []
     for t in life:
         w = win.get(t.tier)
+        ratio = w.hit_ratio if w is not None else None
         out.append(TierView(
             pod=pod, model=model, tier=t.tier, source=t.source,
             lookup_tokens=t.lookup, hit_tokens=t.hit,
-            hit_ratio=w.hit_ratio if w is not None else None,
+            hit_ratio=ratio if ratio is not None else t.hit_ratio,  # idle window: lifetime totals
             cumulative_hit_ratio=cumulative.get(t.tier),
             evictions=t.evictions, usage_ratio=t.usage,
         ))
@@ -162,6 +168,8 @@ def _rate(g: SeriesGroup, signal: str) -> float | None:
 
 def _pod_view(pod: str, model: str, g: SeriesGroup, kvbpt: float | None) -> PodView:
     ttft = g.buckets.get("ttft_seconds", [])
+    if ttft and ttft[-1][1] <= 0:  # no request finished in the window: lifetime buckets
+        ttft = [(le, last, last) for le, _, last in ttft]
     l2_read = g.buckets.get("l2_read_latency_seconds", [])
     fixed = histogram_quantile(0.5, [(le, inc) for le, inc, _ in l2_read]) if l2_read else None
     break_even = l2_break_even_tokens(

@@ -105,8 +105,8 @@ def test_nan_inf_and_counter_reset_are_counted_and_never_go_negative(server):
     assert (gpu.lookup_tokens, gpu.hit_tokens) == (1600, 600)
     assert gpu.hit_ratio == 600 / 1600
     other_gpu = next(t for t in snap.tiers if t.pod == "o" and t.tier == "gpu")
-    # unchanged counters: no traffic in the window, so no ratio (lifetime totals only for one scrape)
-    assert (other_gpu.hit_tokens, other_gpu.hit_ratio) == (6000, None)
+    # unchanged counters: no traffic in the window, so the ratio falls back to lifetime totals
+    assert (other_gpu.hit_tokens, other_gpu.hit_ratio) == (6000, 0.375)
     rates = [p.prompt_token_rate for p in snap.pods if p.pod == "v"]
     assert all(r is None or r >= 0 for r in rates)
 

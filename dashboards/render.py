@@ -36,6 +36,8 @@ class PanelData:
     panel: Panel
     series: tuple[Drawn, ...]
     error: str = ""
+    start: float = 0.0  # the window drawn, unix seconds (0: fit to the data)
+    end: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,8 @@ def fetch_panel(panel: Panel, source: RangeSource, start: float, end: float, ste
             for s in source.query_range(expand(q.expr, variables), start, end, step):
                 out.append(Drawn(i, legend_for(q.legend, s), s))
     except SourceError as exc:
-        return PanelData(panel, tuple(out), str(exc))
-    return PanelData(panel, tuple(sorted(out, key=lambda d: (d.query, d.legend))))
+        return PanelData(panel, tuple(out), str(exc), start, end)
+    return PanelData(panel, tuple(sorted(out, key=lambda d: (d.query, d.legend))), "", start, end)
 
 
 def format_value(unit: str, v: float) -> str:
@@ -135,7 +137,11 @@ def draw_timeseries(ax: Axes, data: PanelData) -> None:
     if p.max is not None and p.unit == "percentunit":
         ax.set_ylim(top=max(p.max, 0.05) * 1.02)
     ax.yaxis.set_major_formatter(_axis_formatter(p.unit))
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    if data.end > data.start:  # the whole requested window, as Grafana draws it
+        ax.set_xlim(datetime.fromtimestamp(data.start), datetime.fromtimestamp(data.end))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best", ncol=2 if len(data.series) > 4 else 1)
 
@@ -192,6 +198,7 @@ def draw_table(ax: Axes, data: PanelData) -> None:
                      cellLoc="center")
     table.auto_set_font_size(False)
     table.set_fontsize(8)
+    table.auto_set_column_width(col=list(range(len(header))))
     table.scale(1, 1.3)
 
 

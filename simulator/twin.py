@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from heapq import heapify, heappop, heappush
 from itertools import takewhile
 from typing import Any
@@ -345,21 +345,18 @@ class Twin:
             if g:
                 _consume(map(gpu._resident.move_to_end, chunks[:g]))
             if g < n:
-                new_pos = [i for i in range(g, n) if chunks[i] not in gpu] if sink else None
+                fresh = {h for h in chunks[g:] if h not in gpu} if sink else None
                 evicted = gpu.insert_many(chunks[g:] if g else chunks)
                 if evicted:
                     t.gpu_evicted_chunks += len(evicted)
                 if sink:
-                    self._emit_stores(pod.name, chunks, new_pos, "GPU", evicted)
+                    self._emit_changes(pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU")
         if cpu is not None:
             if n_cpu:
                 cpu.touch_many(cpu_keys)
             to_cpu = l2_keys + computed if n_l2 else computed
             if to_cpu:
-                new_pos = None
-                if sink:
-                    wanted = set(to_cpu)
-                    new_pos = [i for i in range(g, n) if chunks[i] in wanted and chunks[i] not in cpu]
+                fresh = {h for h in to_cpu if h not in cpu} if sink else None
                 evicted = cpu.insert_many(to_cpu)
                 t.cpu_stored_chunks += len(to_cpu)
                 t.store_requests += 1
@@ -367,7 +364,9 @@ class Twin:
                     t.cpu_evicted_chunks += len(evicted)
                     t.cpu_evict_events += 1
                 if sink:
-                    self._emit_stores(pod.name, chunks, new_pos, "CPU", evicted)
+                    batch = set(to_cpu)
+                    self._emit_changes(pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
+                                       evicted, cpu, "CPU")
         l2_write_s = 0.0
         l2_pool = self._l2
         if l2_pool is not None:
@@ -443,11 +442,23 @@ class Twin:
         return (idx, now, prompt, g * c, n_cpu * c, n_l2 * c, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
                 cold * c, capacity * c, routing * c, tail)
 
-    def _emit_stores(self, pod: str, chunks: Sequence[int], new_pos: list[int], medium: str,
-                     evicted: list[int]) -> None:
-        """One BlockStored per contiguous run of newly stored chunks, then one BlockRemoved per victim."""
+    def _emit_changes(self, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
+                      tier: Policy, medium: str) -> None:
+        """Announce one request's net change to a tier: removals first, then stores.
+
+        Removed: victims that were resident before the request (one hash per event). Stored: one
+        BlockStored per contiguous run of the request's chunks that are resident now and were
+        not before (or were evicted and stored again by this request). A chunk stored and evicted
+        by the same request is not announced at all.
+        """
         sink, now, c = self._sink, self._now, self._chunk
         assert sink is not None
+        gone: set[int] = set()
+        for h in evicted:
+            if h not in fresh and h not in gone:  # a victim can be re-stored and evicted again in one batch
+                sink(BlockRemoved(now, pod, (h,), medium))
+            gone.add(h)
+        new_pos = [i for i in batch_pos if chunks[i] in tier and (chunks[i] in fresh or chunks[i] in gone)]
         i = 0
         while i < len(new_pos):
             j = i
@@ -457,8 +468,6 @@ class Twin:
             parent = chunks[first - 1] if first else None
             sink(BlockStored(now, pod, tuple(chunks[first:new_pos[j] + 1]), parent, c, medium))
             i = j + 1
-        for h in evicted:
-            sink(BlockRemoved(now, pod, (h,), medium))
 
     # -- observability -------------------------------------------------------------------------
     def pod_counters(self, pod: int | str) -> dict[str, float]:

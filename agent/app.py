@@ -25,7 +25,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -271,7 +272,7 @@ class Agent:
     # -- HTTP ----------------------------------------------------------------------------------
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "cycles": self.cycles, "snapshot_at": self._snapshot.taken_at})

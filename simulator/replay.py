@@ -187,7 +187,7 @@ def replay(
     frame = check_workload(workload)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
     flat, offsets, cold = workload_chunks(frame, knobs.chunk_tokens)
-    times = (frame["timestamp_ms"].cast(pl.Float64) / 1000.0).to_list()
+    times = [ms / 1000.0 for ms in frame["timestamp_ms"].to_list()]  # exactly as Twin.submit does
     prompts = frame["input_length"].to_list()
     outputs = frame["output_length"].to_list()
     sessions = frame["session_id"].to_list()

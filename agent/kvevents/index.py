@@ -286,8 +286,12 @@ class FleetIndex:
                         cap_dist[bucket] += size
                     else:
                         cold += 1
-                    shadow.put(h, self.l2_seq)  # a dropped generation simply ages out
+                    sy = shadow.young  # inlined TwoGenMap.put; a dropped generation simply ages out
+                    shadow.old.pop(h, None)
+                    sy[h] = self.l2_seq
                     self.l2_seq += 1
+                    if len(sy) >= shadow.half:
+                        shadow.old, shadow.young = sy, {}
             if not mask & tb:
                 added += 1
             if not mask:
@@ -343,8 +347,12 @@ class FleetIndex:
                 else:
                     del (ry if in_young else res.old)[h]
                     self._unhold(h, st.bit)
-            if tb == GPU or hist.get(h) is None:  # a GPU removal wins: it is what a re-store pays for
-                hist.put(h, removal)
+            hy = hist.young  # inlined TwoGenMap.put: a GPU removal wins (what a re-store pays for)
+            if tb == GPU or (h not in hy and h not in hist.old):
+                hist.old.pop(h, None)
+                hy[h] = removal
+                if len(hy) >= hist.half:
+                    hist.old, hist.young = hy, {}
         stats.unknown_removed_blocks += unknown
         stats.resident[tb] = stats.resident.get(tb, 0) - gone
 

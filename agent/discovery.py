@@ -12,10 +12,10 @@ sidecar), else the role's configured defaults. `prometheus.io/scrape: "false"` s
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -180,8 +180,6 @@ class KubernetesPodApi:
     def list_pods(self, namespace: str | None, selector: str) -> tuple[list[dict], str]:
         fn, kw = self._call(namespace)
         resp = fn(label_selector=selector, _preload_content=False, **kw)
-        import json
-
         body = json.loads(resp.data)
         return list(body.get("items") or []), (body.get("metadata") or {}).get("resourceVersion") or ""
 
@@ -191,7 +189,9 @@ class KubernetesPodApi:
 
         fn, kw = self._call(namespace)
         w = watch.Watch()
-        kwargs = dict(label_selector=selector, timeout_seconds=timeout_s, **kw)
+        # the server ends the watch after timeout_s; the client gives up on a silent one a bit later
+        kwargs = dict(label_selector=selector, timeout_seconds=timeout_s,
+                      _request_timeout=(10, timeout_s * 1.5), **kw)
         if resource_version:
             kwargs["resource_version"] = resource_version
         for event in w.stream(fn, **kwargs):
@@ -222,12 +222,10 @@ class KubernetesTargets:
     `refresh()` lists once (synchronously); `start()` lists and then watches until `stop()`. A
     failed list or watch is retried after `retry_s`, keeping the last known targets."""
 
-    def __init__(self, api: PodApi, settings: KubernetesSettings, retry_s: float = 2.0,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, api: PodApi, settings: KubernetesSettings, retry_s: float = 2.0):
         self.api = api
         self.settings = settings
         self.retry_s = retry_s
-        self._sleep = sleep
         self._lock = threading.Lock()
         self._by_role: dict[str, dict[str, Target]] = {role: {} for role in settings.roles}
         self._versions: dict[str, str] = {}
@@ -262,7 +260,8 @@ class KubernetesTargets:
         with self._lock:
             if version:
                 self._versions[role] = version
-            if kind == "DELETED":
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            if kind == "DELETED" or not selector_matches(labels, cfg.selector):
                 self._by_role[role].pop(key, None)
                 return
             t = pod_target(pod, role, cfg)  # type: ignore[arg-type]
@@ -305,6 +304,28 @@ class KubernetesTargets:
                 listed = False
                 log.warning("pod discovery for role %s failed (%s); retrying", role, exc)
                 self._stop.wait(self.retry_s)
+
+
+def selector_matches(labels: Mapping[str, str], selector: str) -> bool:
+    """Client-side check of equality-based selectors (`a=b`, `a==b`, `a!=b`, `a`, `!a`), a guard
+    for watch streams that do not filter; set-based terms (`in`, `notin`) are left to the server."""
+    for term in (t.strip() for t in selector.split(",")):
+        if not term or " in " in term or " notin " in term or "(" in term:
+            continue
+        if "!=" in term:
+            k, v = (x.strip() for x in term.split("!=", 1))
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = (x.strip() for x in term.replace("==", "=").split("=", 1))
+            if labels.get(k) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
 
 
 def _pod_key(pod: Mapping[str, Any]) -> str:

@@ -26,11 +26,11 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.kvevents.index import FleetIndex, IndexLimits  # noqa: E402
-from agent.kvevents.manager import KvEventManager  # noqa: E402
-from agent.kvevents.settings import EndpointSpec, KvEventsSettings  # noqa: E402
-from agent.kvevents.wire import Stored, decode_payload  # noqa: E402
-from simulator.kv_publisher import (  # noqa: E402
+from agent.kvevents.index import FleetIndex, IndexLimits
+from agent.kvevents.manager import KvEventManager
+from agent.kvevents.settings import EndpointSpec, KvEventsSettings
+from agent.kvevents.wire import Stored, decode_payload
+from simulator.kv_publisher import (
     KVEventBatch,
     KvEventPublisher,
     removed_event,

@@ -32,7 +32,6 @@ from agent.settings import load_settings
 from dashboards import build
 from dashboards.catalog import QueryRef, dashboard_queries
 from dashboards.promql import expand
-from dashboards.render import render_overview
 from dashboards.settings import BuildSettings
 from dashboards.source import PrometheusSource
 from simulator.knobs import Knobs
@@ -202,6 +201,7 @@ def test_rules_evaluate_on_the_agents_data(live):
 
 
 def test_render_cli_draws_the_overview_from_prometheus(live, tmp_path):
+    """`tierpilot dashboards render` goes through `render_overview()` and the real query_range API."""
     prom, _ = live
     result = CliRunner().invoke(main, ["dashboards", "render", "--out", str(tmp_path), "--prometheus", prom.url,
                                        "--since", "1m", "--step", "1", "--scrape-interval", "1"])
@@ -210,12 +210,3 @@ def test_render_cli_draws_the_overview_from_prometheus(live, tmp_path):
     assert sheet.exists() and sheet.stat().st_size > 50_000
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert len(pngs) == len(DASHBOARDS[0].panels) + 1
-
-
-def test_render_overview_api(live, tmp_path):
-    prom, _ = live
-    end = time.time()
-    paths = render_overview(prom.url, tmp_path, end - 30, end, step=1, scrape_interval=1,
-                            selection={"model": "meta-llama/.*"})
-    assert paths[-1] == tmp_path / "tierpilot-overview.png"
-    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

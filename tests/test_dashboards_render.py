@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from dashboards import overview
+from dashboards.grafana import Dashboard
 from dashboards.render import (
     PanelData,
     choose_step,
@@ -70,8 +71,10 @@ def test_a_failing_query_is_drawn_as_no_data(tmp_path):
     panel = overview.build(BuildSettings()).panels[3]
     data = fetch_panel(panel, source, 0, 3600, 60, template_values(60, 15, 0, 3600))
     assert data.series == () and "bad_data" in data.error
-    paths = render_dashboard(overview.build(BuildSettings()), source, tmp_path, 0, 3600)
-    assert all(p.exists() for p in paths)
+    one = Dashboard("one-panel", "One panel", "", (panel,))
+    paths = render_dashboard(one, source, tmp_path, 0, 3600)
+    assert [p.name for p in paths] == ["01-l2-break-even-prompt-length.png", "one-panel.png"]
+    assert all(p.read_bytes()[:8] == PNG for p in paths)
 
 
 def test_selection_narrows_template_variables():

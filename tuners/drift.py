@@ -121,11 +121,10 @@ class SignalDetector:
             self._m_down_max = max(self._m_down_max, self._m_down)
             self._up = self._m_up - self._m_up_min
             self._down = self._m_down_max - self._m_down
-        if self._up > s.threshold:
-            return ("up", self._up)
-        if self._down > s.threshold:
-            return ("down", self._down)
-        return None
+        hit = ("up", self._up) if self._up > s.threshold else ("down", self._down) if self._down > s.threshold else None
+        if hit is not None:
+            self.reset()  # an alarm ends this regime: learn the new level before alarming again
+        return hit
 
     @property
     def level(self) -> float:

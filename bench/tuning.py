@@ -28,15 +28,15 @@ import optuna
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from simulator.cluster import ClusterSpec  # noqa: E402
-from simulator.knobs import Knobs  # noqa: E402
-from simulator.synthetic import synthetic  # noqa: E402
-from tuners.drift import DriftDetector, DriftSettings, SignalDetector, workload_signals  # noqa: E402
-from tuners.evaluators import EvaluationCache, TwinEvaluator, run_trials  # noqa: E402
-from tuners.objective import ObjectiveSpec  # noqa: E402
-from tuners.offline import load_workload  # noqa: E402
-from tuners.optuna_tuner import OptunaTuner  # noqa: E402
-from tuners.space import Choice, DeploymentLimits, FloatRange, IntRange, SearchSpace  # noqa: E402
+from simulator.cluster import ClusterSpec
+from simulator.knobs import Knobs
+from simulator.synthetic import synthetic
+from tuners.drift import DriftDetector, DriftSettings, SignalDetector, workload_signals
+from tuners.evaluators import EvaluationCache, TwinEvaluator, run_trials
+from tuners.objective import ObjectiveSpec
+from tuners.offline import load_workload
+from tuners.optuna_tuner import OptunaTuner
+from tuners.space import Choice, DeploymentLimits, FloatRange, IntRange, SearchSpace
 
 L2_TOKENS = 64 * 8192  # a 64 GiB shared pool (Llama-3.1-8B bf16: 8,192 tokens per GiB): eviction matters
 LIMITS = DeploymentLimits(pods=16, node_memory_headroom_gib=32.0, l2_pool_gib=64.0)

@@ -218,3 +218,43 @@ def test_knobs_no_target_actuates_are_refused(kube):
     assert act.tunable_knobs() == {"chunk_tokens", "cpu_gib", "cpu_eviction", "l2_min_prompt_tokens"}
     with pytest.raises(PermanentActuationError, match="no configured target actuates router"):
         act.apply(Knobs(router="kvaware"))
+
+
+def test_cli_current_apply_and_rollback_through_a_kubeconfig(kube, tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from agent.k8s.__main__ import main
+
+    kube.put(deployment("vllm", env=[]))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emu",
+        "clusters": [{"name": "emu", "cluster": {"server": kube.url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "u"}}]}))
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(yaml.safe_dump({"namespace": NS, "identity": "cli",
+                                       "targets": [{"kind": "deployment-env", "name": "vllm"}]}))
+    best = tmp_path / "best.yaml"
+    best.write_text(yaml.safe_dump({"knobs": Knobs(chunk_tokens=512).to_dict(), "trial": 7}))
+    runner = CliRunner()
+
+    def cli(*args):
+        return runner.invoke(main, ["--kubeconfig", str(kubeconfig), *map(str, args)])
+
+    out = cli("current", targets)
+    assert out.exit_code == 0 and "chunk_tokens: 256" in out.stdout
+    out = cli("apply", targets, best, "--dry-run")
+    assert out.exit_code == 0 and out.stdout.startswith("dry-run: 1 target(s) would change; chunk_tokens: 256 -> 512")
+    assert _env(kube.get("Deployment", NS, "vllm")) == []
+    default = tmp_path / "default.yaml"
+    default.write_text(Knobs().to_yaml())
+    assert cli("apply", targets, default, "--mark-good").exit_code == 0  # marks what runs as good
+    out = cli("apply", targets, best)
+    assert out.exit_code == 0, out.output
+    assert _env(kube.get("Deployment", NS, "vllm")) == [{"name": "LMCACHE_CHUNK_SIZE", "value": "512"}]
+    out = cli("rollback", targets)
+    assert out.exit_code == 0, out.output
+    assert _env(kube.get("Deployment", NS, "vllm")) == []
+

@@ -13,13 +13,17 @@ from agent.k8s.metrics import ActuationMetrics
 from agent.k8s.settings import ActuationSettings
 
 
-def load_api_client() -> k8s.ApiClient:
-    """In-cluster service-account credentials, or the local kubeconfig outside a cluster."""
+def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
+    """`kubeconfig` if given; else in-cluster service-account credentials, or the default
+    kubeconfig outside a cluster. Never touches the client's global default configuration."""
+    if kubeconfig:
+        return k8s_config.new_client_from_config(config_file=kubeconfig)
     try:
-        k8s_config.load_incluster_config()
+        cfg = k8s.Configuration()
+        k8s_config.load_incluster_config(client_configuration=cfg)
+        return k8s.ApiClient(cfg)
     except k8s_config.ConfigException:
-        k8s_config.load_kube_config()
-    return k8s.ApiClient()
+        return k8s_config.new_client_from_config()
 
 
 def build_elector(api_client: k8s.ApiClient, settings: ActuationSettings, *,

@@ -1,0 +1,102 @@
+"""`python -m agent.k8s`: operate the Kubernetes actuator by hand (same code path as the agent).
+
+    python -m agent.k8s check   deploy/overlays/plain-vllm/targets.yaml
+    python -m agent.k8s current deploy/overlays/plain-vllm/targets.yaml
+    python -m agent.k8s apply   deploy/overlays/plain-vllm/targets.yaml best.yaml --dry-run
+    python -m agent.k8s rollback deploy/overlays/plain-vllm/targets.yaml
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from agent.k8s.actuator import KubernetesActuator
+from agent.k8s.mapping import load_mappings
+from agent.k8s.rbac import required_rules
+from agent.k8s.settings import ActuationConfigError, load_settings
+from simulator.knobs import KnobError, Knobs
+from tuners.actuator import ActuationError
+
+TARGETS = click.argument("targets", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+
+
+def _actuator(targets: Path, dry_run: bool = False) -> KubernetesActuator:
+    from agent.k8s.wiring import build_actuator, load_api_client
+
+    settings = load_settings(targets, **({"dry_run": True} if dry_run else {}))
+    kubeconfig = click.get_current_context().find_root().params.get("kubeconfig")
+    return build_actuator(load_api_client(kubeconfig), settings,
+                          on_progress=lambda m: click.echo(f"  {m}", err=True))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Kubeconfig file (default: in-cluster service account, else ~/.kube/config).")
+def main(kubeconfig: str | None) -> None:
+    """Apply tuned KV-cache knobs to a cluster: vLLM Deployment env, LMCache / router / Curvine
+    ConfigMaps, HyperPod InferenceEndpointConfig. TARGETS is the actuator's targets YAML (see
+    docs/deploy.md). Uses the in-cluster service account, or your kubeconfig."""
+
+
+@main.command()
+@TARGETS
+def check(targets: Path) -> None:
+    """Validate TARGETS offline; print the tunable knobs and the Role rules they need."""
+    settings = load_settings(targets)
+    maps = load_mappings()
+    for t in settings.targets:
+        m = maps[t.kind]
+        click.echo(f"{t.kind:18s} {settings.ns(t)}/{t.name}: {', '.join(t.knobs or m.knobs)} ({m.takes_effect})")
+    click.echo(yaml.safe_dump({"rules": required_rules(settings)}, sort_keys=False), nl=False)
+
+
+@main.command()
+@TARGETS
+def current(targets: Path) -> None:
+    """Print the knobs the targets run now, as a config YAML."""
+    act = _actuator(targets)
+    click.echo(act.current().to_yaml(), nl=False)
+    good = act.last_good()
+    click.echo(f"# last good: {good.to_dict() if good else 'none marked'}", err=True)
+
+
+@main.command()
+@TARGETS
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Server-side dry-run: validate everything, store nothing.")
+@click.option("--mark-good", is_flag=True, help="After a successful rollout, record CONFIG as the last good one.")
+def apply(targets: Path, config: Path, dry_run: bool, mark_good: bool) -> None:
+    """Apply CONFIG (a knobs YAML, e.g. the tuner's best.yaml) and wait for the rollout."""
+    act = _actuator(targets, dry_run)
+    result = act.apply(Knobs.from_yaml_file(config), dry_run=dry_run)
+    click.echo(result.message)
+    for name in result.restarted:
+        click.echo(f"  restarts {name}")
+    if mark_good and not result.dry_run:  # applied, or already running
+        act.mark_good(result.knobs)
+
+
+@main.command()
+@TARGETS
+def rollback(targets: Path) -> None:
+    """Restore the last good configuration exactly."""
+    click.echo(_actuator(targets).rollback().message)
+
+
+def run() -> int:
+    try:
+        main.main(standalone_mode=False)
+    except (ActuationError, ActuationConfigError, KnobError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

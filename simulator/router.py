@@ -81,6 +81,7 @@ class PrefixAwareRouter(Router):
     def __init__(self, pods: int, settings: RouterSettings) -> None:
         super().__init__(pods, settings)
         self._seen: list[set[int]] = [set() for _ in range(pods)]
+        self._last = (-1, 0)  # (pod, matched chunks) of the latest choice
 
     def choose(self, chunks, session_id, loads, estimate) -> int:
         cap = min(loads) * self.settings.prefix_load_ratio + self.settings.prefix_load_slack
@@ -110,10 +111,13 @@ class PrefixAwareRouter(Router):
                 n = lo
             if n > best_len or (n == best_len and load < best_load):
                 best, best_len, best_load = pod, n, load
+        self._last = (best, best_len)
         return best
 
     def record(self, pod: int, chunks: Sequence[int]) -> None:
-        self._seen[pod].update(chunks)
+        # the chosen pod already remembers the matched prefix: add only the rest
+        chosen, known = self._last
+        self._seen[pod].update(chunks[known:] if pod == chosen and known else chunks)
 
 
 class KvAwareRouter(Router):

@@ -7,6 +7,7 @@ its store (env var, YAML line, TOML line, JSON) is the stores' business (`agent/
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,13 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
 
 
 def load_mappings(path: str | Path | None = None) -> dict[str, KindMapping]:
-    p = Path(path) if path else MAPPINGS_FILE
+    """The mapping file, parsed once per path (the records are frozen; the dict is a fresh copy)."""
+    return dict(_load_cached(str(Path(path) if path else MAPPINGS_FILE)))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str) -> dict[str, KindMapping]:
+    p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
     except OSError as exc:

@@ -168,3 +168,13 @@ def test_deploy_doc_covers_every_style_and_target_kind():
         assert phrase.lower() in doc.lower(), phrase
     for kind in load_mappings():
         assert f"`{kind}`" in doc, kind
+
+
+def test_declared_discovery_calls_match_agent_discovery():
+    """rbac.DISCOVERY_CALLS stands for agent/discovery.py: it lists pods in one namespace and watches them."""
+    from agent.k8s.rbac import DISCOVERY_CALLS
+
+    source = (REPO_ROOT / "agent" / "discovery.py").read_text()
+    assert {(c.verb, c.resource) for c in DISCOVERY_CALLS} == {("list", "Pod"), ("watch", "Pod")}
+    assert "list_namespaced_pod" in source and "watch.Watch" in source
+    assert "read_namespaced_pod" not in source  # so the Role needs no `get` on pods

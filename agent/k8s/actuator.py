@@ -87,6 +87,14 @@ class KubernetesActuator:
             watch_timeout_s=settings.watch_timeout_s, clock=clock, sleep=sleep,
             backoff=Backoff(settings.backoff_base_s, settings.backoff_max_s))
 
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start watching the objects this actuator changes (the re-apply guard's threads)."""
+        self.guard.start()
+
+    def stop(self) -> None:
+        self.guard.stop()
+
     # -- queries --------------------------------------------------------------------------------
     @property
     def active(self) -> tuple[Target, ...]:

@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("simulator.demo_cli", "demo", "Run the whole loop on a built-in emulated cluster."),
     "dashboards": ("dashboards.cli", "dashboards", "Build Grafana dashboards and render panels to PNG."),
     "kv-events": ("agent.kvevents.cli", "kv_events", "Watch vLLM KV-event streams and print block-level signals."),
+    "k8s": ("agent.k8s.__main__", "main", "Check, show, apply or roll back knobs on Kubernetes targets by hand."),
 }
 
 

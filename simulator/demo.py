@@ -32,7 +32,7 @@ from simulator.demo_probe import probe_agent
 from simulator.demo_report import verdict_lines, write_report
 from simulator.demo_settings import DemoSettings
 from simulator.demo_timeline import DemoEvent, PhaseVerdict, Recorder, TimelinePoint
-from simulator.demo_workload import DemoWorkload, build_workload, phase_verdicts
+from simulator.demo_workload import DemoWorkload, WarmReplay, build_workload, phase_verdicts
 from simulator.emulated.cluster import ClusterSpec, EmulatedCluster, pod_names
 from simulator.emulated.driver import ScaledRealtimeDriver
 from simulator.emulated.pod_metrics import PodIdentity
@@ -59,8 +59,22 @@ SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the v
 CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
 DRIFT_SIGNALS_WINDOW_S = 60.0  # trace seconds
-RECENT_WORKLOAD_S = 300.0  # trace seconds the twin warm start replays
+RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
+WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
+WARMUP_TRACE_S = 120.0  # the controller starts once caches are warm and the agent has a window
+WARM_START_TRIALS = 30
+SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
+# One-knob neighbours of the defaults the twin always scores (router changes are hot: no restart).
+ROUTER_NEIGHBOURS = tuple(DEFAULT_KNOBS.replace(router=r) for r in ("session", "prefixaware", "kvaware"))
+# The drift detector watches workload signals only (never the config-dependent hit ratio). The
+# long-prompt fraction is left out: multi-turn sessions grow their prompts turn after turn, a slow
+# ramp that would keep re-opening phases mid-trial.
+DRIFT_SIGNALS = ("reuse_ratio", "prompt_tokens_mean", "arrival_rate")
+# The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
+# coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
+DEMO_TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
+                                                                        10.0, 20.0, 40.0, 80.0)
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 STATE_EVENTS = {"drift": "drift", "trial_started": "apply", "rolled_back": "rollback", "improved": "keep",
                 "told": "trial", "baseline_done": "info", "failed": "error", "rejected": "error",
@@ -140,9 +154,10 @@ class Demo:
                                                      str(s.trace) if s.trace else None)
         caps = self.twin_cluster.capacities(DEFAULT_KNOBS)
         identity = PodIdentity(model_name=MODEL_NAME, kv_bytes_per_token=caps.kv_bytes_per_token,
-                               num_gpu_blocks=caps.gpu_tokens // 16)
+                               num_gpu_blocks=caps.gpu_tokens // 16, ttft_buckets=DEMO_TTFT_BUCKETS)
         self.cluster = EmulatedCluster(ClusterSpec(pods=s.pods, identity=identity,
                                                    restart_downtime_s=s.restart_downtime_s))
+        self.cluster.start()  # binds the ports the agent's static targets point at
         self.publishers = open_pod_publishers(self.names, model=MODEL_NAME)
         self.kv_sink = TwinEventPublisher(self.publishers, clock_offset=0.0, tokens="empty")
         self.twin = Twin(self.twin_cluster, DEFAULT_KNOBS, event_sink=self.kv_sink)
@@ -170,20 +185,24 @@ class Demo:
                                      GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=s.dry_run),
                                      clock=self.driver.trace_now)
         live = LiveEvaluator(self.guardrails, self.agent.window_source,
-                             LiveSettings(settle_s=30.0, window_s=90.0, min_requests=30, max_extensions=2))
+                             LiveSettings(settle_s=SETTLE_S, window_s=90.0, min_requests=30, max_extensions=2))
 
         def twin_evaluator() -> _RecordingEvaluator:
-            recent = self.workload.recent(self.driver.trace_now(), RECENT_WORKLOAD_S)
-            return _RecordingEvaluator(TwinEvaluator(recent, self.twin_cluster, limits), self._twin_trial)
+            now = self.driver.trace_now()
+            history = self.workload.recent(now, RECENT_WORKLOAD_S + WARM_HISTORY_S)
+            return _RecordingEvaluator(TwinEvaluator(history, self.twin_cluster, limits,
+                                                     replay_fn=WarmReplay(now - RECENT_WORKLOAD_S)),
+                                       self._twin_trial)
 
-        warm = _InjectingWarmStart(TwinWarmStart(twin_evaluator, self.space, objective, trials=12, seed=s.seed),
+        warm = _InjectingWarmStart(TwinWarmStart(twin_evaluator, self.space, objective, trials=WARM_START_TRIALS, seed=s.seed,
+                                                 include=ROUTER_NEIGHBOURS),
                                    REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates)
         self.controller = TuningController(
             space=self.space, objective=objective, storage=optuna.storages.InMemoryStorage(),
             guardrails=self.guardrails, evaluator=live, metrics=self.tuner_metrics,
             settings=ControllerSettings(study="demo", seed=s.seed, trials_per_phase=6, warm_start_k=3,
                                         min_improvement=0.02),
-            warm_start=warm, drift=DriftDetector(DriftSettings(warmup=12)))
+            warm_start=warm, drift=DriftDetector(DriftSettings(warmup=20, threshold=15.0), signals=DRIFT_SIGNALS))
 
     def _restart_publisher(self, pod: str) -> None:
         """A restarted engine publishes from sequence 0; its first batch says the cache is empty."""
@@ -224,6 +243,7 @@ class Demo:
                 self._config_log.append((rep.now, self.actuator.current()))
         if rep.state == "drift":
             self.status = "drift: re-tuning"
+            self.recorder.study_marks.append((self._trial_seq, f"phase {rep.phase}"))
         if kind is not None:
             label = {"improved": "kept as last good", "told": "measured, not better",
                      "rolled_back": "regressed, rolled back"}.get(rep.state, rep.state.replace("_", " "))
@@ -260,7 +280,6 @@ class Demo:
         self._build()
         interrupted = False
         try:
-            self.cluster.start()
             self.agent.start()
             if self.agent.port_message:
                 self.console.print(f"[yellow]{self.agent.port_message}[/yellow]")
@@ -285,20 +304,32 @@ class Demo:
 
     def _loop(self) -> None:
         end = self._t0 + self.s.duration_s * SPAN_SHARE
-        next_control = self.wall()
-        while self.wall() < end and not self.driver.finished:
-            if self.driver.error is not None:
-                raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
-            self._sample()
-            if self.wall() >= next_control:
-                next_control = self.wall() + CONTROL_TICK_S
-                signals = self.agent.drift_signals(DRIFT_SIGNALS_WINDOW_S)
-                rep = self.controller.step(self.driver.trace_now(), signals)
-                self._on_report(rep)
-                if self.status.startswith("learning") and self.controller.tuner is not None and rep.state not in (
-                        "baseline",):
-                    self.status = "tuning"
-            time.sleep(VIEW_TICK_S)
+        sampler = threading.Thread(target=self._sample_loop, args=(end,), name="demo-sampler", daemon=True)
+        sampler.start()
+        try:
+            while self.wall() < end and not self.driver.finished:
+                if self.driver.error is not None:
+                    raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
+                if self.driver.trace_now() >= WARMUP_TRACE_S:
+                    signals = self.agent.drift_signals(DRIFT_SIGNALS_WINDOW_S)
+                    rep = self.controller.step(self.driver.trace_now(), signals)
+                    self._on_report(rep)
+                    if self.status.startswith("learning") and rep.state != "baseline":
+                        self.status = "tuning"
+                time.sleep(CONTROL_TICK_S)
+        finally:
+            self._stop.set()
+            sampler.join(timeout=5)
+
+    def _sample_loop(self, end: float) -> None:
+        """Timeline samples on their own thread, so a blocking controller step (a rollout, the
+        twin warm start) leaves no hole in the charts."""
+        while not self._stop.is_set() and self.wall() < end:
+            try:
+                self._sample()
+            except Exception:
+                log.exception("timeline sample failed")
+            self._stop.wait(VIEW_TICK_S)
 
     def _shutdown(self) -> None:
         self.driver.stop()

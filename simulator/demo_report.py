@@ -48,7 +48,7 @@ def plot_ttft(points: Sequence[TimelinePoint], events: Sequence[DemoEvent], phas
     agent = [(x, p.agent_ttft_p95_s * 1000) for x, p in zip(xs, points) if p.agent_ttft_p95_s is not None]
     if agent:
         ax.plot(*zip(*agent), color="tab:cyan", linewidth=1.2, linestyle=":",
-                label="TTFT p95 as exported by the agent")
+                label="agent export: mean of per-pod p95 (from vLLM's histogram buckets)")
     if xs:
         ax.set_xlim(min(xs), max(xs))
     _mark_events(ax, events, phase_starts)
@@ -87,8 +87,13 @@ def plot_hit_ratios(points: Sequence[TimelinePoint], events: Sequence[DemoEvent]
 
 
 def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: Path,
-                        baseline_s: float | None = None) -> None:
+                        baseline_s: float | None = None, marks: Sequence[tuple[int, str]] = ()) -> None:
     fig, ax = plt.subplots(figsize=(11, 4.8), dpi=110)
+    for i, (n, label) in enumerate(marks):
+        ax.axvline(n - 0.5, color="tab:orange", linestyle="--", linewidth=1.2,
+                   label="drift: new study (phase)" if i == 0 else None)
+        ax.annotate(label, (n - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                    textcoords="offset points", fontsize=8, color="tab:orange")
     colours = {"complete": "tab:blue", "rolled_back": "tab:red", "twin": "tab:gray"}
     for state, colour in colours.items():
         pts = [(n, v * 1000) for n, v, s in trials if s == state and v is not None and math.isfinite(v)]
@@ -97,7 +102,11 @@ def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: P
                 "complete": "live trial (kept or superseded)", "rolled_back": "live trial rolled back",
                 "twin": "twin trial (warm start)"}[state])
     best, line = math.inf, []
+    starts = sorted(n for n, _ in marks)
     for n, v, s in sorted(trials):
+        if starts and n >= starts[0]:  # a new study: best-so-far starts over
+            starts.pop(0)
+            best = math.inf
         if v is not None and math.isfinite(v) and s in ("complete", "twin"):
             best = min(best, v * 1000)
         if math.isfinite(best):
@@ -105,11 +114,15 @@ def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: P
     if line:
         ax.step(*zip(*line), where="post", color="black", linewidth=1.6, label="best so far")
     if baseline_s is not None and math.isfinite(baseline_s):
-        ax.axhline(baseline_s * 1000, color="tab:orange", linestyle="--", label="default configuration")
+        ax.axhline(baseline_s * 1000, color="tab:green", linestyle=":",
+                   label="default configuration on the shifted phase (twin replay)")
     if not trials:
         ax.text(0.5, 0.5, "no trials finished", ha="center", va="center", transform=ax.transAxes, fontsize=14)
     ax.set_xlabel("trial number")
     ax.set_ylabel("objective: TTFT p95 (ms)")
+    finite = [v * 1000 for _, v, _ in trials if v is not None and math.isfinite(v)]
+    if finite:  # keep outliers from flattening the interesting range
+        ax.set_ylim(0, min(max(finite), 4 * sorted(finite)[len(finite) // 2]) * 1.08)
     ax.set_title("Optuna optimisation history")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=9, framealpha=0.9)
@@ -148,7 +161,8 @@ def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str,
     points, events = list(recorder.timeline), list(recorder.events)
     plot_ttft(points, events, phase_starts, report_dir / "ttft_p95.png")
     plot_hit_ratios(points, events, phase_starts, report_dir / "hit_ratios.png")
-    plot_optuna_history(recorder.trials, report_dir / "optuna_history.png", baseline_objective_s)
+    plot_optuna_history(recorder.trials, report_dir / "optuna_history.png", baseline_objective_s,
+                        recorder.study_marks)
     out = ["# tierpilot demo report", ""]
     if partial:
         out += ["**Partial report: the demo was interrupted before the end.**", ""]

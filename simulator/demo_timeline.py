@@ -117,6 +117,7 @@ class Recorder:
         self.events: list[DemoEvent] = []
         self.verdicts: list[PhaseVerdict] = []
         self.trials: list[tuple[int, float | None, str]] = []  # (number, value, state)
+        self.study_marks: list[tuple[int, str]] = []  # (first trial number, label) of a new study
 
     def add_served(self, row: Served) -> None:
         with self._lock:

@@ -61,8 +61,11 @@ def _h(name: str, help: str, buckets: tuple[float, ...]) -> MetricSpec:
     return MetricSpec(name, "histogram", help, VLLM_BASE_LABELS, tuple(float(b) for b in buckets))
 
 
-def vllm_specs(max_model_len: int) -> tuple[MetricSpec, ...]:
-    """vLLM 0.33 engine families (V1 `PrometheusStatLogger`), in registration order."""
+def vllm_specs(max_model_len: int, ttft_buckets: tuple[float, ...] | None = None) -> tuple[MetricSpec, ...]:
+    """vLLM 0.33 engine families (V1 `PrometheusStatLogger`), in registration order.
+
+    `ttft_buckets` replaces the TTFT default buckets, as vLLM's observability config
+    `custom_histogram_buckets` (family `time_to_first_token`) does."""
     tokens = build_1_2_5_buckets(max_model_len)
     return (
         _g("vllm:num_requests_running", "Number of requests in model execution batches."),
@@ -98,7 +101,7 @@ def vllm_specs(max_model_len: int) -> tuple[MetricSpec, ...]:
         _h("vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS),
         _h("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens),
         _h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-           TTFT_BUCKETS),
+           ttft_buckets or TTFT_BUCKETS),
         _h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
            ITL_BUCKETS),
         _h("vllm:request_time_per_output_token_seconds",

@@ -46,6 +46,7 @@ class PodIdentity:
     num_gpu_blocks: int = 2048
     worker_id: str = "0"
     kv_bytes_per_token: int = 131072
+    ttft_buckets: tuple[float, ...] | None = None  # vLLM `custom_histogram_buckets` for TTFT
 
 
 class _Store:
@@ -92,7 +93,7 @@ class VllmPodMetrics:
         self.identity = identity
         self.started_at = started_at
         self._lock = threading.Lock()
-        self._store = _Store(cat.vllm_specs(identity.max_model_len) + cat.LMCACHE_SPECS)
+        self._store = _Store(cat.vllm_specs(identity.max_model_len, identity.ttft_buckets) + cat.LMCACHE_SPECS)
         self._next_engine = 0
         self._lm = (identity.model_name, identity.worker_id, "worker", identity.model_name)
         self._init_series()

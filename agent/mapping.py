@@ -154,6 +154,15 @@ class MappingSet:
             for role, maps in self.by_role.items()
         }
 
+    @cached_property
+    def source_rank(self) -> dict[tuple[str, str], tuple[bool, int, str]]:
+        """(source, signal) -> sort key: fallback-only rules last, then preference, then name."""
+        fallback = {(m.source, r.signal) for m in self.mappings for r in m.metrics if r.fallback_only}
+        return {
+            (m.source, r.signal): ((m.source, r.signal) in fallback, m.preference, m.source)
+            for m in self.mappings for r in m.metrics
+        }
+
     def source(self, name: str) -> Mapping:
         for m in self.mappings:
             if m.source == name:

@@ -159,23 +159,19 @@ def resolve(signals: Iterable[Signal], mappings: MappingSet) -> list[Signal]:
 
     Order: non-fallback rules before fallback-only ones, then the lowest mapping preference, then
     the first seen (so two targets of one pod reporting the same source do not double count)."""
-    fallback = {
-        (m.source, r.signal) for m in mappings.mappings for r in m.metrics if r.fallback_only
-    }
-    pref = {m.source: m.preference for m in mappings.mappings}
+    rank_of = mappings.source_rank
     signals = list(signals)
+    bases = [base_signal(s.name) for s in signals]
     best: dict[tuple[str, str, str], tuple[bool, int, str]] = {}
-    for s in signals:
-        base = base_signal(s.name)
+    for s, base in zip(signals, bases, strict=True):
         key = (s.pod, s.model, base)
-        rank = ((s.source, base) in fallback, pref.get(s.source, 1000), s.source)
+        rank = rank_of.get((s.source, base)) or (False, 1000, s.source)
         cur = best.get(key)
         if cur is None or rank < cur:
             best[key] = rank
     seen: set[tuple[str, str, str, float | None]] = set()
     out: list[Signal] = []
-    for s in signals:
-        base = base_signal(s.name)
+    for s, base in zip(signals, bases, strict=True):
         if best[(s.pod, s.model, base)][2] != s.source:
             continue
         ident = (s.pod, s.model, s.name, s.le if s.le == s.le else None)

@@ -9,8 +9,10 @@ exemplars (` # {...} v [ts]` after the value), which are accepted and dropped.
 - Duplicate families (the same `# TYPE` twice) are accepted; samples are kept in order.
 - `NaN`, `+Inf`, `-Inf` parse as floats; judging them is the normaliser's job.
 
-Speed: a caller that only needs some names passes `wanted`. Every line is still fully checked
-against the grammar, but labels are only decoded for wanted names. That keeps the agent's
+Speed: common lines are split with plain string operations (the full grammar regex is the
+fallback for unusual ones), and a caller that only needs some names passes `wanted`: every line's
+name is checked and must end in a number, but label sets are only validated and decoded for
+wanted names. That keeps the agent's
 parse+normalise path several times faster than prometheus_client's parser, which remains the
 oracle in the tests.
 
@@ -34,6 +36,8 @@ _LINE = re.compile(
     r"(?:[ \t]+([-+]?[0-9.eE+-]+))?"
     r"[ \t]*(?:#[ \t]*\{.*)?$"
 )
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABELS = re.compile(r"[ \t]*(?:" + _LABEL + r"[ \t]*,?[ \t]*)*")
 _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"')
 _METRIC_TYPES = frozenset(
     {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset", "gaugehistogram"}
@@ -93,12 +97,14 @@ def parse(text: str, wanted: Container[str] | None = None) -> Payload:
     Raises ParseError on the first malformed line."""
     out = Payload()
     by_name = out.by_name
-    match = _LINE.match
+    good_names: set[str] = set()  # names already checked against the grammar in this payload
     lines = 0
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line:
             continue
         if line[0] == "#":
+            if line.startswith("# HELP"):
+                continue
             _comment(line, lineno, out)
             if out.openmetrics and line.startswith("# EOF"):
                 break
@@ -107,21 +113,39 @@ def parse(text: str, wanted: Container[str] | None = None) -> Payload:
             line = line[:-1]
             if not line:
                 continue
-        m = match(line)
-        if m is None:
-            if not line.strip():
-                continue
-            raise ParseError(lineno, line, "not a sample line")
         lines += 1
-        name = m.group(1)
+        brace = line.find("{")
+        space = line.find(" ")
+        name = line[:brace] if brace != -1 and (space == -1 or brace < space) else line[:space]
+        if name not in good_names:
+            if _NAME.fullmatch(name) is None:
+                if not line.strip():
+                    lines -= 1
+                    continue
+                raise ParseError(lineno, line, f"bad metric name {name!r}" if name else "not a sample line")
+            good_names.add(name)
         if wanted is not None and name not in wanted:
-            # still validate the value so garbage after a valid-looking name is caught
-            _value(m.group(3), lineno, line)
+            # not needed: check it ends in a number (value, timestamp or exemplar value)
+            try:
+                float(line[line.rfind(" ") + 1:])
+            except ValueError:
+                m = _LINE.match(line)
+                if m is None:
+                    raise ParseError(lineno, line, "not a sample line") from None
+                _value(m.group(3), lineno, line)
             continue
-        value = _value(m.group(3), lineno, line)
-        ts_text = m.group(4)
-        ts = float(ts_text) if ts_text else None
-        sample = Sample(name, parse_labels(m.group(2) or ""), value, ts)
+        parsed = _split(line)
+        if parsed is None:  # unusual spacing, quotes or braces inside values: the full grammar
+            m = _LINE.match(line)
+            if m is None:
+                raise ParseError(lineno, line, "not a sample line")
+            parsed = (m.group(1), m.group(2) or "", m.group(3), m.group(4))
+        name, block, value_text, ts_text = parsed
+        value = _value(value_text, lineno, line)
+        if block and _LABELS.fullmatch(block) is None:
+            raise ParseError(lineno, line, "bad label set")
+        ts = _value(ts_text, lineno, line) if ts_text else None
+        sample = Sample(name, parse_labels(block), value, ts)
         group = by_name.get(name)
         if group is None:
             by_name[name] = [sample]
@@ -129,6 +153,39 @@ def parse(text: str, wanted: Container[str] | None = None) -> Payload:
             group.append(sample)
     out.lines = lines
     return out
+
+
+def _split(line: str) -> tuple[str, str, str, str | None] | None:
+    """Fast split of a common sample line into (name, label block, value, timestamp); None when
+    the line needs the full grammar. Raises nothing: validation is the caller's."""
+    if "\t" in line:
+        return None
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        close = line.find("}", brace)
+        if close == -1:
+            return None
+        block = line[brace + 1:close]
+        if block.count('"') % 2 or "\\" in block:
+            return None
+        name, rest = line[:brace], line[close + 1:]
+    else:
+        if space == -1:
+            return None
+        name, block, rest = line[:space], "", line[space:]
+    parts = rest.split()
+    if not parts or not rest.startswith(" "):
+        return None
+    if len(parts) == 1:
+        return name, block, parts[0], None
+    if parts[1] == "#":  # OpenMetrics exemplar
+        return name, block, parts[0], None
+    if len(parts) == 2:
+        return name, block, parts[0], parts[1]
+    if parts[2] == "#":
+        return name, block, parts[0], parts[1]
+    return None
 
 
 def _value(text: str, lineno: int, line: str) -> float:

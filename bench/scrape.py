@@ -1,0 +1,260 @@
+"""Benchmark: one scrape cycle over 200 loopback targets with realistic vLLM 0.33 + LMCache payloads.
+
+Prints:
+- wall time per full cycle (fetch, parse, normalise, store, snapshot) and CPU time per target;
+- parse+normalise throughput against prometheus_client's `text_string_to_metric_families`
+  alone, on the same payloads, in this process (ratio > 1 means the agent is faster);
+- peak RSS of this process with 200 targets and a full 15-minute window (60 cycles at 15 s).
+Targets: cycle < 1 s, ratio >= 2x, peak RSS < 300 MB.
+
+The 200 endpoints are served by a separate process (aiohttp, one port, one path per pod) so the
+agent's CPU time is its own. Payloads are rendered with prometheus_client, as vLLM and LMCache do,
+with every default bucket list, the `engine` label, `_created` series and the process/GC families.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+N_TARGETS = 200
+CYCLES = 5
+RETENTION_S = 900.0
+INTERVAL_S = 15.0
+
+TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+        80.0, 160.0, 640.0, 2560.0]
+ITL = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+REQ = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+       960.0, 1920.0, 7680.0]
+TOKENS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
+ITER = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+LM_FAST = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+LM_POW2 = [1e-5 * 2**i for i in range(20)]
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def render_payload(seed: int) -> str:
+    """One pod's /metrics: vLLM 0.33 (1 engine) + LMCache in-process, as prometheus_client writes it."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from prometheus_client.gc_collector import GCCollector
+    from prometheus_client.platform_collector import PlatformCollector
+    from prometheus_client.process_collector import ProcessCollector
+
+    rng = random.Random(seed)
+    r = CollectorRegistry()
+    ProcessCollector(registry=r)
+    PlatformCollector(registry=r)
+    GCCollector(registry=r)
+    L = ["model_name", "engine"]
+    lab = (MODEL, "0")
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        Gauge(f"vllm:{name}", name, L, registry=r).labels(*lab).set(rng.random())
+    wr = Gauge("vllm:num_requests_waiting_by_reason", "w", [*L, "reason"], registry=r)
+    for reason in ("capacity", "deferred"):
+        wr.labels(*lab, reason).set(rng.randint(0, 5))
+    base = rng.randint(10**6, 10**7)
+    for name, v in (("prefix_cache_queries", base), ("prefix_cache_hits", base // 3),
+                    ("external_prefix_cache_queries", base // 2), ("external_prefix_cache_hits", base // 5),
+                    ("prompt_tokens", base), ("prompt_tokens_cached", base // 2), ("generation_tokens", base // 4),
+                    ("num_preemptions", 12), ("mm_cache_queries", 0), ("mm_cache_hits", 0)):
+        Counter(f"vllm:{name}", name, L, registry=r).labels(*lab).inc(v)
+    by = Counter("vllm:prompt_tokens_by_source", "s", [*L, "source"], registry=r)
+    for s in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+        by.labels(*lab, s).inc(base // 3)
+    cached = Counter("vllm:prompt_tokens_cached_by_source", "s", [*L, "source"], registry=r)
+    for s, f in (("device", 3), ("host", 8), ("p2p", 0), ("disk", 12), ("external_unspecified", 0)):
+        cached.labels(*lab, s).inc(base // f if f else 0)
+    succ = Counter("vllm:request_success", "s", [*L, "finished_reason"], registry=r)
+    for s in ("stop", "length", "abort", "error", "repetition"):
+        succ.labels(*lab, s).inc(rng.randint(0, 5000))
+    Gauge("vllm:cache_config_info", "c", ["block_size", "cache_dtype", "enable_prefix_caching",
+                                          "gpu_memory_utilization", "num_gpu_blocks"],
+          registry=r).labels("16", "auto", "True", "0.9", "27000").set(1)
+    hists = [("time_to_first_token_seconds", TTFT, 0.3), ("inter_token_latency_seconds", ITL, 0.05),
+             ("request_time_per_output_token_seconds", ITL, 0.05), ("e2e_request_latency_seconds", REQ, 5),
+             ("request_queue_time_seconds", REQ, 0.5), ("request_inference_time_seconds", REQ, 4),
+             ("request_prefill_time_seconds", REQ, 0.4), ("request_decode_time_seconds", REQ, 3.5),
+             ("request_prompt_tokens", TOKENS, 2000), ("request_generation_tokens", TOKENS, 300),
+             ("request_max_num_generation_tokens", TOKENS, 500), ("request_params_max_tokens", TOKENS, 500),
+             ("request_prefill_kv_computed_tokens", TOKENS, 800), ("request_params_n", [1, 2, 5, 10, 20], 1),
+             ("iteration_tokens_total", ITER, 300)]
+    for name, buckets, scale in hists:
+        h = Histogram(f"vllm:{name}", name, L, buckets=buckets, registry=r)
+        child = h.labels(*lab)
+        for _ in range(40):
+            child.observe(rng.expovariate(1 / scale))
+    LL = ["model_name", "worker_id", "role", "served_model_name"]
+    llab = ("/models/llama", "0", "worker", MODEL)
+    for name in ("num_retrieve_requests", "num_store_requests", "num_lookup_requests", "num_requested_tokens",
+                 "num_hit_tokens", "num_stored_tokens", "num_lookup_tokens", "num_lookup_hits",
+                 "num_vllm_hit_tokens", "num_prompt_tokens", "num_remote_read_requests", "num_remote_read_bytes",
+                 "num_remote_write_requests", "num_remote_write_bytes", "local_cpu_evict_count",
+                 "local_cpu_evict_keys_count", "local_cpu_evict_failed_count", "forced_unpin_count",
+                 "lookup_0_hit_requests"):
+        Counter(f"lmcache:{name}", name, LL, registry=r).labels(*llab).inc(rng.randint(0, base))
+    for name in ("retrieve_hit_rate", "lookup_hit_rate", "local_cache_usage", "remote_cache_usage",
+                 "local_storage_usage", "active_memory_objs_count", "pinned_memory_objs_count"):
+        Gauge(f"lmcache:{name}", name, LL, registry=r).labels(*llab).set(rng.random())
+    for name, buckets in (("time_to_retrieve", LM_FAST), ("time_to_store", LM_FAST), ("time_to_lookup", LM_POW2),
+                          ("retrieve_process_tokens_time", LM_POW2), ("store_process_tokens_time", LM_POW2),
+                          ("retrieve_to_gpu_time", LM_POW2), ("store_from_gpu_time", LM_POW2)):
+        h = Histogram(f"lmcache:{name}", name, LL, buckets=buckets, registry=r).labels(*llab)
+        for _ in range(20):
+            h.observe(rng.expovariate(50))
+    return generate_latest(r).decode()
+
+
+SERVER = r'''
+import asyncio, json, sys
+from aiohttp import web
+payloads = json.load(open(sys.argv[1]))
+async def handle(request):
+    return web.Response(text=payloads[int(request.match_info["i"])], content_type="text/plain")
+app = web.Application()
+app.router.add_get("/pod/{i}/metrics", handle)
+async def main():
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+'''
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    import json
+    import tempfile
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.app import Agent
+    from agent.discovery import StaticTargets
+    from agent.model import Signal, Target
+    from agent.normalise import normalise, resolve
+    from agent.parse import parse
+    from agent.scrape import new_session
+    from agent.settings import load_settings
+
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+          "(wall times scale with other work on the machine; CPU times much less)")
+    t0 = time.perf_counter()
+    payloads = [render_payload(i) for i in range(N_TARGETS)]
+    sizes = [len(p.encode()) for p in payloads]
+    lines = sum(p.count("\n") for p in payloads)
+    print(f"payloads: {N_TARGETS} x {statistics.mean(sizes) / 1024:.1f} KiB (vLLM 0.33 + LMCache in-process), "
+          f"{lines / N_TARGETS:.0f} lines each; rendered in {time.perf_counter() - t0:.1f}s")
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(payloads, f)
+        data_path = f.name
+    server = subprocess.Popen([sys.executable, "-c", SERVER, data_path], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        port = int(server.stdout.readline())
+        targets = [Target(f"http://127.0.0.1:{port}/pod/{i}/metrics", "vllm", f"vllm-{i}")
+                   for i in range(N_TARGETS)]
+        clock = [1.0e9]
+        settings = load_settings(scrape={"timeout_s": 10, "interval_s": INTERVAL_S},
+                                 store={"retention_s": RETENTION_S, "window_s": 300})
+        agent = Agent(settings, StaticTargets(targets), clock=lambda: clock[0])
+        rss_before = peak_rss_mb()
+
+        async def cycles() -> tuple[list[float], list[float]]:
+            walls, cpus = [], []
+            async with new_session(settings.scrape.concurrency) as session:
+                await agent.cycle.run(session, targets)  # warm-up (connections, caches)
+                for _ in range(CYCLES):
+                    clock[0] += INTERVAL_S
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    snap = await agent.cycle.run(session, targets)
+                    walls.append(time.perf_counter() - w0)
+                    cpus.append(time.process_time() - c0)
+                    assert sum(st.up for st in snap.targets) == N_TARGETS, [s.reason for s in snap.targets if not s.up]
+            return walls, cpus
+
+        walls, cpus = asyncio.run(cycles())
+        wall = statistics.median(walls)
+        cpu = statistics.median(cpus)
+        print(f"cycle wall time: median {wall * 1000:.0f} ms over {CYCLES} cycles "
+              f"(min {min(walls) * 1000:.0f}, max {max(walls) * 1000:.0f}); target < 1000 ms -> "
+              f"{'OK' if wall < 1 else 'MISSED'}")
+        print(f"CPU time per target: {cpu / N_TARGETS * 1000:.2f} ms (cycle CPU {cpu * 1000:.0f} ms, "
+              f"includes fetch, parse, normalise, store and snapshot)")
+
+        # parse+normalise vs the reference parser alone, same payloads, same process
+        mappings = agent.mappings
+        wanted = mappings.wanted["vllm"]
+
+        def ours() -> None:
+            for t, text in zip(targets, payloads, strict=True):
+                normalise(t, parse(text, wanted), mappings)
+
+        def reference() -> None:
+            for text in payloads:
+                for fam in text_string_to_metric_families(text):
+                    for _ in fam.samples:
+                        pass
+
+        def best(fn, reps: int = 3) -> float:
+            """Best CPU time of this process (robust on a shared, noisy machine)."""
+            times = []
+            for _ in range(reps):
+                s = time.process_time()
+                fn()
+                times.append(time.process_time() - s)
+            return min(times)
+
+        t_ours, t_ref = best(ours), best(reference)
+        mb = sum(sizes) / 2**20
+        print(f"parse+normalise (CPU time): {t_ours * 1000:.0f} ms for {N_TARGETS} payloads ({mb / t_ours:.1f} MiB/s); "
+              f"text_string_to_metric_families alone: {t_ref * 1000:.0f} ms ({mb / t_ref:.1f} MiB/s); "
+              f"ratio {t_ref / t_ours:.2f}x; target >= 2x -> {'OK' if t_ref / t_ours >= 2 else 'MISSED'}")
+
+        # fill a full 15-minute window: the remaining cycles' signals, counters advancing
+        base = resolve([s for t, text in zip(targets, payloads, strict=True)
+                        for s in normalise(t, parse(text, wanted), mappings).signals], mappings)
+        total_cycles = int(RETENTION_S / INTERVAL_S)
+        for k in range(total_cycles - CYCLES - 1):
+            clock[0] += INTERVAL_S
+            step = [Signal(s.pod, s.model, s.name, s.le, s.value + (k + 1) * 10.0 if s.kind == "counter" else s.value,
+                           s.kind, s.source) for s in base]
+            agent.store.ingest(step, ts=clock[0])
+        s0 = time.perf_counter()
+        from agent.snapshot import build_snapshot
+
+        snap = build_snapshot(agent.store.window(now=clock[0]), [], taken_at=clock[0],
+                              kv_bytes_per_token=settings.tiers.kv_bytes_per_token)
+        snap_s = time.perf_counter() - s0
+        text = agent.metrics_text()
+        print(f"window: {agent.store.rows:,} rows in {len(agent.store._frames)} cycles "
+              f"({RETENTION_S / 60:.0f} min at {INTERVAL_S:g}s); snapshot over it {snap_s * 1000:.0f} ms, "
+              f"{len(snap.tiers)} tier series; /metrics {len(text) / 1024:.0f} KiB")
+        rss = peak_rss_mb()
+        print(f"peak RSS: {rss:.0f} MB (before scraping {rss_before:.0f} MB); target < 300 MB -> "
+              f"{'OK' if rss < 300 else 'MISSED'}")
+    finally:
+        server.terminate()
+        server.wait(10)
+        os.unlink(data_path)
+
+
+if __name__ == "__main__":
+    main()

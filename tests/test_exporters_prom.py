@@ -88,3 +88,21 @@ def test_a_vanished_pod_leaves_no_series():
     registry = build_registry(lambda: snaps["a"])
     assert registry.get_sample_value("tierpilot_store_rows") == 0.0
     assert registry.get_sample_value("tierpilot_target_up", {"target": "x", "role": "vllm", "pod": "p"}) is None
+
+
+def test_every_served_name_is_in_the_catalogue():
+    import re
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    start = doc.index("## Unified tier metrics (agent)")
+    mine = doc[start:doc.index("## KV-event workload signals")]
+    documented = set(re.findall(r"`(tierpilot_[a-z0-9_]+)`", mine))
+    with MetricsServer() as srv:
+        targets = [Target(srv.route("/v", text=(FIXTURES / "vllm_0_33_dp2.prom").read_text()), "vllm", "v0"),
+                   Target(srv.route("/f", text=(FIXTURES / "curvine_fuse.prom").read_text()), "curvine-fuse", "v0"),
+                   Target(srv.route("/m", text=(FIXTURES / "curvine_master.prom").read_text()), "curvine-master", "m"),
+                   Target(srv.route("/l", text=(FIXTURES / "lmcache_mp.om").read_text()), "lmcache", "v0")]
+        agent = Agent(load_settings(), StaticTargets(targets))
+        agent.scrape_now()
+        served = set(re.findall(r"^# TYPE (tierpilot_[a-z0-9_]+) ", agent.metrics_text(), re.M))
+    assert served == documented

@@ -26,8 +26,8 @@ from simulator.demo_settings import DemoSettings, DemoSettingsError
 @click.option("--agent-port", type=int, default=9400, show_default=True,
               help="Port of the agent's /metrics on 127.0.0.1 (a free port is used if it is taken).")
 @click.option("--inject-regression", is_flag=True,
-              help="Make the first live trial after the shift a known-bad configuration, to show the "
-                   "guardrails rolling it back.")
+              help="Put a known-bad configuration first in the tuner's queue (the first live trial), "
+                   "to show the guardrails rolling it back.")
 @click.option("--no-live", is_flag=True, help="No live console view (for logs and CI).")
 @click.option("-v", "--verbose", is_flag=True, help="Log the tuner's structured events to stderr.")
 def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: Path, dry_run: bool,

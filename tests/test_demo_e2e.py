@@ -1,0 +1,84 @@
+"""End to end: a shortened `tierpilot demo` (60 s wall, fixed seed) with an injected regression,
+and a Ctrl-C that still writes the partial report."""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from simulator.demo import REGRESSION_KNOBS, Demo, DemoResult
+from simulator.demo_settings import DemoSettings
+from simulator.knobs import DEFAULT_KNOBS
+
+pytestmark = pytest.mark.slow
+
+
+def _closed(url: str) -> bool:
+    port = int(url.split(":")[2].split("/")[0])
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Demo, DemoResult]:
+    report_dir = tmp_path_factory.mktemp("demo-report")
+    settings = DemoSettings(duration_s=60, pods=4, seed=7, report_dir=report_dir, agent_port=0,
+                            inject_regression=True, live_view=False)
+    demo = Demo(settings, Console(file=open("/dev/null", "w"), width=120))  # noqa: SIM115
+    started = time.monotonic()
+    result = demo.run()
+    demo.wall_seconds = time.monotonic() - started  # type: ignore[attr-defined]
+    return demo, result
+
+
+def test_demo_detects_drift_applies_config_and_beats_defaults_in_the_shifted_phase(demo_run) -> None:
+    demo, result = demo_run
+    assert not result.interrupted and demo.driver.error is None
+    assert result.requests_served > 3000
+    assert result.count("drift") >= 1
+    assert result.count("apply") >= 1 and any(r.applied for r in demo.actuator.history)
+    report = result.report_path.read_text()
+    assert "## Verdict" in report and "phase 2: multi-turn sessions" in report
+    for png in ("ttft_p95.png", "hit_ratios.png", "optuna_history.png"):
+        assert (result.report_path.parent / png).stat().st_size > 20_000, png
+    shifted = next(v for v in result.verdicts if v.phase == 1)
+    assert shifted.tuned_ttft_p95_s < shifted.default_ttft_p95_s, shifted
+    assert result.final_knobs != DEFAULT_KNOBS
+    # The agent really exported unified metrics and the timeline has its view next to the truth.
+    assert any(p.agent_ttft_p95_s is not None for p in demo.recorder.timeline)
+    assert _closed(result.agent_url)
+    assert all(_closed(p.vllm_endpoint.url) for p in demo.cluster.pods.values())
+
+
+def test_injected_regressing_trial_is_rolled_back(demo_run) -> None:
+    demo, result = demo_run
+    history = demo.actuator.history
+    bad = [i for i, r in enumerate(history) if r.applied and r.knobs == REGRESSION_KNOBS]
+    assert bad, "the injected configuration was never applied"
+    after = history[bad[0] + 1]
+    assert after.applied and after.message.startswith("rollback") and after.knobs != REGRESSION_KNOBS
+    rollbacks = [e for e in result.events if e.kind == "rollback"]
+    assert rollbacks and "regressed, rolled back" in rollbacks[0].message
+    assert any(state == "rolled_back" for _n, _v, state in demo.recorder.trials)
+
+
+def test_ctrl_c_stops_everything_and_writes_the_partial_report(tmp_path: Path) -> None:
+    settings = DemoSettings(duration_s=30, pods=2, seed=3, report_dir=tmp_path, agent_port=0, live_view=False)
+
+    class Interrupted(Demo):
+        def _on_report(self, rep) -> None:
+            super()._on_report(rep)
+            if self.wall() - self._t0 > 9:
+                raise KeyboardInterrupt
+
+    demo = Interrupted(settings, Console(file=open("/dev/null", "w")))  # noqa: SIM115
+    started = time.monotonic()
+    result = demo.run()
+    assert result.interrupted and time.monotonic() - started < 25
+    assert "Partial report" in result.report_path.read_text()
+    assert (tmp_path / "ttft_p95.png").exists() and demo.recorder.timeline
+    assert _closed(result.agent_url) and all(_closed(p.vllm_endpoint.url) for p in demo.cluster.pods.values())
+    assert not demo.driver._thread.is_alive()

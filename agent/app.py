@@ -21,13 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from agent.discovery import CombinedTargets, FileTargets, KubernetesTargets, StaticTargets, TargetSource
@@ -242,7 +242,7 @@ class Agent:
         if self.otel is not None:
             try:
                 self.otel.shutdown()
-            except Exception:  # noqa: BLE001 - an unreachable collector must not block shutdown
+            except Exception:
                 log.warning("OpenTelemetry shutdown failed", exc_info=True)
             self.otel = None
 
@@ -262,7 +262,7 @@ class Agent:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def __enter__(self) -> Agent:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -285,6 +285,4 @@ def snapshot_json(snap: Snapshot) -> str:
     def default(o: object) -> Any:
         return str(o)
     data = asdict(snap)
-    for st in data["targets"]:
-        st["target"] = st["target"]
     return json.dumps(data, default=default, indent=1, allow_nan=True)

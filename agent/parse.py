@@ -201,7 +201,5 @@ def _comment(line: str, lineno: int, out: Payload) -> None:
         if len(parts) != 4 or parts[3] not in _METRIC_TYPES:
             raise ParseError(lineno, line, "bad TYPE line")
         out.types[parts[2]] = parts[3]
-    elif line.startswith("# EOF"):
-        out.openmetrics = True
-    elif line.startswith("# UNIT "):
+    elif line.startswith(("# EOF", "# UNIT ")):
         out.openmetrics = True

@@ -1,6 +1,7 @@
 """Pure numeric helpers with Prometheus semantics: counter increases and histogram quantiles."""
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 
@@ -20,7 +21,7 @@ def counter_delta(previous: float | None, current: float) -> float:
 def counter_increase(values: Sequence[float]) -> float:
     """Total increase over consecutive samples, reset-aware (no extrapolation)."""
     total = 0.0
-    for prev, cur in zip(values, values[1:], strict=False):
+    for prev, cur in itertools.pairwise(values):
         total += counter_delta(prev, cur)
     return total
 

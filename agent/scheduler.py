@@ -59,7 +59,7 @@ def _wrap(spec: JobSpec, record: Callable[[str, str], None] | None) -> Callable[
             try:
                 await spec.func()
                 note("ok")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 note("error")
                 log.exception("job %s failed", spec.name)
         return run_async
@@ -68,7 +68,7 @@ def _wrap(spec: JobSpec, record: Callable[[str, str], None] | None) -> Callable[
         try:
             spec.func()
             note("ok")
-        except Exception:  # noqa: BLE001
+        except Exception:
             note("error")
             log.exception("job %s failed", spec.name)
     return run_sync

@@ -20,9 +20,6 @@ from agent.model import QUANTILES, HistogramView, L2IoView, PodView, Snapshot, T
 from agent.promql import histogram_quantile
 from agent.tiers import cumulative_hit_ratios, derive_tiers, l2_break_even_tokens, prompt_lookups
 
-HISTOGRAMS = ("ttft_seconds", "prompt_length_tokens", "l2_read_latency_seconds",
-              "l2_write_latency_seconds", "router_latency_seconds")
-
 
 @dataclass
 class SeriesGroup:

@@ -17,7 +17,6 @@ The read API (all pure functions over `window()`; pod/model None means all of th
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from agent.model import QUANTILES, Signal
-from agent.promql import counter_delta, histogram_quantile, ratio
+from agent.promql import counter_delta, histogram_quantile
 from agent.tiers import cumulative_hit_ratios as _cumulative
 from agent.tiers import derive_tiers, prompt_lookups
 
@@ -317,13 +316,4 @@ def signal_rate(window: pl.DataFrame, signal: str) -> float | None:
     return total
 
 
-def quantiles_of(buckets: list[tuple[float, float]], qs: Sequence[float] = QUANTILES) -> dict[float, float]:
-    out = {}
-    for q in qs:
-        v = histogram_quantile(q, buckets)
-        if not math.isnan(v):
-            out[q] = v
-    return out
-
-
-__all__ = ["WindowStore", "CounterResetDetector", "IngestReport", "window_aggregate", "ratio"]
+__all__ = ["CounterResetDetector", "IngestReport", "WindowStore", "window_aggregate"]

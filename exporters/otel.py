@@ -43,14 +43,14 @@ def genai_ttft_metric(snap: Snapshot, operation: str, provider: str, start_ns: i
         counts = list(h.cumulative_counts)
         if len(counts) != len(h.bounds) + 1:
             continue
-        per_bucket = [int(round(c - (counts[i - 1] if i else 0.0))) for i, c in enumerate(counts)]
+        per_bucket = [round(c - (counts[i - 1] if i else 0.0)) for i, c in enumerate(counts)]
         points.append(HistogramDataPoint(
             attributes={
                 "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
                 "gen_ai.request.model": h.model, "k8s.pod.name": h.pod,
             },
             start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-            count=int(round(h.count)), sum=h.total,
+            count=round(h.count), sum=h.total,
             bucket_counts=[max(0, c) for c in per_bucket], explicit_bounds=list(h.bounds),
             min=None, max=None,  # type: ignore[arg-type]  # unknown from buckets; left unset in OTLP
         ))

@@ -99,7 +99,7 @@ def test_tierpilot_run_stops_cleanly_on_sigterm(tmp_path):
                     time.sleep(0.2)
             assert "tierpilot_kv_hit_ratio{" in body
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=20)
+            _out, err = proc.communicate(timeout=20)
         finally:
             if proc.poll() is None:
                 proc.kill()

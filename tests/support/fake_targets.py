@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Self
 
 
 @dataclass
@@ -49,7 +50,7 @@ class MetricsServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 server.hits[self.path] = server.hits.get(self.path, 0) + 1
                 route = server.routes.get(self.path)
                 if route is None:
@@ -131,7 +132,7 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> MetricsServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent import futures
+from typing import Self
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
@@ -28,7 +29,7 @@ class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, sink: GrpcMetricsReceiver):
         self.sink = sink
 
-    def Export(self, request, context):  # noqa: N802 - gRPC method name
+    def Export(self, request, context):
         self.sink._add(request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -74,7 +75,7 @@ class GrpcMetricsReceiver:
     def close(self) -> None:
         self.server.stop(grace=None).wait(5)
 
-    def __enter__(self) -> GrpcMetricsReceiver:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -73,20 +73,6 @@ def grown(text: str, factor: float) -> str:
     return "\n".join(out) + "\n"
 
 
-class WithoutFamilies:
-    """A collector minus some families (the tuner and the actuator both export
-    tierpilot_actuations; one registry can serve only one of them)."""
-
-    def __init__(self, inner: object, drop: set[str]) -> None:
-        self.inner, self.drop = inner, drop
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> Iterator:
-        return (f for f in self.inner.collect() if f.name not in self.drop)  # type: ignore[attr-defined]
-
-
 def kv_signals(now: float) -> KvSignals:
     """Two pods: a block stored on both (routing miss, duplication), one evicted and stored again."""
     sig = KvSignals(clock=lambda: now)
@@ -136,7 +122,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusS
         actuation.reapplied("deployment/vllm")
         settings = load_settings(server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 1.0},
                                  tiers={"cpu_capacity_gib": 5.0})
-        collectors = (tuner, WithoutFamilies(ActuationCollector(actuation), {"tierpilot_actuations"}),
+        collectors = (tuner, ActuationCollector(actuation),
                       KvEventsCollector(kv_signals(time.time()).snapshot))
         try:
             with Agent(settings, StaticTargets(targets), collectors=collectors) as agent:

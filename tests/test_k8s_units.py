@@ -255,7 +255,7 @@ def test_collector_exposes_the_catalogued_metrics():
     reg = CollectorRegistry()
     reg.register(ActuationCollector(m))
     labels = {"target": "deployment-env/llm/vllm", "operation": "apply", "result": "applied"}
-    assert reg.get_sample_value("tierpilot_actuations_total", labels) == 1
+    assert reg.get_sample_value("tierpilot_k8s_actuations_total", labels) == 1
     assert reg.get_sample_value("tierpilot_reapplied_total", {"target": "deployment-env/llm/vllm"}) == 1
     assert reg.get_sample_value("tierpilot_rollout_duration_seconds", {"target": "deployment-env/llm/vllm"}) == 42
     assert reg.get_sample_value("tierpilot_target_gone", {"target": "curvine-configmap/llm/c"}) == 1

@@ -79,7 +79,7 @@ class ActuationCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self.metrics.snapshot()
         results = CounterMetricFamily(
-            "tierpilot_actuations", "Actuation attempts by target, operation and result.",
+            "tierpilot_k8s_actuations", "Kubernetes actuation attempts by target object, operation and result.",
             labels=["target", "operation", "result"])
         for (target, op, res), n in sorted(snap["results"].items()):  # type: ignore[attr-defined]
             results.add_metric([target, op, res], n)

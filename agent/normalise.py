@@ -44,6 +44,8 @@ def _model_of(labels: dict[str, str], model_labels: tuple[str, ...]) -> str:
 
 
 def _combine(values: list[float], how: str) -> float:
+    if len(values) == 1:
+        return values[0]
     if how == "sum":
         return math.fsum(values)
     if how == "max":

@@ -37,6 +37,7 @@ _LINE = re.compile(
     r"[ \t]*(?:#[ \t]*\{.*)?$"
 )
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_GOOD_NAMES: set[str] = set()
 _LABELS = re.compile(r"[ \t]*(?:" + _LABEL + r"[ \t]*,?[ \t]*)*")
 _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"')
 _METRIC_TYPES = frozenset(
@@ -97,7 +98,9 @@ def parse(text: str, wanted: Container[str] | None = None) -> Payload:
     Raises ParseError on the first malformed line."""
     out = Payload()
     by_name = out.by_name
-    good_names: set[str] = set()  # names already checked against the grammar in this payload
+    good_names = _GOOD_NAMES  # names already checked against the grammar (shared, bounded)
+    if len(good_names) > 100_000:
+        good_names.clear()
     lines = 0
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line:

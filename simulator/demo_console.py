@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from rich import box
 from rich.console import Group
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
@@ -26,43 +26,43 @@ def _ms(v: float | None) -> str:
 
 
 def render_view(recorder: Recorder, *, knobs: Knobs, status: str, wall_s: float, duration_s: float,
-                agent_url: str) -> Group:
+                agent_url: str, max_events: int = 8) -> Group:
     """One frame of the console view (pure: recorder state in, renderables out)."""
     point = recorder.timeline[-1] if recorder.timeline else None
     head = Text.assemble(("tierpilot demo", "bold"), f"  {status}  ",
-                         (f"{wall_s:5.0f}/{duration_s:.0f} s", "dim"),
-                         (f"   cluster time {point.trace_s / 60:5.1f} min" if point else "", "dim"),
-                         (f"   phase {point.phase + 1}" if point else "", "magenta"),
-                         (f"   agent: {agent_url}", "dim"))
-    tiers = Table(title="KV-cache tiers (sliding window)", expand=True)
-    tiers.add_column("signal")
-    tiers.add_column("fleet (twin truth)", justify="right")
-    tiers.add_column("agent export", justify="right")
+                         (f"{wall_s:4.0f}/{duration_s:.0f} s", "dim"),
+                         (f"  cluster {point.trace_s / 60:4.1f} min" if point else "", "dim"),
+                         (f"  phase {point.phase + 1}" if point else "", "magenta"),
+                         (f"  {agent_url}", "dim"))
+    tiers = Table(title="KV-cache tiers (sliding window)", expand=True, box=box.SIMPLE_HEAD, padding=(0, 1))
+    tiers.add_column("signal", no_wrap=True)
+    tiers.add_column("truth", justify="right")
+    tiers.add_column("agent", justify="right")
     if point:
         for tier in TIERS:
             tiers.add_row(f"{tier.upper()} hit ratio", _pct(point.stats.hit_ratio[tier]), "")
-        tiers.add_row("cumulative hit ratio", _pct(point.stats.cumulative_hit_ratio),
+        tiers.add_row("cumulative hit", _pct(point.stats.cumulative_hit_ratio),
                       _pct(point.agent_cumulative_hit_ratio))
         tiers.add_row("TTFT p95", _ms(point.stats.ttft_p95_s), _ms(point.agent_ttft_p95_s))
         tiers.add_row("TTFT p50", _ms(point.stats.ttft_p50_s), "")
-        tiers.add_row("requests in window", str(point.stats.requests), "")
-    config = Table(title="current configuration", expand=True, show_header=False)
-    config.add_column("knob")
-    config.add_column("value", justify="right")
+    config = Table(title="current configuration", expand=True, show_header=False, box=box.SIMPLE,
+                   padding=(0, 1))
+    config.add_column("knob", no_wrap=True)
+    config.add_column("value", justify="right", min_width=10, no_wrap=True)
     for k, v in knobs.to_dict().items():
         config.add_row(k, str(v))
-    events = Table(title="latest tuner events", expand=True, show_header=False)
-    events.add_column("t", justify="right", style="dim", width=8)
-    events.add_column("kind", width=9)
-    events.add_column("event")
-    for ev in recorder.latest_events(8):
+    events = Table(title="latest tuner events", expand=True, show_header=False, box=box.SIMPLE, padding=(0, 1))
+    events.add_column("t", justify="right", style="dim", min_width=8, no_wrap=True)
+    events.add_column("kind", min_width=8, no_wrap=True)
+    events.add_column("event", no_wrap=True, overflow="ellipsis", ratio=1)
+    for ev in recorder.latest_events(max_events):
         events.add_row(f"{ev.trace_s / 60:.1f} min", Text(ev.kind, style=EVENT_COLOURS.get(ev.kind, "white")),
                        ev.message)
     grid = Table.grid(expand=True)
-    grid.add_column(ratio=3)
-    grid.add_column(ratio=2)
+    grid.add_column(ratio=1)
+    grid.add_column(ratio=1)
     grid.add_row(tiers, config)
-    return Group(Panel(head), grid, events)
+    return Group(head, grid, events)
 
 
 ViewFn = Callable[[], Group]

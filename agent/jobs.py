@@ -5,8 +5,10 @@ Fault handling per target (the agent never stops for one bad target):
 - a fetch failure or a malformed payload marks the target down, counts the reason, and starts
   its back-off; its pod's last samples stay in the window, nothing else is touched;
 - NaN/Inf values are dropped and counted as `invalid_value`; a counter that went down (a
-  restart) is counted as `counter_reset` and its increase restarts from the new value. The target
-  stays up in both cases: it answered with valid text, and the rest of its data is good.
+  restart) is counted as `counter_reset` and its increase restarts from the new value. In both
+  cases the target is marked down (`tierpilot_target_up 0`, reason = the fault) for that cycle,
+  so the fault is visible where operators look first; the payload's valid series are still kept,
+  and the next clean scrape marks it up again.
 """
 from __future__ import annotations
 
@@ -59,12 +61,16 @@ class ScrapeCycle:
         except ParseError as exc:
             return self._failed(target, "parse_error", str(exc), duration_s)
         result = normalise(target, payload, self.mappings)
+        faults: list[str] = []
         for reason, n in result.anomalies.items():
             self._count(target, reason, n)
+            faults.append(f"{reason} ({n} series dropped)")
         if self.resets.observe(target.key, result.signals):
             self._count(target, "counter_reset")
+            faults.append("counter_reset (counters went down: a restart)")
         self.backoff.succeeded(target.key)
-        status = TargetStatus(target, True, duration_s, samples=payload.lines,
+        reason = faults[0].split(" ", 1)[0] if faults else ""
+        status = TargetStatus(target, not faults, duration_s, reason, "; ".join(faults), samples=payload.lines,
                               errors=dict(self.errors.get(target.key, {})))
         return TargetOutcome(status, tuple(result.signals))
 

@@ -98,8 +98,10 @@ def test_nan_inf_and_counter_reset_are_counted_and_never_go_negative(server):
     server.route("/v", text=restarted)
     snap = agent.scrape_now()
     st = {s.target.pod: s for s in snap.targets}
-    assert st["v"].up and st["v"].errors == {"counter_reset": 1, "invalid_value": 1}
-    assert st["o"].errors == {}
+    # the fault marks the target down for this cycle (its valid series are kept, below)
+    assert not st["v"].up and st["v"].reason == "invalid_value"
+    assert st["v"].errors == {"counter_reset": 1, "invalid_value": 1}
+    assert st["o"].up and st["o"].errors == {}
     gpu = next(t for t in snap.tiers if t.pod == "v" and t.tier == "gpu")
     # lifetime totals restart; window increase after the reset = the new values (1000+600 / 400+200)
     assert (gpu.lookup_tokens, gpu.hit_tokens) == (1600, 600)
@@ -109,6 +111,12 @@ def test_nan_inf_and_counter_reset_are_counted_and_never_go_negative(server):
     assert (other_gpu.hit_tokens, other_gpu.hit_ratio) == (6000, 0.375)
     rates = [p.prompt_token_rate for p in snap.pods if p.pod == "v"]
     assert all(r is None or r >= 0 for r in rates)
+    # the next clean scrape (same post-restart counters, no NaN/Inf) brings it back up
+    clean = GOOD.replace("10000.0", "1000.0").replace("6000.0", "600.0").replace("4000.0", "400.0") \
+        .replace("2000.0", "200.0")
+    server.route("/v", text=clean)
+    snap = agent.scrape_now()
+    assert {s.target.pod: s.up for s in snap.targets} == {"v": True, "o": True}
 
 
 def test_a_deleted_pod_vanishes_from_metrics(server):

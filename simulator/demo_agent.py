@@ -1,7 +1,5 @@
-"""The agent, wired for the demo from issue 3's public pieces: static targets (the emulated
-endpoints), concurrent scrapes (`agent.scrape.fetch`), parsing and normalisation through the
-mapping files, the polars `WindowStore`, the unified snapshot, the Prometheus export
-(`exporters.prom.build_registry`, classic text on 127.0.0.1) and the KV-event manager.
+"""The agent for the demo: issue 3's `Agent` app with static targets (the emulated endpoints),
+exporting on 127.0.0.1, plus the KV-event manager; the tuner's collector is exported too.
 
 Its clock is the emulated cluster's (trace seconds), so windows, rates and the tuner's live
 windows all speak cluster time. `StoreWindowSource` gives the tuner's live evaluator its
@@ -9,24 +7,17 @@ windows all speak cluster time. `StoreWindowSource` gives the tuner's live evalu
 """
 from __future__ import annotations
 
-import asyncio
-import http.server
 import logging
 import math
-import threading
 from collections.abc import Callable, Sequence
 
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from agent.app import Agent
 from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector, KvEventsSettings, workload_overlap
-from agent.mapping import load_mappings
-from agent.model import Snapshot, Target, TargetStatus
-from agent.normalise import normalise, resolve
-from agent.parse import ParseError, parse
-from agent.scrape import FetchOk, fetch, new_session
-from agent.snapshot import build_snapshot
+from agent.model import Target
+from agent.scheduler import JobSpec
+from agent.settings import load_settings
 from agent.store import WindowStore
 from tuners.objective import TtftObservations
 
@@ -58,137 +49,74 @@ class StoreWindowSource:
         return None
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != "/metrics":
-            self.send_error(404)
-            return
-        body = generate_latest(self.server.registry)
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, port: int, registry: object) -> None:
-        self.registry = registry
-        super().__init__(("127.0.0.1", port), _Handler)
-
-
-def bind_export(port: int, registry: object) -> tuple[_Server, str | None]:
-    """Bind 127.0.0.1:port, or a free port with a message saying why."""
-    try:
-        return _Server(port, registry), None
-    except OSError as exc:
-        server = _Server(0, registry)
-        return server, (f"127.0.0.1:{port} is not available ({exc.strerror or exc}); the agent exports on "
-                        f"127.0.0.1:{server.server_address[1]} instead")
-
-
 class DemoAgent:
-    """Scrape -> normalise -> store -> snapshot -> /metrics, plus KV events, in background threads."""
+    """The real agent (`agent.app.Agent`, issue 3) on the cluster clock, with static targets, plus
+    the KV-event manager (`agent.kvevents`) whose collector it exports too."""
 
     def __init__(self, targets: Sequence[Target], *, clock: Callable[[], float], port: int = 9400,
                  scrape_interval_s: float = 0.5, kv_endpoints: Sequence[EndpointSpec] = (),
                  kv_bytes_per_token: float | None = None, window_s: float = 120.0, retention_s: float = 1800.0,
                  extra_collectors: tuple[Collector, ...] = ()) -> None:
-        self.targets = tuple(targets)
         self.clock = clock
-        self.scrape_interval_s = scrape_interval_s
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self.mappings = load_mappings()
-        self.store = WindowStore(retention_s=retention_s, window_s=window_s, clock=clock)
-        self.window_source = StoreWindowSource(self.store)
         self.kv = KvEventManager(KvEventsSettings(endpoints=tuple(kv_endpoints), overlap_window_s=window_s),
                                  clock=clock) if kv_endpoints else None
-        extra = extra_collectors + ((KvEventsCollector(self.kv.snapshot),) if self.kv else ())
-        from exporters.prom import build_registry
+        self._collectors = extra_collectors + ((KvEventsCollector(self.kv.snapshot),) if self.kv else ())
+        self._vllm_pods = sorted({t.pod for t in targets if t.role == "vllm"})
+        self._overrides = {
+            "scrape": {"interval_s": scrape_interval_s, "timeout_s": 2.0, "backoff_base_s": scrape_interval_s,
+                    "backoff_max_s": 2.0},
+            "store": {"retention_s": retention_s, "window_s": window_s},
+            "server": {"host": "127.0.0.1", "port": port},
+            "targets": {"static": [{"url": t.url, "role": t.role, "pod": t.pod} for t in targets]},
+            "tiers": {"kv_bytes_per_token": kv_bytes_per_token} if kv_bytes_per_token else {},
+            "log_level": "WARNING"}
+        self.port_message: str | None = None
+        self.agent = self._make(port)
+        self.store = self.agent.store
+        self.window_source = StoreWindowSource(self.store)
 
-        self.registry = build_registry(self.snapshot, extra=extra)
-        self._server, self.port_message = bind_export(port, self.registry)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/metrics"
-        self._statuses: dict[str, TargetStatus] = {}
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.cycles = 0
-        self._errors: dict[str, dict[str, int]] = {}
+    def _make(self, port: int) -> Agent:
+        overrides = dict(self._overrides, server={"host": "127.0.0.1", "port": port})
+        settings = load_settings(env={}, **overrides)
+        jobs = [JobSpec("kv_prompt_tokens", float(self._overrides["scrape"]["interval_s"]),  # type: ignore[index]
+                        self._feed_kv)] if self.kv else []
+        return Agent(settings, collectors=self._collectors, jobs=jobs, clock=self.clock)
+
+    @property
+    def url(self) -> str:
+        return self.agent.url
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        t = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                             name="agent-export", daemon=True)
-        t.start()
-        self._threads.append(t)
+        wanted = self.agent.settings.server.port
+        try:
+            self.agent.start()
+        except RuntimeError as exc:
+            if wanted == 0:
+                raise
+            self.agent = self._make(0)
+            self.store = self.agent.store
+            self.window_source = StoreWindowSource(self.store)
+            self.agent.start()
+            self.port_message = (f"127.0.0.1:{wanted} is not available ({exc}); the agent exports on "
+                                 f"{self.agent.url} instead")
         if self.kv is not None:
             self.kv.start()
-        s = threading.Thread(target=self._scrape_loop, name="agent-scrape", daemon=True)
-        s.start()
-        self._threads.append(s)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
         if self.kv is not None:
             self.kv.stop()
-        for t in self._threads:
-            t.join(timeout=5)
+        self.agent.stop()
 
-    # -- scraping ------------------------------------------------------------------------------
-    def _scrape_loop(self) -> None:
-        asyncio.run(self._scrape_forever())
-
-    async def _scrape_forever(self) -> None:
-        async with new_session(concurrency=32) as session:
-            while not self._stop.is_set():
-                await self.scrape_cycle(session)
-                await asyncio.sleep(self.scrape_interval_s)
-
-    async def scrape_cycle(self, session: object) -> None:
-        results = await asyncio.gather(*(fetch(session, t.url, timeout_s=2.0, max_body_bytes=8 << 20)  # type: ignore[arg-type]
-                                         for t in self.targets))
+    def _feed_kv(self) -> None:
+        """vLLM's prompt-token counter, the denominator of the KV-event overlap signal."""
+        assert self.kv is not None
         now = self.clock()
-        signals = []
-        for target, res in zip(self.targets, results, strict=True):
-            reason, detail, samples = "", "", 0
-            if isinstance(res, FetchOk):
-                try:
-                    payload = parse(res.text)
-                    found = normalise(target, payload, self.mappings).signals
-                    signals.extend(found)
-                    samples = len(found)
-                except ParseError as exc:
-                    reason, detail = "parse_error", str(exc)
-            else:
-                reason, detail = res.reason, res.detail
-            errors = self._errors.setdefault(target.url, {})
-            if reason:
-                errors[reason] = errors.get(reason, 0) + 1
-            self._statuses[target.url] = TargetStatus(target, not reason, res.duration_s, reason, detail,
-                                                      samples, dict(errors))
-        resolved = resolve(signals, self.mappings)
-        if resolved:
-            self.store.ingest(resolved, ts=now)
-        if self.kv is not None:
-            for pod in {t.pod for t in self.targets if t.role == "vllm"}:
-                values, _ = self.store.values(pod=pod, window_s=1e9)
-                total = values.get("prompt_tokens")
-                if total is not None:
-                    self.kv.observe_prompt_tokens(pod, _model_of(self.store, pod), total, ts=now)
-        self.cycles += 1
-
-    def snapshot(self) -> Snapshot:
-        return build_snapshot(self.store.window(), list(self._statuses.values()), taken_at=self.clock(),
-                              kv_bytes_per_token=self.kv_bytes_per_token, store_rows=self.store.rows)
+        for pod in self._vllm_pods:
+            values, _ = self.store.values(pod=pod, window_s=1e9)
+            total = values.get("prompt_tokens")
+            if total is not None:
+                self.kv.observe_prompt_tokens(pod, _model_of(self.store, pod), total, ts=now)
 
     # -- signals for the drift detector -----------------------------------------------------------
     def drift_signals(self, window_s: float | None = None) -> dict[str, float]:

@@ -116,12 +116,15 @@ class _RecordingEvaluator:
 class _InjectingWarmStart:
     """The twin warm start, with a known-bad configuration put first once (shows the rollback)."""
 
-    def __init__(self, inner: TwinWarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None]) -> None:
+    def __init__(self, inner: TwinWarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None],
+                 on_start: Callable[[], None]) -> None:
+        self.on_start = on_start
         self.inner = inner
         self.bad = bad
         self.on_candidates = on_candidates
 
     def candidates(self, k: int) -> list[Knobs]:
+        self.on_start()
         out = self.inner.candidates(k)
         if self.bad is not None:
             out = [self.bad] + [c for c in out if c != self.bad]
@@ -197,7 +200,8 @@ class Demo:
 
         warm = _InjectingWarmStart(TwinWarmStart(twin_evaluator, self.space, objective, trials=WARM_START_TRIALS, seed=s.seed,
                                                  include=ROUTER_NEIGHBOURS),
-                                   REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates)
+                                   REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates,
+                                   self._new_study)
         self.controller = TuningController(
             space=self.space, objective=objective, storage=optuna.storages.InMemoryStorage(),
             guardrails=self.guardrails, evaluator=live, metrics=self.tuner_metrics,
@@ -214,6 +218,10 @@ class Demo:
     # -- recording helpers -------------------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
         self.recorder.add_event(DemoEvent(self.wall() - self._t0, self.driver.trace_now(), kind, message))
+
+    def _new_study(self) -> None:
+        """A tuning phase opens (start or drift): its twin and live trials form a new study."""
+        self.recorder.study_marks.append((self._trial_seq, f"study {len(self.recorder.study_marks)}"))
 
     def _twin_trial(self, ev: Evaluation) -> None:
         self.recorder.trials.append((self._trial_seq, ev.ttft_p95_s, "twin"))
@@ -244,7 +252,7 @@ class Demo:
                 self._config_log.append((rep.now, self.actuator.current()))
         if rep.state == "drift":
             self.status = "drift: re-tuning"
-            self.recorder.study_marks.append((self._trial_seq, f"phase {rep.phase}"))
+
         if kind is not None:
             label = {"improved": "kept as last good", "told": "measured, not better",
                      "rolled_back": "regressed, rolled back"}.get(rep.state, rep.state.replace("_", " "))

@@ -91,7 +91,7 @@ def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: P
     fig, ax = plt.subplots(figsize=(11, 4.8), dpi=110)
     for i, (n, label) in enumerate(marks):
         ax.axvline(n - 0.5, color="tab:orange", linestyle="--", linewidth=1.2,
-                   label="drift: new study (phase)" if i == 0 else None)
+                   label="new study (start, or drift)" if i == 0 else None)
         ax.annotate(label, (n - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
                     textcoords="offset points", fontsize=8, color="tab:orange")
     colours = {"complete": "tab:blue", "rolled_back": "tab:red", "twin": "tab:gray"}

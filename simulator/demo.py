@@ -149,7 +149,7 @@ class Demo:
         self._t0 = wall_clock()
         self._stop = threading.Event()
         self._trial_seq = 0
-        self._config_log: list[tuple[float, Knobs]] = [(0.0, DEFAULT_KNOBS)]
+        self._boundary_knobs: Knobs | None = None  # what phase 1 ended with
 
     # -- wiring --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -236,9 +236,7 @@ class Demo:
     def _on_report(self, rep: StepReport) -> None:
         kind = STATE_EVENTS.get(rep.state)
         if rep.state == "trial_started":
-            now = self.actuator.current()
-            self._config_log.append((rep.now, now))
-            diff = DEFAULT_KNOBS.diff(now)
+            diff = DEFAULT_KNOBS.diff(self.actuator.current())
             msg = f"trial {rep.trial}: " + (", ".join(f"{k}={b}" for k, (_a, b) in diff.items()) or "defaults")
             self._event(kind or "apply", msg + (" (dry run)" if self.s.dry_run else ""))
             return
@@ -248,8 +246,6 @@ class Demo:
                 state = "rolled_back" if rep.state == "rolled_back" else "complete"
                 self.recorder.trials.append((self._trial_seq, rec.value, state))
                 self._trial_seq += 1
-            if rep.state == "rolled_back":
-                self._config_log.append((rep.now, self.actuator.current()))
         if rep.state == "drift":
             self.status = "drift: re-tuning"
 
@@ -268,6 +264,13 @@ class Demo:
                 return t
         return None
 
+    def _tuned_now(self) -> Knobs:
+        """The configuration tierpilot stands behind now: the running one, unless a trial is still
+        being judged (then the last good one)."""
+        if self.controller.candidate is not None or self.controller.evaluator.pending is not None:
+            return self.actuator.last_good() or DEFAULT_KNOBS
+        return self.actuator.current()
+
     def _sample(self) -> None:
         now = self.driver.trace_now()
         stats = self.recorder.window(now)
@@ -276,8 +279,8 @@ class Demo:
         self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,
                                               view.ttft_p95_s if view else None,
                                               view.cumulative_hit_ratio if view else None))
-        if phase >= 1 and not getattr(self, "_phase_marked", False):
-            self._phase_marked = True
+        if phase >= 1 and self._boundary_knobs is None:
+            self._boundary_knobs = self._tuned_now()
             self._event("phase", "the workload shifts: " + self.workload.labels[1])
 
     def _view(self) -> Group:
@@ -356,12 +359,8 @@ class Demo:
 
     def _finish(self, interrupted: bool) -> DemoResult:
         self.status = "writing the report"
-        final = self.actuator.last_good() or self.actuator.current()
-        if self.controller.candidate is not None:  # a trial still being judged does not count as tuned
-            final = self.actuator.last_good() or DEFAULT_KNOBS
-        boundary = self.workload.phase_starts_s[1]
-        at_boundary = [k for t, k in self._config_log if t <= boundary][-1]
-        tuned = [at_boundary, final]
+        final = self._tuned_now()
+        tuned = [self._boundary_knobs or final, final]
         reached = max((r.phase for r in self.recorder.served()), default=-1)
         verdicts = phase_verdicts(self.workload, self.twin_cluster, tuned[: reached + 1])
         self.recorder.verdicts.extend(verdicts)

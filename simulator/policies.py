@@ -9,6 +9,9 @@ Every policy has the same small interface, used by the twin's tiers:
 - `insert_many(keys) -> evicted`: store keys in order (a resident key counts as a hit); each new
   key that does not fit evicts one victim first (LRU/FIFO batch the common all-new case with
   the same result); returns the evicted keys in eviction order;
+- `insert_fresh(keys) -> count`: `insert_many` for keys the caller knows are distinct and not
+  resident (chunks seen for the first time), returning only how many keys were evicted (LRU/FIFO
+  skip the membership scan and the victim list);
 - `shrink_to(n) -> evicted`: evict until at most n keys remain (L2 watermarks);
 - `keys_in_order()`: resident keys, next victim first (roughly, for LFU/S3-FIFO/ARC);
 - `clear()`.
@@ -18,9 +21,9 @@ chunk stays close to one dict operation.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict, _count_elements, deque  # type: ignore[attr-defined]
 from collections.abc import Iterable, Sequence
-from itertools import islice, repeat, takewhile
+from itertools import islice, takewhile
 
 _consume = deque(maxlen=0).extend
 
@@ -49,46 +52,152 @@ class Policy:
     def keys_in_order(self) -> list[int]:
         return list(self._resident)
 
+    def insert_many(self, keys: Sequence[int]) -> list[int]:
+        raise NotImplementedError
+
+    def insert_fresh(self, keys: Sequence[int]) -> int:
+        return len(self.insert_many(keys))
+
 
 class LRU(Policy):
+    """Least recently used, as an OrderedDict with move_to_end / popitem(last=False) behaves.
+
+    Resident keys are a set; recency is an append-only log of keys, oldest first from `_lo`. A
+    hit appends the key again and leaves a stale entry behind (`_stale`: key -> stale entries of
+    it still ahead in the log; they all precede its live entry, so the first entry met for a key
+    with a stale count is a stale one). Eviction reads the log from `_lo`: a stretch holding no
+    stale key leaves with one C-level set operation, so a key costs a set insert, a list append
+    and a set discard, about half of an OrderedDict's node bookkeeping.
+    """
+
     name = "lru"
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._resident: OrderedDict[int, None] = OrderedDict()
+        self._resident: set[int] = set()
+        self._log: list[int] = []
+        self._lo = 0
+        self._stale: dict[int, int] = {}
 
     def touch_many(self, keys: Iterable[int]) -> None:
-        _consume(map(self._resident.move_to_end, keys))
+        """Record hits on resident keys (the keys must be resident)."""
+        if not isinstance(keys, list):
+            keys = list(keys)
+        if keys:
+            self._log += keys
+            _count_elements(self._stale, keys)
+
+    def _evict(self, over: int) -> list[int]:
+        """Evict the `over` least recently used keys (over >= 1); returns them oldest first."""
+        log, lo, stale = self._log, self._lo, self._stale
+        victims = log[lo:lo + over]
+        if stale and not stale.keys().isdisjoint(victims):
+            victims = []
+            append = victims.append
+            while over:
+                k = log[lo]
+                lo += 1
+                n = stale.get(k)
+                if n is None:
+                    append(k)
+                    over -= 1
+                elif n > 1:
+                    stale[k] = n - 1
+                else:
+                    del stale[k]
+        else:
+            lo += over
+        self._resident.difference_update(victims)
+        if lo > 4096 and lo > len(log) >> 1:
+            del log[:lo]
+            lo = 0
+        self._lo = lo
+        return victims
+
+    def _evict_one(self) -> int:
+        log, stale = self._log, self._stale
+        lo = self._lo
+        while True:
+            k = log[lo]
+            lo += 1
+            n = stale.get(k) if stale else None
+            if n is None:
+                break
+            if n > 1:
+                stale[k] = n - 1
+            else:
+                del stale[k]
+        self._lo = lo
+        self._resident.remove(k)
+        return k
 
     def insert_many(self, keys: Sequence[int]) -> list[int]:
-        d = self._resident
-        if d.keys().isdisjoint(keys):
-            d.update(zip(keys, repeat(None)))
-            over = len(d) - self.capacity
-            if over <= 0:
-                return []
-            victims = list(islice(d, over))  # oldest first
-            _consume(map(d.__delitem__, victims))
-            return victims
+        s = self._resident
+        if s.isdisjoint(keys):
+            # a key repeated inside an all-new batch keeps its first position (like dict.update)
+            size = len(s)
+            s.update(keys)
+            self._log += keys if len(s) - size == len(keys) else list(dict.fromkeys(keys))
+            over = len(s) - self.capacity
+            return self._evict(over) if over > 0 else []
         evicted: list[int] = []
-        cap = self.capacity
+        cap, log, stale = self.capacity, self._log, self._stale
         for k in keys:
-            if k in d:
-                d.move_to_end(k)
+            if k in s:
+                log.append(k)
+                stale[k] = stale.get(k, 0) + 1
             else:
-                if len(d) >= cap:
-                    evicted.append(d.popitem(last=False)[0])
-                d[k] = None
+                if len(s) >= cap:
+                    evicted.append(self._evict_one())
+                s.add(k)
+                log.append(k)
         return evicted
 
+    def insert_fresh(self, keys: Sequence[int]) -> int:
+        # Same result as inserting one key at a time: the oldest keys go first, then (when the batch
+        # alone exceeds the capacity) the batch's own first keys.
+        s = self._resident
+        size, cap = len(s), self.capacity
+        over = size + len(keys) - cap
+        if over <= 0:
+            s.update(keys)
+            self._log += keys
+            return 0
+        if over >= size:  # nothing resident survives: start over with the batch's last `cap` keys
+            keep = list(keys[-cap:])
+            s.clear()
+            s.update(keep)
+            self._log = keep
+            self._lo = 0
+            self._stale.clear()
+            return over
+        s.update(keys)
+        self._log += keys
+        self._evict(over)
+        return over
+
     def shrink_to(self, n: int) -> list[int]:
-        d = self._resident
-        victims = list(islice(d, max(len(d) - n, 0)))
-        _consume(map(d.__delitem__, victims))
-        return victims
+        over = len(self._resident) - n
+        return self._evict(over) if over > 0 else []
+
+    def keys_in_order(self) -> list[int]:
+        if not self._stale:
+            return self._log[self._lo:]
+        stale = dict(self._stale)
+        out = []
+        for k in islice(self._log, self._lo, None):
+            n = stale.get(k)
+            if n:
+                stale[k] = n - 1
+            else:
+                out.append(k)
+        return out
 
     def clear(self) -> None:
         self._resident.clear()
+        self._log = []
+        self._lo = 0
+        self._stale.clear()
 
 
 class FIFO(LRU):
@@ -100,15 +209,17 @@ class FIFO(LRU):
         return None
 
     def insert_many(self, keys: Sequence[int]) -> list[int]:
-        d = self._resident
-        if d.keys().isdisjoint(keys):
+        s = self._resident
+        if s.isdisjoint(keys):
             return super().insert_many(keys)
         evicted: list[int] = []
+        log = self._log
         for k in keys:
-            if k not in d:
-                if len(d) >= self.capacity:
-                    evicted.append(d.popitem(last=False)[0])
-                d[k] = None
+            if k not in s:
+                if len(s) >= self.capacity:
+                    evicted.append(self._evict_one())
+                s.add(k)
+                log.append(k)
         return evicted
 
 

@@ -154,11 +154,16 @@ class ReplayResult:
         )
 
 
-def workload_chunks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int], list[int], list[int]]:
+def workload_chunks(
+    workload: pl.DataFrame, chunk_tokens: int
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """All chunk hashes of a (checked, arrival-ordered) workload frame.
 
-    Returns (flat list of hashes, offsets per request, cold chunks per request), where a request's
-    cold chunks are those whose hash appears for the first time in the workload.
+    Returns (flat list of hashes, offsets per request, cold chunks per request, fresh suffix per
+    request). A request's cold chunks are those whose hash appears for the first time in the
+    workload. Its fresh suffix is its cold count when those chunks are exactly the last ones of
+    the prompt (always so with chained hashes), else 0: the engine may then treat them as resident
+    nowhere and remembered by no router.
     """
     counts = workload["hash_ids"].list.len().to_numpy()
     block_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -171,7 +176,9 @@ def workload_chunks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int
     cum = np.zeros(len(first) + 1, dtype=np.int64)
     np.cumsum(first, out=cum[1:])
     cold = cum[offsets[1:]] - cum[offsets[:-1]]
-    return flat.tolist(), offsets.tolist(), cold.tolist()
+    suffix = cum[offsets[1:]] - cum[offsets[1:] - cold] == cold
+    fresh = np.where(suffix, cold, 0)
+    return flat.tolist(), offsets.tolist(), cold.tolist(), fresh.tolist()
 
 
 def replay(
@@ -186,7 +193,7 @@ def replay(
     """Replay a workload frame (see `simulator.workload`) on a fresh twin."""
     frame = check_workload(workload)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
-    flat, offsets, cold = workload_chunks(frame, knobs.chunk_tokens)
+    flat, offsets, cold, fresh = workload_chunks(frame, knobs.chunk_tokens)
     times = [ms / 1000.0 for ms in frame["timestamp_ms"].to_list()]  # exactly as Twin.submit does
     prompts = frame["input_length"].to_list()
     outputs = frame["output_length"].to_list()
@@ -198,7 +205,8 @@ def replay(
     append = rows.append
     t0 = time.perf_counter()
     for i in range(total):
-        append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i], cold[i]))
+        append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i], cold[i],
+                       fresh[i]))
         if progress is not None and i % step == 0:
             progress(i, total)
     elapsed = time.perf_counter() - t0

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from simulator.cluster import RouterSettings
@@ -41,7 +42,10 @@ class Router:
         session_id: int | None,
         loads: Sequence[int],
         estimate: Callable[[int], float] | None,
+        remembered: int | None = None,
     ) -> int:
+        """The pod for a request. `remembered`: only `chunks[:remembered]` can have been seen before
+        (the rest is new to the whole twin); None = unknown."""
         raise NotImplementedError
 
     def record(self, pod: int, chunks: Sequence[int]) -> None:
@@ -59,7 +63,7 @@ class RoundRobinRouter(Router):
         super().__init__(pods, settings)
         self._next = 0
 
-    def choose(self, chunks, session_id, loads, estimate) -> int:
+    def choose(self, chunks, session_id, loads, estimate, remembered=None) -> int:
         pod = self._next
         self._next = (pod + 1) % self.pods
         return pod
@@ -68,7 +72,7 @@ class RoundRobinRouter(Router):
 class SessionRouter(Router):
     name = "session"
 
-    def choose(self, chunks, session_id, loads, estimate) -> int:
+    def choose(self, chunks, session_id, loads, estimate, remembered=None) -> int:
         if session_id is None:
             return _least_loaded(loads)
         z = ((session_id & _MASK) * 0x9E3779B97F4A7C15) & _MASK
@@ -83,34 +87,21 @@ class PrefixAwareRouter(Router):
         self._seen: list[set[int]] = [set() for _ in range(pods)]
         self._last = (-1, 0)  # (pod, matched chunks) of the latest choice
 
-    def choose(self, chunks, session_id, loads, estimate) -> int:
+    def choose(self, chunks, session_id, loads, estimate, remembered=None) -> int:
         cap = min(loads) * self.settings.prefix_load_ratio + self.settings.prefix_load_slack
-        n_all = len(chunks)
-        first = chunks[0] if n_all else None
-        last = chunks[-1] if n_all else None
+        # Only chunks[:n] can be remembered anywhere. Each pod's memory is prefix-closed (a chained
+        # chunk hash implies its whole prefix, and whole prompts are recorded), so membership is
+        # monotone along the prompt: binary-search the reversed prompt, where it is ascending.
+        n = len(chunks) if remembered is None else remembered
+        back = chunks[n - 1::-1] if n else chunks
         best, best_len, best_load = -1, -1, 0
         for pod, seen in enumerate(self._seen):
             load = loads[pod]
             if load > cap:
                 continue
-            # The memory is prefix-closed (a chained chunk hash implies its whole prefix, and whole
-            # prompts are recorded), so membership is monotone along the prompt: check both ends,
-            # then binary search.
-            if not n_all or first not in seen:
-                n = 0
-            elif last in seen:
-                n = n_all
-            else:
-                lo, hi = 1, n_all - 1
-                while lo < hi:
-                    mid = (lo + hi + 1) >> 1
-                    if chunks[mid - 1] in seen:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                n = lo
-            if n > best_len or (n == best_len and load < best_load):
-                best, best_len, best_load = pod, n, load
+            m = n - bisect_left(back, True, 0, n, key=seen.__contains__) if n else 0
+            if m > best_len or (m == best_len and load < best_load):
+                best, best_len, best_load = pod, m, load
         self._last = (best, best_len)
         return best
 
@@ -124,7 +115,7 @@ class KvAwareRouter(Router):
     name = "kvaware"
     needs_estimate = True
 
-    def choose(self, chunks, session_id, loads, estimate) -> int:
+    def choose(self, chunks, session_id, loads, estimate, remembered=None) -> int:
         assert estimate is not None
         return min(range(self.pods), key=lambda p: (estimate(p), loads[p], p))
 

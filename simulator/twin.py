@@ -9,10 +9,9 @@ not model the window between arrival and the end of prefill). See docs/twin.md.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Callable, Mapping
 from heapq import heapify, heappop, heappush
-from itertools import takewhile
+from itertools import filterfalse, islice, takewhile
 from typing import Any
 
 from simulator.chunking import BLOCK_TOKENS, chunk_hashes
@@ -76,7 +75,6 @@ class _Pod:
 
 
 _EMPTY: list[int] = []
-_consume = deque(maxlen=0).extend
 
 
 def _chunks_of(capacity_tokens: int, chunk_tokens: int) -> int:
@@ -219,36 +217,40 @@ class Twin:
         """
         n = len(chunks)
         if g < 0:
-            g = pod.gpu.prefix_len(chunks) if pod.gpu is not None else 0
+            g = len(list(takewhile(pod.gpu._resident.__contains__, chunks))) if pod.gpu is not None else 0
         cpu = pod.cpu
         if g == n or (cpu is None and l2 is None):
             return g, _EMPTY, _EMPTY, g
+        rest = chunks[g:] if g else chunks
         if l2 is None:
-            a = cpu.prefix_len(chunks, g)
-            return g, chunks[g:g + a], _EMPTY, g + a
+            a = len(list(takewhile(cpu._resident.__contains__, rest)))
+            return g, rest[:a], _EMPTY, g + a
+        in_l2 = l2._resident.__contains__
         if cpu is None:
-            b = l2.prefix_len(chunks, g)
-            return g, _EMPTY, chunks[g:g + b], g + b
-        k = g
+            b = len(list(takewhile(in_l2, rest)))
+            return g, _EMPTY, rest[:b], g + b
+        cpu_res = cpu._resident
+        in_cpu = cpu_res.__contains__
+        m = len(rest)
+        k = 0
         cpu_keys: list[int] = []
         l2_keys: list[int] = []
-        while k < n:
-            a = cpu.prefix_len(chunks, k)
+        while k < m:
+            a = len(list(takewhile(in_cpu, islice(rest, k, None)))) if k else len(list(takewhile(in_cpu, rest)))
             if a:
-                cpu_keys += chunks[k:k + a]
+                cpu_keys += rest[k:k + a]
                 k += a
-                if k >= n:
+                if k >= m:
                     break
-            b = l2.prefix_len(chunks, k)
+            b = len(list(takewhile(in_l2, islice(rest, k, None))))
             if not b:
                 break
-            run = chunks[k:k + b]
-            in_cpu = list(map(cpu.__contains__, run))
-            if True in in_cpu:  # the CPU serves the rest of this run
-                run = run[:in_cpu.index(True)]
+            run = rest[k:k + b]
+            if any(map(in_cpu, run)):  # the CPU serves the rest of this run
+                run = run[:list(map(in_cpu, run)).index(True)]
             l2_keys += run
             k += len(run)
-        return g, cpu_keys, l2_keys, k
+        return g, cpu_keys, l2_keys, g + k
 
     def _service_s(self, cpu_chunks: int, l2_chunks: int, computed_tokens: int) -> tuple[float, float, float]:
         """(GPU-busy service time, L2 read time, extra non-busy latency) of one prefill."""
@@ -271,12 +273,16 @@ class Twin:
         return expected_ttft
 
     def _process(
-        self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None, cold: int = -1
+        self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None, cold: int = -1,
+        fresh: int = 0,
     ) -> tuple:
         """The hot path: one request, returned as a row (see `replay.RESULT_SCHEMA`).
 
         `cold`: how many of the request's chunks never appeared in an earlier request, when the
         caller precomputed it for a whole workload (batch replay); -1 = track it here.
+        `fresh`: the length of a suffix of `chunks` the caller knows to be new to the twin (distinct,
+        in no earlier request), so resident in no tier: lookups stop before it and stores skip the
+        membership checks. 0 = nothing known (always correct).
         """
         pods, router, c = self._pods, self._router, self._chunk
         self._now = now
@@ -284,14 +290,15 @@ class Twin:
         while heap and heap[0][0] <= now:
             loads[heappop(heap)[2]] -= 1
         est = self._estimate(chunks, prompt, now) if router.needs_estimate else None
-        idx = router.choose(chunks, session, loads, est)
+        n = len(chunks)
+        known = n - fresh  # nothing gets past chunks[known]: no lookup, no router memory
+        idx = router.choose(chunks, session, loads, est, known)
         router.record(idx, chunks)
         pod = pods[idx]
         gpu, cpu = pod.gpu, pod.cpu
         l2 = self._l2 if prompt >= self._l2_min else None
-        n = len(chunks)
         g = len(list(takewhile(gpu._resident.__contains__, chunks))) if gpu is not None else 0
-        if g == n or (cpu is None and l2 is None):
+        if g == known or (cpu is None and l2 is None):
             cpu_keys = l2_keys = _EMPTY
             k = g
         else:
@@ -316,18 +323,23 @@ class Twin:
                 seen_missed = computed[:len(computed) - cold]
             if seen_missed:
                 if len(pods) > 1:
-                    want = {h for h in seen_missed
-                            if (gpu is None or h not in gpu) and (cpu is None or h not in cpu)}
+                    if gpu is not None:
+                        seen_missed = filterfalse(gpu._resident.__contains__, seen_missed)
+                    if cpu is not None:
+                        seen_missed = filterfalse(cpu._resident.__contains__, seen_missed)
+                    want = set(seen_missed)
                     if want:
                         found: set[int] = set()
                         for q in pods:
                             if q is not pod:
                                 if q.gpu is not None:
-                                    found |= q.gpu._resident.keys() & want
+                                    found.update(filter(q.gpu._resident.__contains__, want))
                                 if q.cpu is not None:
-                                    found |= q.cpu._resident.keys() & want
+                                    found.update(filter(q.cpu._resident.__contains__, want))
                         routing = len(found)
-                capacity = len(seen_missed) - routing
+                    capacity = len(computed) - cold - routing
+                else:
+                    capacity = len(seen_missed)
         truth = pod.truth
         truth.requests += 1
         truth.prompt_tokens += prompt
@@ -339,58 +351,65 @@ class Twin:
         truth.seen_tokens += (n - cold) * c
 
         # -- tier updates: promote hits upwards, write computed chunks through ---------------------
-        sink = self._sink
         t = pod.totals
-        if gpu is not None:
-            if g:
-                _consume(map(gpu._resident.move_to_end, chunks[:g]))
-            if g < n:
-                fresh = {h for h in chunks[g:] if h not in gpu} if sink else None
-                evicted = gpu.insert_many(chunks[g:] if g else chunks)
-                if evicted:
-                    t.gpu_evicted_chunks += len(evicted)
-                if sink:
-                    self._emit_changes(pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU")
-        if cpu is not None:
-            if n_cpu:
-                cpu.touch_many(cpu_keys)
-            to_cpu = l2_keys + computed if n_l2 else computed
-            if to_cpu:
-                fresh = {h for h in to_cpu if h not in cpu} if sink else None
-                evicted = cpu.insert_many(to_cpu)
-                t.cpu_stored_chunks += len(to_cpu)
-                t.store_requests += 1
-                if evicted:
-                    t.cpu_evicted_chunks += len(evicted)
-                    t.cpu_evict_events += 1
-                if sink:
-                    batch = set(to_cpu)
-                    self._emit_changes(pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
-                                       evicted, cpu, "CPU")
-        l2_write_s = 0.0
         l2_pool = self._l2
-        if l2_pool is not None:
-            if n_l2:
-                l2_pool.touch_many(l2_keys)
-            if computed:
-                evicted = l2_pool.insert_many(computed)
-                lt = self._l2_totals
-                if len(l2_pool) > self._l2_high:
-                    evicted += l2_pool.shrink_to(self._l2_low)
+        if self._sink is not None:
+            l2_evicted = self._store_traced(pod, chunks, g, cpu_keys, l2_keys, computed)
+        else:
+            # chunks[known:] are in no tier: stored in bulk; the rest of a batch goes key by key
+            new = chunks[known:] if fresh else _EMPTY
+            if gpu is not None:
+                if g:
+                    gpu.touch_many(chunks[:g])
+                evicted = len(gpu.insert_many(chunks[g:known])) if g < known else 0
+                if fresh:
+                    evicted += gpu.insert_fresh(new)
                 if evicted:
-                    lt.evicted_chunks += len(evicted)
-                    lt.eviction_runs += 1
-                m = len(computed)
-                nbytes = m * self._chunk_bytes
-                l2_write_s = m * self._w_chunk_s + nbytes * self._w_byte_s
-                lt.write_bytes += nbytes
-                lt.write_chunks += m
-                lt.write_time_s += l2_write_s
-                t.l2_write_bytes += nbytes
-                t.l2_write_requests += 1
-                pod.obs.l2_write_s.append(l2_write_s)
-                if cpu is None:
+                    t.gpu_evicted_chunks += evicted
+            if cpu is not None:
+                if n_cpu:
+                    cpu.touch_many(cpu_keys)
+                stored = n_l2 + n - k
+                if stored:
+                    old = chunks[k:known]
+                    if n_l2:
+                        old = l2_keys + old
+                    evicted = len(cpu.insert_many(old)) if old else 0
+                    if fresh:
+                        evicted += cpu.insert_fresh(new)
+                    t.cpu_stored_chunks += stored
                     t.store_requests += 1
+                    if evicted:
+                        t.cpu_evicted_chunks += evicted
+                        t.cpu_evict_events += 1
+            l2_evicted = 0
+            if l2_pool is not None:
+                if n_l2:
+                    l2_pool.touch_many(l2_keys)
+                if k < n:
+                    if k < known:
+                        l2_evicted = len(l2_pool.insert_many(chunks[k:known]))
+                    if fresh:
+                        l2_evicted += l2_pool.insert_fresh(new)
+                    if len(l2_pool) > self._l2_high:
+                        l2_evicted += len(l2_pool.shrink_to(self._l2_low))
+        l2_write_s = 0.0
+        if l2_pool is not None and computed:
+            lt = self._l2_totals
+            if l2_evicted:
+                lt.evicted_chunks += l2_evicted
+                lt.eviction_runs += 1
+            m = len(computed)
+            nbytes = m * self._chunk_bytes
+            l2_write_s = m * self._w_chunk_s + nbytes * self._w_byte_s
+            lt.write_bytes += nbytes
+            lt.write_chunks += m
+            lt.write_time_s += l2_write_s
+            t.l2_write_bytes += nbytes
+            t.l2_write_requests += 1
+            pod.obs.l2_write_s.append(l2_write_s)
+            if cpu is None:
+                t.store_requests += 1
 
         # -- latency -------------------------------------------------------------------------------
         busy = (computed_tokens if computed_tokens > 0 else 1) * self._prefill_s
@@ -441,6 +460,46 @@ class Twin:
                 t.zero_hit_lookups += 1
         return (idx, now, prompt, g * c, n_cpu * c, n_l2 * c, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
                 cold * c, capacity * c, routing * c, tail)
+
+    def _store_traced(self, pod: _Pod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
+                      computed: list[int]) -> int:
+        """The tier updates with an event sink: announce each tier's net change; returns L2 evictions."""
+        t, n = pod.totals, len(chunks)
+        gpu, cpu = pod.gpu, pod.cpu
+        if gpu is not None:
+            if g:
+                gpu.touch_many(chunks[:g])
+            if g < n:
+                fresh = {h for h in chunks[g:] if h not in gpu}
+                evicted = gpu.insert_many(chunks[g:] if g else chunks)
+                if evicted:
+                    t.gpu_evicted_chunks += len(evicted)
+                self._emit_changes(pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU")
+        if cpu is not None:
+            if cpu_keys:
+                cpu.touch_many(cpu_keys)
+            to_cpu = l2_keys + computed if l2_keys else computed
+            if to_cpu:
+                fresh = {h for h in to_cpu if h not in cpu}
+                evicted = cpu.insert_many(to_cpu)
+                t.cpu_stored_chunks += len(to_cpu)
+                t.store_requests += 1
+                if evicted:
+                    t.cpu_evicted_chunks += len(evicted)
+                    t.cpu_evict_events += 1
+                batch = set(to_cpu)
+                self._emit_changes(pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
+                                   evicted, cpu, "CPU")
+        l2_pool = self._l2
+        l2_evicted = 0
+        if l2_pool is not None:
+            if l2_keys:
+                l2_pool.touch_many(l2_keys)
+            if computed:
+                l2_evicted = len(l2_pool.insert_many(computed))
+                if len(l2_pool) > self._l2_high:
+                    l2_evicted += len(l2_pool.shrink_to(self._l2_low))
+        return l2_evicted
 
     def _emit_changes(self, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
                       tier: Policy, medium: str) -> None:

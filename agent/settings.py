@@ -179,7 +179,7 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
     try:
         return AgentSettings(**data)
     except ValidationError as exc:
-        env_keys = sorted(k for k in (env if env is not None else os.environ) if k.startswith(ENV_PREFIX))
+        env_keys = _settings_env_keys(env if env is not None else os.environ)
         where = origin + (f" (with environment {', '.join(env_keys)})" if env_keys else "")
         raise SettingsError(_describe(exc, where)) from exc
     finally:
@@ -187,6 +187,14 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
             for k in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
                 del os.environ[k]
             os.environ.update(saved)
+
+
+def _settings_env_keys(environ: Mapping[str, str]) -> list[str]:
+    """The `TIERPILOT_*` variables that name a settings field (others, such as
+    `TIERPILOT_SHARED` or `TIERPILOT_K8S_TARGETS`, belong to other tools and are not config)."""
+    fields = {name.upper() for name in AgentSettings.model_fields}
+    return sorted(k for k in environ
+                  if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].split("__", 1)[0] in fields)
 
 
 __all__ = ["DEFAULT_PORTS", "ROLES", "AgentSettings", "SettingsError", "load_settings"]

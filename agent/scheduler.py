@@ -33,9 +33,25 @@ def job_defaults(interval_s: float) -> dict[str, Any]:
     return {"max_instances": 1, "coalesce": True, "misfire_grace_time": max(1, int(interval_s))}
 
 
+class _QuietShutdownCancellations(logging.Filter):
+    """apscheduler logs a job future cancelled by the agent's own shutdown as a job error, with a
+    traceback. That is expected, not a failure: drop just those records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+def _quiet_shutdown_cancellations() -> None:
+    executor_log = logging.getLogger("apscheduler.executors.default")
+    if not any(isinstance(f, _QuietShutdownCancellations) for f in executor_log.filters):
+        executor_log.addFilter(_QuietShutdownCancellations())
+
+
 def build_scheduler(loop: asyncio.AbstractEventLoop, jobs: list[JobSpec],
                     record: Callable[[str, str], None] | None = None) -> AsyncIOScheduler:
     """An AsyncIOScheduler on `loop` with every job added (not started)."""
+    _quiet_shutdown_cancellations()
     scheduler = AsyncIOScheduler(event_loop=loop, job_defaults={"max_instances": 1, "coalesce": True})
     for spec in jobs:
         extra: dict[str, Any] = {}

@@ -389,7 +389,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResu
     console = console or Console()
     result = Demo(settings, console).run()
     for line in verdict_lines(result.verdicts):
-        console.print(line)
+        console.print(line, soft_wrap=True)  # table rows stay one line each, whatever the width
     console.print(f"report: {result.report_path}")
     return result
 

@@ -44,6 +44,10 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
+    import optuna
+
+    # optuna announces every in-memory study at INFO; the demo reports trials itself
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
     try:
         settings = DemoSettings(duration_s=duration, pods=pods, trace=trace, seed=seed, report_dir=report_dir,
                                 dry_run=dry_run, time_scale=time_scale, agent_port=agent_port,

@@ -111,7 +111,11 @@ def vllm_binds(endpoint: str) -> bool:
 
 
 def offset_endpoint(endpoint: str, dp_rank: int) -> str:
-    """vLLM's data-parallel endpoint: tcp port + rank (port 0 untouched), inproc gets `_dp<rank>`."""
+    """vLLM's data-parallel endpoint: tcp port + rank (port 0 untouched), inproc gets `_dp<rank>`.
+
+    Written again on purpose, from vLLM's rule, rather than imported from the agent's subscriber
+    (`agent.kvevents.settings.offset_endpoint`): this module plays vLLM in the tests, and an
+    emulator that shared the agent's code would make the data-parallel tests circular."""
     if dp_rank == 0:
         return endpoint
     if endpoint.startswith("inproc://"):

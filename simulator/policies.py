@@ -9,9 +9,10 @@ Every policy has the same small interface, used by the twin's tiers:
 - `insert_many(keys) -> evicted`: store keys in order (a resident key counts as a hit); each new
   key that does not fit evicts one victim first (LRU/FIFO batch the common all-new case with
   the same result); returns the evicted keys in eviction order;
-- `insert_fresh(keys) -> count`: `insert_many` for keys the caller knows are distinct and not
-  resident (chunks seen for the first time), returning only how many keys were evicted (LRU/FIFO
-  skip the membership scan and the victim list);
+- `insert_count(keys, fresh=0) -> count`: `insert_many` returning only how many keys were
+  evicted; the caller may vouch that the last `fresh` keys are distinct, not resident and not
+  among the batch's other keys (chunks seen for the first time): LRU/FIFO skip the membership
+  scan for them and store a batch in bulk;
 - `shrink_to(n) -> evicted`: evict until at most n keys remain (L2 watermarks);
 - `keys_in_order()`: resident keys, next victim first (roughly, for LFU/S3-FIFO/ARC);
 - `clear()`.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, _count_elements, deque  # type: ignore[attr-defined]
 from collections.abc import Iterable, Sequence
-from itertools import islice, takewhile
+from itertools import filterfalse, islice, takewhile
 
 _consume = deque(maxlen=0).extend
 
@@ -55,7 +56,7 @@ class Policy:
     def insert_many(self, keys: Sequence[int]) -> list[int]:
         raise NotImplementedError
 
-    def insert_fresh(self, keys: Sequence[int]) -> int:
+    def insert_count(self, keys: Sequence[int], fresh: int = 0) -> int:
         return len(self.insert_many(keys))
 
 
@@ -153,28 +154,55 @@ class LRU(Policy):
                 log.append(k)
         return evicted
 
-    def insert_fresh(self, keys: Sequence[int]) -> int:
-        # Same result as inserting one key at a time: the oldest keys go first, then (when the batch
-        # alone exceeds the capacity) the batch's own first keys.
+    def insert_count(self, keys: Sequence[int], fresh: int = 0) -> int:
         s = self._resident
-        size, cap = len(s), self.capacity
-        over = size + len(keys) - cap
-        if over <= 0:
-            s.update(keys)
-            self._log += keys
-            return 0
-        if over >= size:  # nothing resident survives: start over with the batch's last `cap` keys
-            keep = list(keys[-cap:])
-            s.clear()
-            s.update(keep)
-            self._log = keep
-            self._lo = 0
-            self._stale.clear()
-            return over
+        m = len(keys)
+        split = m - fresh
+        if split:
+            old = keys[:split] if fresh else keys
+            if not s.isdisjoint(old):  # hits inside the batch: key by key, then the fresh rest in bulk
+                n = len(self.insert_many(old))
+                return n + self.insert_count(keys[split:], fresh) if fresh else n
+        # all new: the same result as one key at a time (oldest keys go first, then the batch's own)
+        size = len(s)
         s.update(keys)
-        self._log += keys
-        self._evict(over)
+        if len(s) - size == m:
+            self._log += keys
+        else:  # a key repeated in the batch keeps its first position (like dict.update)
+            self._log += dict.fromkeys(keys)
+        over = len(s) - self.capacity
+        if over <= 0:
+            return 0
+        self._drop(over)
         return over
+
+    def _drop(self, over: int) -> None:
+        """`_evict` without the victim list (order does not matter), stale entries handled in bulk."""
+        log, lo, stale, s = self._log, self._lo, self._stale, self._resident
+        while over:
+            w = log[lo:lo + over]
+            lo += over
+            if stale and not stale.keys().isdisjoint(w):
+                seen: dict[int, int] = {}  # entries in the window of keys with stale entries
+                _count_elements(seen, filter(stale.__contains__, w))
+                live = list(filterfalse(seen.__contains__, w))
+                for k, c in seen.items():  # a key's first stale-count entries are stale, a further one is live
+                    n = stale[k]
+                    if c < n:
+                        stale[k] = n - c
+                    else:
+                        del stale[k]
+                        if c > n:
+                            live.append(k)
+                s.difference_update(live)
+                over -= len(live)
+            else:
+                s.difference_update(w)
+                over = 0
+        if lo > 4096 and lo > len(log) >> 1:
+            del log[:lo]
+            lo = 0
+        self._lo = lo
 
     def shrink_to(self, n: int) -> list[int]:
         over = len(self._resident) - n

@@ -155,7 +155,7 @@ class ReplayResult:
 
 
 def workload_chunks(
-    workload: pl.DataFrame, chunk_tokens: int
+    workload: pl.DataFrame, chunk_tokens: int, *, dense: bool = False
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """All chunk hashes of a (checked, arrival-ordered) workload frame.
 
@@ -163,7 +163,9 @@ def workload_chunks(
     request). A request's cold chunks are those whose hash appears for the first time in the
     workload. Its fresh suffix is its cold count when those chunks are exactly the last ones of
     the prompt (always so with chained hashes), else 0: the engine may then treat them as resident
-    nowhere and remembered by no router.
+    nowhere and remembered by no router. `dense`: replace each hash by a small integer (0 .. number
+    of distinct hashes - 1; equal hashes get equal ids): the twin only compares hashes, and small
+    ints hash and compare faster. Not for runs whose events or resident sets must show real hashes.
     """
     counts = workload["hash_ids"].list.len().to_numpy()
     block_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -172,7 +174,12 @@ def workload_chunks(
     flat, offsets = chunk_hash_array(
         None, workload["input_length"].to_numpy(), chunk_tokens, flat_ids=flat_ids, block_offsets=block_offsets
     )
-    first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
+    if dense:
+        _, first_pos, flat = np.unique(flat, return_index=True, return_inverse=True)  # stable: first occurrences
+        first = np.zeros(len(flat), dtype=np.bool_)
+        first[first_pos] = True
+    else:
+        first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
     cum = np.zeros(len(first) + 1, dtype=np.int64)
     np.cumsum(first, out=cum[1:])
     cold = cum[offsets[1:]] - cum[offsets[:-1]]
@@ -193,7 +200,8 @@ def replay(
     """Replay a workload frame (see `simulator.workload`) on a fresh twin."""
     frame = check_workload(workload)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
-    flat, offsets, cold, fresh = workload_chunks(frame, knobs.chunk_tokens)
+    # hash values only matter to events: without a sink the twin runs on dense ids
+    flat, offsets, cold, fresh = workload_chunks(frame, knobs.chunk_tokens, dense=event_sink is None)
     times = [ms / 1000.0 for ms in frame["timestamp_ms"].to_list()]  # exactly as Twin.submit does
     prompts = frame["input_length"].to_list()
     outputs = frame["output_length"].to_list()

@@ -356,28 +356,20 @@ class Twin:
         if self._sink is not None:
             l2_evicted = self._store_traced(pod, chunks, g, cpu_keys, l2_keys, computed)
         else:
-            # chunks[known:] are in no tier: stored in bulk; the rest of a batch goes key by key
-            new = chunks[known:] if fresh else _EMPTY
+            # chunks[known:] are in no tier: the tiers store them in bulk
             if gpu is not None:
                 if g:
                     gpu.touch_many(chunks[:g])
-                evicted = len(gpu.insert_many(chunks[g:known])) if g < known else 0
-                if fresh:
-                    evicted += gpu.insert_fresh(new)
-                if evicted:
-                    t.gpu_evicted_chunks += evicted
+                if g < n:
+                    evicted = gpu.insert_count(chunks[g:] if g else chunks, fresh)
+                    if evicted:
+                        t.gpu_evicted_chunks += evicted
             if cpu is not None:
                 if n_cpu:
                     cpu.touch_many(cpu_keys)
-                stored = n_l2 + n - k
-                if stored:
-                    old = chunks[k:known]
-                    if n_l2:
-                        old = l2_keys + old
-                    evicted = len(cpu.insert_many(old)) if old else 0
-                    if fresh:
-                        evicted += cpu.insert_fresh(new)
-                    t.cpu_stored_chunks += stored
+                if computed or n_l2:
+                    evicted = cpu.insert_count(l2_keys + computed if n_l2 else computed, fresh)
+                    t.cpu_stored_chunks += n_l2 + n - k
                     t.store_requests += 1
                     if evicted:
                         t.cpu_evicted_chunks += evicted
@@ -386,11 +378,8 @@ class Twin:
             if l2_pool is not None:
                 if n_l2:
                     l2_pool.touch_many(l2_keys)
-                if k < n:
-                    if k < known:
-                        l2_evicted = len(l2_pool.insert_many(chunks[k:known]))
-                    if fresh:
-                        l2_evicted += l2_pool.insert_fresh(new)
+                if computed:
+                    l2_evicted = l2_pool.insert_count(computed, fresh)
                     if len(l2_pool) > self._l2_high:
                         l2_evicted += len(l2_pool.shrink_to(self._l2_low))
         l2_write_s = 0.0

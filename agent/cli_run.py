@@ -21,17 +21,33 @@ def _settings(config: Path | None, **overrides):
 
 @click.command("run")
 @click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Agent YAML config. Every key can be overridden by TIERPILOT_<SECTION>__<KEY> "
-                   "environment variables (e.g. TIERPILOT_SCRAPE__INTERVAL_S=5).")
+              help="Agent YAML config (sections: scrape, store, server, otel, tiers, targets, kv_events, "
+                   "tuner, actuation, dry_run; see docs/agent.md). Every key can be overridden by "
+                   "TIERPILOT_<SECTION>__<KEY> environment variables (e.g. TIERPILOT_SCRAPE__INTERVAL_S=5, "
+                   "TIERPILOT_TUNER__ENABLED=true).")
+@click.option("--dry-run", is_flag=True, default=False,
+              help="Global dry-run: the tuner proposes, validates, logs and counts changes, and every "
+                   "Kubernetes write is a server-side dry-run; nothing is changed. Same as dry_run: true "
+                   "or TIERPILOT_DRY_RUN=true.")
 @click.option("--host", default=None, help="Address for /metrics (default from config: 0.0.0.0).")
 @click.option("--port", type=int, default=None, help="Port for /metrics (default from config: 9400).")
-def run(config: Path | None, host: str | None, port: int | None) -> None:
-    """Run the agent until SIGTERM or Ctrl-C.
+def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) -> None:
+    """Run the whole agent until SIGTERM or Ctrl-C.
 
-    It discovers targets (static list, targets file, Kubernetes label selectors), scrapes them on
-    a schedule, keeps a rolling window of the unified tier model, serves it on /metrics, and
-    pushes it over OTLP when `otel.endpoint` is set. The config is validated before anything
-    starts; a bad key is one error naming it.
+    Always: discover targets (static list, targets file, Kubernetes label selectors), scrape them
+    on a schedule, keep a rolling window of the unified tier model, serve it on /metrics and push
+    it over OTLP when `otel.endpoint` is set.
+
+    With `kv_events.enabled`: subscribe to every vLLM pod's KV-event stream (endpoints from the
+    config or from tierpilot.io/kv-events-* pod annotations) and export the workload overlap,
+    duplication and miss attribution.
+
+    With `tuner.enabled`: detect workload drift, warm-start from the digital twin, and tune the
+    cache tiers live through the guardrails (cooldown, hourly cap, statistical rollback) and the
+    Kubernetes actuator (targets from `actuation.targets_file` or $TIERPILOT_K8S_TARGETS). Only
+    the replica holding the Lease acts; a standby scrapes and exports only.
+
+    The config is validated before anything starts; a bad key is one error naming it.
     """
     server = {}
     if host is not None:
@@ -39,18 +55,30 @@ def run(config: Path | None, host: str | None, port: int | None) -> None:
     if port is not None:
         server["port"] = port
     settings = _settings(config)
+    overrides: dict = {}
     if server:
-        settings = _settings(config, server={**settings.server.model_dump(), **server})
+        overrides["server"] = {**settings.server.model_dump(), **server}
+    if dry_run:
+        overrides["dry_run"] = True
+    if overrides:
+        settings = _settings(config, **overrides)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from agent.app import Agent
+    from agent.runtime import build_runtime
 
     try:
-        agent = Agent(settings)
+        runtime = build_runtime(settings)
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"tierpilot agent: /metrics on {settings.server.host}:{settings.server.port}, "
-               f"scraping every {settings.scrape.interval_s:g}s", err=True)
-    agent.run_forever()
+    parts = [f"/metrics on {settings.server.host}:{settings.server.port}",
+             f"scraping every {settings.scrape.interval_s:g}s"]
+    if runtime.kv is not None:
+        parts.append("KV events on")
+    if runtime.tuning is not None:
+        parts.append(f"tuning every {settings.tuner.step_interval_s:g}s"
+                     + (" (DRY-RUN)" if settings.dry_run or runtime.actuator.settings.dry_run else "")
+                     + (", leader election on" if runtime.elector is not None else ""))
+    click.echo("tierpilot agent: " + ", ".join(parts), err=True)
+    runtime.run_forever()
     click.echo("tierpilot agent stopped", err=True)
 
 

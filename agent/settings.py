@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agent.kvevents.settings import KvEventsSettings
 from agent.model import ROLES, Role
 
 ENV_PREFIX = "TIERPILOT_"
@@ -110,6 +111,131 @@ class TierSettings(_Frozen):
     cpu_capacity_gib: float | None = Field(None, gt=0, description="LMCache CPU buffer, for in-process usage")
 
 
+# -- the whole agent: KV events, tuning, actuation (agent/runtime.py) ------------------------
+class KvEventsSection(KvEventsSettings):
+    """`kv_events:` the KV-event subscriber (agent/kvevents). Endpoints come from `endpoints` and,
+    with `discovery`, from `tierpilot.io/kv-events-*` annotations on the discovered vLLM pods."""
+
+    enabled: bool = Field(False, description="subscribe to the vLLM pods' KV-event streams")
+    discovery: bool = Field(True, description="read endpoints from pod annotations (needs targets.kubernetes)")
+    discovery_interval_s: float = Field(30.0, gt=0, description="how often discovered pods are re-read")
+    default_model: str | None = Field(None, description="model of a pod without tierpilot.io/model")
+
+    def manager_settings(self) -> KvEventsSettings:
+        """The subscriber's own settings (without the agent-side keys)."""
+        return KvEventsSettings(**self.model_dump(exclude={"enabled", "discovery", "discovery_interval_s",
+                                                           "default_model"}))
+
+
+class LimitsSection(_Frozen):
+    """`tuner.limits:` what the deployment allows (tuners.space.DeploymentLimits)."""
+
+    pods: int = Field(4, ge=1, description="serving pods (memory cost = cpu_gib x pods)")
+    node_memory_headroom_gib: float = Field(32.0, ge=0, description="host memory free per pod: caps cpu_gib")
+    cpu_budget_gib: float | None = Field(None, ge=0, description="optional fleet-wide cap on cpu_gib x pods")
+    cpu_gib_step: float = Field(1.0, gt=0)
+    l2_pool_gib: float = Field(1024.0, gt=0, description="size of the shared L2 pool (fixed, not a knob)")
+    l2_backend: Literal["curvine", "lmcache", "twin"] = Field("curvine", description="decides L2 policies")
+    l2_threshold_max: int = Field(4096, ge=0, description="largest L2 read threshold tried (tokens)")
+
+
+class RegressionSection(_Frozen):
+    method: Literal["mannwhitney", "bootstrap"] = "mannwhitney"
+    alpha: float = Field(0.05, gt=0, lt=1, description="one-sided significance level")
+    min_rel_effect: float = Field(0.05, ge=0, description="the quantile must also rise by this fraction")
+    min_samples: int = Field(30, ge=1)
+
+
+class GuardrailsSection(_Frozen):
+    cooldown_s: float = Field(900.0, ge=0, description="minimum time between two changes")
+    max_changes_per_hour: int = Field(4, ge=1, description="rolling-hour cap on changes")
+    regression: RegressionSection = RegressionSection()
+
+
+class LiveSection(_Frozen):
+    settle_s: float = Field(120.0, ge=0, description="wait after a rollout before measuring")
+    window_s: float = Field(300.0, gt=0, description="evaluation window")
+    min_requests: int = Field(30, ge=1, description="fewer TTFT observations -> extend the window")
+    max_extensions: int = Field(2, ge=0)
+
+
+DRIFT_SIGNAL_NAMES = ("reuse_ratio", "prompt_tokens_mean", "long_prompt_fraction", "hit_ratio", "arrival_rate")
+DriftSignal = Literal["reuse_ratio", "prompt_tokens_mean", "long_prompt_fraction", "hit_ratio", "arrival_rate"]
+
+
+class DriftSection(_Frozen):
+    enabled: bool = True
+    method: Literal["page_hinkley", "cusum"] = "page_hinkley"
+    warmup: int = Field(20, ge=3, description="points to learn each signal's level and noise")
+    delta: float = Field(0.5, ge=0, description="drift allowance per point, in noise units")
+    threshold: float = Field(16.0, gt=0, description="alarm at this cumulative deviation (noise units)")
+    signals: tuple[DriftSignal, ...] = Field(("reuse_ratio", "prompt_tokens_mean"), min_length=1,
+                                             description="workload signals watched")
+    window_s: float = Field(300.0, gt=0, description="window the signals are computed over")
+    long_prompt_tokens: int = Field(4096, gt=0, description="prompts from this length count as long")
+
+
+class WarmStartSection(_Frozen):
+    """`tuner.warm_start:` tune on the digital twin first; its top candidates go first live."""
+
+    trials: int = Field(30, ge=0, description="twin trials per phase (0 disables the warm start)")
+    top_k: int = Field(3, ge=0, description="twin candidates enqueued in the live study")
+    workload: Literal["synthetic", "trace"] = Field(
+        "synthetic", description="synthetic: fitted to the observed signals; trace: replay `trace`")
+    trace: Path | None = Field(None, description="Mooncake-format trace (workload: trace)")
+    duration_s: float = Field(300.0, gt=0, description="span of the fitted synthetic workload")
+    max_requests: int = Field(2000, ge=10, description="cap on the replayed requests (twin cost)")
+    profile: str | None = Field(None, description="twin hardware profile (default: the twin's)")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _trace_given(self) -> WarmStartSection:
+        if self.workload == "trace" and self.trace is None:
+            raise ValueError("workload 'trace' needs `trace: PATH`")
+        return self
+
+
+class TunerSection(_Frozen):
+    """`tuner:` live tuning with optuna (tuners/), through the guardrails and the actuator."""
+
+    enabled: bool = Field(False, description="run the tuning controller (the leader only)")
+    storage: str = Field("sqlite:///tierpilot.db", description="optuna storage URL (SQLite or PostgreSQL)")
+    study: str = Field("tierpilot", min_length=1, description="study name; phases are <study>.phaseNNN")
+    sampler: Literal["tpe", "random", "grid"] = "tpe"
+    seed: int | None = None
+    objective: Literal["ttft_p95", "ttft_p50"] = "ttft_p95"
+    step_interval_s: float = Field(30.0, gt=0, description="seconds between controller steps")
+    trials_per_phase: int = Field(20, ge=1)
+    min_improvement: float = Field(0.01, ge=0, description="relative gain to replace the last good config")
+    max_apply_retries: int = Field(5, ge=1)
+    tune_cpu_eviction: bool = Field(False, description="also search LMCache's CPU eviction policy")
+    limits: LimitsSection = LimitsSection()
+    guardrails: GuardrailsSection = GuardrailsSection()
+    live: LiveSection = LiveSection()
+    drift: DriftSection = DriftSection()
+    warm_start: WarmStartSection = WarmStartSection()
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_url(cls, v: str) -> str:
+        if "://" not in v:
+            raise ValueError(f"expected an optuna storage URL such as sqlite:///tierpilot.db or "
+                             f"postgresql+psycopg2://user@host/db, got {v!r}")
+        return v
+
+
+class ActuationSection(_Frozen):
+    """`actuation:` the Kubernetes actuator (agent/k8s) and leader election."""
+
+    targets_file: Path | None = Field(
+        None, description="agent.k8s targets YAML; unset: $TIERPILOT_K8S_TARGETS")
+    kubeconfig: Path | None = Field(None, description="unset: in-cluster credentials, else ~/.kube/config")
+    leader_election: bool = Field(True, description="only the Lease holder actuates")
+    lease_name: str | None = Field(None, description="default: the targets file's lease name")
+    lease_namespace: str | None = Field(None, description="default: the targets file's namespace")
+    identity: str | None = Field(None, description="default: $POD_NAME, else the host name")
+
+
 class AgentSettings(BaseSettings):
     """All agent settings. Build with `load_settings`."""
 
@@ -125,6 +251,10 @@ class AgentSettings(BaseSettings):
     tiers: TierSettings = TierSettings()
     mappings: tuple[Path, ...] = Field((), description="extra mapping files (added to the built-in ones)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    kv_events: KvEventsSection = KvEventsSection()
+    tuner: TunerSection = TunerSection()
+    actuation: ActuationSection = ActuationSection()
+    dry_run: bool = Field(False, description="propose and log changes, apply nothing ($TIERPILOT_DRY_RUN)")
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,221 @@
+"""The whole runtime (agent/runtime.py) against the Kubernetes emulator (kmock, every patch checked
+by `kubectl patch --local`) and a real HTTP vLLM endpoint, on a fake clock: the leader measures a
+baseline and applies a trial to the Deployment; dry-run proposes and counts but changes nothing;
+a standby never actuates; a started runtime runs its jobs and stops cleanly."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.discovery import StaticTargets
+from agent.model import Target
+from agent.runtime import build_runtime
+from agent.settings import load_settings
+from tests.support.fake_targets import MetricsServer
+from tests.support.kube import NS, FakeTime, deployment, serve
+from tests.support.runtime_fakes import FakeVllm
+
+pytestmark = pytest.mark.timeout(60)
+ENV_NAMES = {"chunk_tokens": "LMCACHE_CHUNK_SIZE", "cpu_gib": "LMCACHE_MAX_LOCAL_CPU_SIZE",
+             "l2_min_prompt_tokens": "LMCACHE_MIN_RETRIEVE_TOKENS"}
+
+
+@pytest.fixture
+def kube(shared_dir):
+    yield from serve(shared_dir)
+
+
+@pytest.fixture
+def vllm():
+    fake = FakeVllm()
+    with MetricsServer() as srv:
+        srv.route("/metrics", text=fake.text())
+        yield fake, srv
+
+
+def targets_file(tmp_path: Path) -> Path:
+    path = tmp_path / "targets.yaml"
+    path.write_text(yaml.safe_dump({"namespace": NS, "targets": [
+        {"kind": "deployment-env", "name": "vllm-llama", "container": "vllm"}],
+        "fixed_knobs": {"router": "roundrobin"}, "rollout_poll_s": 1, "rollout_timeout_s": 30}))
+    return path
+
+
+def runtime_for(kube, vllm, tmp_path, fake: FakeTime, *, identity: str = "agent-a", **overrides):
+    _fake, srv = vllm
+    settings = load_settings(env={}, **{
+        "server": {"host": "127.0.0.1", "port": 0},
+        "scrape": {"interval_s": 60, "timeout_s": 5},
+        "tuner": {"enabled": True, "storage": f"sqlite:///{tmp_path}/{identity}.db", "sampler": "random",
+                  "seed": 7, "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
+                  "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
+                  "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
+                  "warm_start": {"trials": 0}, "drift": {"enabled": False}},
+        "actuation": {"targets_file": str(targets_file(tmp_path)), "identity": identity},
+        **overrides})
+    return build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
+                         sleep=fake.sleep, now=fake.now, env={},
+                         targets=StaticTargets([Target(srv.url("/metrics"), "vllm", "vllm-0")]))
+
+
+def traffic(rt, vllm, fake: FakeTime, seconds: float, *, step_s: float = 2.5, electors=None, **serve) -> None:
+    """Serve 10 requests per step and scrape after each, advancing the fake clock; the electors
+    renew or contend every step, as their threads do every retry period (2 s)."""
+    pod, srv = vllm
+    end = fake.t + seconds
+    while fake.t < end:
+        fake.t += step_s
+        for elector in (electors if electors is not None else (rt.elector,)):
+            elector.try_acquire_or_renew()
+        pod.serve(10, **serve)
+        srv.route("/metrics", text=pod.text())
+        rt.agent.scrape_now()
+
+
+def samples(rt) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(rt.agent.metrics_text()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(rt, name: str, **labels) -> float | None:
+    return samples(rt).get((name, tuple(sorted(labels.items()))))
+
+
+def vllm_env(kube) -> dict[str, str]:
+    dep = kube.get("Deployment", NS, "vllm-llama")
+    return {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+
+
+def run_to_trial(rt, vllm, fake):
+    """Scrape, baseline over one window, then the first trial. Returns the step states."""
+    traffic(rt, vllm, fake, 2.5)
+    states = [rt.tuning.step().state]
+    traffic(rt, vllm, fake, 12.5)
+    states.append(rt.tuning.step().state)
+    states.append(rt.tuning.step().state)
+    return states
+
+
+def test_leader_measures_a_baseline_then_applies_a_trial_to_the_deployment(kube, vllm, tmp_path):
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    fake = FakeTime()
+    rt = runtime_for(kube, vllm, tmp_path, fake)
+    assert {d.name for d in rt.tuning.make_controller().space.dimensions} == set(ENV_NAMES)  # what the target owns
+    assert rt.elector.try_acquire_or_renew() is True
+
+    assert run_to_trial(rt, vllm, fake) == ["baseline", "baseline_done", "trial_started"]
+
+    trial = rt.tuning.controller.candidate.knobs
+    env = vllm_env(kube)
+    for knob, var in ENV_NAMES.items():
+        want = getattr(trial, knob)
+        default = {"chunk_tokens": 256, "cpu_gib": 5.0, "l2_min_prompt_tokens": 0}[knob]
+        if want != default or var in env:
+            assert float(env[var]) == float(want), (knob, env)
+    assert rt.actuator.current() == trial
+    # the baseline was marked good: on the object, and in the study storage
+    dep = kube.get("Deployment", NS, "vllm-llama")
+    record = json.loads(dep["metadata"]["annotations"]["tierpilot.io/last-good"])
+    assert record["knobs"]["chunk_tokens"] == 256
+    assert rt.last_good_store.load_last_good() == rt.tuning.controller.baseline.knobs
+    (stored,) = rt.last_good_store.records().values()
+    assert json.loads(stored) == record
+
+    assert value(rt, "tierpilot_actuations_total", target=NS, result="applied") == 1.0
+    info = [labels for (name, labels), v in samples(rt).items() if name == "tierpilot_config_info" and v == 1.0]
+    assert len(info) == 1 and dict(info[0])["chunk_tokens"] == str(trial.chunk_tokens)
+    assert value(rt, "tierpilot_leader", identity="agent-a") == 1.0
+    assert value(rt, "tierpilot_tuner_trial_in_flight", target=NS) == 1.0
+
+
+def test_dry_run_proposes_logs_and_counts_but_changes_nothing(kube, vllm, tmp_path, caplog):
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    before = kube.get("Deployment", NS, "vllm-llama")
+    fake = FakeTime()
+    rt = runtime_for(kube, vllm, tmp_path, fake, dry_run=True)
+    assert rt.actuator.settings.dry_run is True
+    rt.elector.try_acquire_or_renew()
+    with caplog.at_level(logging.INFO, logger="tierpilot.tuner"):
+        states = run_to_trial(rt, vllm, fake)
+    assert states == ["baseline", "baseline_done", "dry_run"]
+
+    after = kube.get("Deployment", NS, "vllm-llama")
+    assert after["spec"] == before["spec"] and "annotations" not in after["metadata"]
+    patches = kube.requests("PATCH", "deployments")
+    assert patches and all(p["params"].get("dryRun") == "All" for p in patches)  # validated by the server only
+    events = [json.loads(r.getMessage()) for r in caplog.records if r.name == "tierpilot.tuner"]
+    proposal = next(e for e in events if e["event"] == "proposal")
+    assert proposal["dry_run"] is True
+    assert any(e["event"] == "dry_run" for e in events)
+    assert value(rt, "tierpilot_actuations_total", target=NS, result="dry_run") == 1.0
+    assert value(rt, "tierpilot_actuations_total", target=NS, result="applied") == 0.0
+    assert value(rt, "tierpilot_tuner_trials_total", target=NS, state="dry_run") == 1.0
+    assert value(rt, "tierpilot_tuner_dry_run", target=NS) == 1.0
+
+
+def test_a_standby_scrapes_and_exports_but_never_actuates(kube, vllm, tmp_path):
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    fake = FakeTime()
+    leader = runtime_for(kube, vllm, tmp_path, fake, identity="agent-a")
+    standby = runtime_for(kube, vllm, tmp_path, fake, identity="agent-b")
+    assert leader.elector.try_acquire_or_renew() is True
+    assert standby.elector.try_acquire_or_renew() is False
+    writes_before = len(kube.requests("PATCH"))
+
+    for _ in range(3):
+        traffic(standby, vllm, fake, 5, electors=(leader.elector, standby.elector))
+        assert standby.tuning.step() is None
+    assert standby.tuning.state == "standby" and standby.tuning.controller is None and standby.tuning.terms == 0
+    assert len(kube.requests("PATCH")) == writes_before
+    url = vllm[1].url("/metrics")
+    assert value(standby, "tierpilot_target_up", target=url, role="vllm", pod="vllm-0") == 1.0  # it exports
+    gpu = [v for (name, labels), v in samples(standby).items()
+           if name == "tierpilot_kv_hit_ratio" and ("tier", "gpu") in labels]
+    assert gpu == [0.5]
+    assert value(standby, "tierpilot_leader", identity="agent-b") == 0.0
+    assert value(standby, "tierpilot_actuations_total", target=NS, result="applied") == 0.0
+    assert "tierpilot.io/last-good" not in (kube.get("Deployment", NS, "vllm-llama")["metadata"].get("annotations")
+                                            or {})
+
+
+def test_a_started_runtime_runs_every_job_and_stops_cleanly(kube, vllm, tmp_path):
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    pod, srv = vllm
+    pod.serve(10)
+    srv.route("/metrics", text=pod.text())
+    settings = load_settings(
+        env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 0.2},
+        targets={"static": [{"url": srv.url("/metrics"), "role": "vllm", "pod": "vllm-0"}]},
+        kv_events={"enabled": True, "discovery": False, "endpoints": [
+            {"pod": "vllm-0", "model": pod.model, "endpoint": "tcp://127.0.0.1:1"}]},
+        tuner={"enabled": True, "storage": f"sqlite:///{tmp_path}/s.db", "step_interval_s": 0.2,
+               "warm_start": {"trials": 0}, "live": {"settle_s": 0, "window_s": 1, "min_requests": 1}},
+        actuation={"targets_file": str(targets_file(tmp_path)), "identity": "agent-a"})
+    rt = build_runtime(settings, api_client=kube.api_client(), env={})
+    rt.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            runs = {j: value(rt, "tierpilot_job_runs_total", job=j, outcome="ok") or 0
+                    for j in ("scrape", "kv_counters", "tune_step")}
+            if min(runs.values()) >= 2 and rt.tuning.terms == 1:
+                break
+            time.sleep(0.1)
+        assert min(runs.values()) >= 2, runs
+        assert rt.elector.is_leader() and rt.tuning.terms == 1
+        assert rt.kv_feed() == 1  # the scraped vLLM counters of the one pod reach the KV manager
+    finally:
+        rt.stop()
+    assert not rt.agent._thread and rt._elector_thread is None
+    lease = kube.get("Lease", NS, "tierpilot-leader")
+    assert lease["spec"]["holderIdentity"] == ""  # released on stop: a standby takes over at once
+    rt.stop()  # idempotent

@@ -154,6 +154,7 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     (or the subsystem's own error, naming the file and key) before anything starts."""
     env = os.environ if env is None else env
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
     needs_kube = settings.tuner.enabled or (settings.kv_events.enabled and settings.kv_events.discovery
                                             and settings.targets.kubernetes.enabled)
     if api_client is None and needs_kube:
@@ -172,7 +173,7 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     if settings.kv_events.enabled:
         _add_kv_events(rt, settings, pod_api, clock, kv_context)
     if settings.tuner.enabled:
-        _add_tuning(rt, settings, api_client, env, clock=clock, monotonic=monotonic, sleep=sleep, now=now)
+        _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now)
     return rt
 
 
@@ -225,7 +226,9 @@ def observed_workload(store: Any, kv: KvEventManager | None, window_s: float) ->
                             None if overlap is None else min(max(overlap, 0.0), 1.0))
 
 
-def _actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
+def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
+    """The actuator settings the runtime uses: the targets file, with the agent config's lease,
+    identity and global dry-run applied. Errors name the key or the file."""
     from agent.k8s import ActuationConfigError
     from agent.k8s import load_settings as load_actuation
 
@@ -237,7 +240,8 @@ def _actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
     try:
         act = load_actuation(path)
     except ActuationConfigError as exc:
-        raise RuntimeConfigError(f"actuation.targets_file: {exc}") from None
+        msg = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+        raise RuntimeConfigError(f"actuation.targets_file: {msg}") from None
     lease = act.lease.model_copy(update={"enabled": act_cfg.leader_election,
                                          **({"name": act_cfg.lease_name} if act_cfg.lease_name else {})})
     update: dict[str, Any] = {"lease": lease, "dry_run": act.dry_run or settings.dry_run}
@@ -246,7 +250,7 @@ def _actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
     return act.model_copy(update=update)
 
 
-def _add_tuning(rt: Runtime, settings: AgentSettings, api_client: Any, env: Mapping[str, str], *,
+def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any, *,
                 clock: Callable[[], float], monotonic: Callable[[], float], sleep: Callable[[float], None],
                 now: Callable[[], datetime.datetime]) -> None:
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
@@ -261,7 +265,6 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, api_client: Any, env: Mapp
     from tuners.stats import RegressionSettings
 
     t = settings.tuner
-    act = _actuation_settings(settings, env)
     try:
         storage = open_storage(t.storage)
     except ValueError as exc:
@@ -364,4 +367,4 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
                          trials=ws.trials, sampler=settings.tuner.sampler, seed=ws.seed)
 
 
-__all__ = ["Runtime", "RuntimeConfigError", "build_runtime", "observed_workload"]
+__all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload"]

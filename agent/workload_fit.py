@@ -11,7 +11,7 @@ system prompts) plus a unique user part:
   bucket counts as 1.5 x its lower bound), reproduced as prefix + user part;
 - overlap: the shared prefix is `overlap x mean length`, plus half a block, because the block
   that mixes prefix and user text is never shared (512-token blocks, as in the twin); prefix
-  lengths spread over at least one block, so that half-block correction holds on average;
+  lengths spread over whole blocks (at least one), so that correction holds on average;
 - the pool of prefixes is small against the request count, so first sightings (cold blocks)
   do not dilute the overlap.
 
@@ -67,6 +67,13 @@ def _range(center: float, half: float) -> tuple[int, int]:
     return lo, max(lo, round(center + half))
 
 
+def _block_multiple(half: float) -> float:
+    """A half-width whose range spans whole blocks: then the blocks shared by a uniform prefix
+    length average out to `length - half a block` (the correction `fit_phase` applies)."""
+    step = BLOCK_TOKENS / 2
+    return step * max(1, round(half / step))
+
+
 def fit_phase(observed: ObservedWorkload, *, duration_s: float, max_requests: int | None = None,
               name: str = "fitted") -> Phase:
     """One synthetic phase matching the observed rate, length mix and overlap."""
@@ -80,11 +87,11 @@ def fit_phase(observed: ObservedWorkload, *, duration_s: float, max_requests: in
     shared = min(mean, overlap * mean + BLOCK_TOKENS / 2) if overlap > 0 else 0.0
     share = shared / mean if mean > 0 else 0.0
     expected = rate * duration_s
-    pool = max(1, min(16, int(expected // 50)))
+    pool = max(1, min(64, int(expected // 25)))
     return Phase(
         duration_s=duration_s, rate_rps=rate,
         system_prompts=pool,
-        system_prompt_tokens=_range(shared, max(spread * share, BLOCK_TOKENS / 2)) if shared > 0 else (0, 0),
+        system_prompt_tokens=_range(shared, _block_multiple(spread * share)) if shared > 0 else (0, 0),
         system_share=1.0 if shared > 0 else 0.0,
         user_tokens=_range(mean - shared, spread * (1.0 - share)),
         output_tokens=(100, 400), turns=(1, 1), name=name)

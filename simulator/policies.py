@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, _count_elements, deque  # type: ignore[attr-defined]
 from collections.abc import Iterable, Sequence
-from itertools import filterfalse, islice, takewhile
+from itertools import islice, takewhile
 
 _consume = deque(maxlen=0).extend
 
@@ -177,28 +177,27 @@ class LRU(Policy):
         return over
 
     def _drop(self, over: int) -> None:
-        """`_evict` without the victim list (order does not matter), stale entries handled in bulk."""
+        """`_evict` without the victim list: a stretch of the log without stale keys goes in bulk."""
         log, lo, stale, s = self._log, self._lo, self._stale, self._resident
-        while over:
-            w = log[lo:lo + over]
+        w = log[lo:lo + over]
+        if stale and not stale.keys().isdisjoint(w):
+            live: list[int] = []
+            append, get = live.append, stale.get
+            while over:
+                k = log[lo]
+                lo += 1
+                n = get(k)
+                if n is None:
+                    append(k)
+                    over -= 1
+                elif n > 1:
+                    stale[k] = n - 1
+                else:
+                    del stale[k]
+            s.difference_update(live)
+        else:
+            s.difference_update(w)
             lo += over
-            if stale and not stale.keys().isdisjoint(w):
-                seen: dict[int, int] = {}  # entries in the window of keys with stale entries
-                _count_elements(seen, filter(stale.__contains__, w))
-                live = list(filterfalse(seen.__contains__, w))
-                for k, c in seen.items():  # a key's first stale-count entries are stale, a further one is live
-                    n = stale[k]
-                    if c < n:
-                        stale[k] = n - c
-                    else:
-                        del stale[k]
-                        if c > n:
-                            live.append(k)
-                s.difference_update(live)
-                over -= len(live)
-            else:
-                s.difference_update(w)
-                over = 0
         if lo > 4096 and lo > len(log) >> 1:
             del log[:lo]
             lo = 0

@@ -174,12 +174,9 @@ def workload_chunks(
     flat, offsets = chunk_hash_array(
         None, workload["input_length"].to_numpy(), chunk_tokens, flat_ids=flat_ids, block_offsets=block_offsets
     )
+    first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
     if dense:
-        _, first_pos, flat = np.unique(flat, return_index=True, return_inverse=True)  # stable: first occurrences
-        first = np.zeros(len(flat), dtype=np.bool_)
-        first[first_pos] = True
-    else:
-        first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
+        flat = np.unique(flat, return_inverse=True)[1]
     cum = np.zeros(len(first) + 1, dtype=np.int64)
     np.cumsum(first, out=cum[1:])
     cold = cum[offsets[1:]] - cum[offsets[:-1]]

@@ -219,3 +219,49 @@ def test_a_started_runtime_runs_every_job_and_stops_cleanly(kube, vllm, tmp_path
     lease = kube.get("Lease", NS, "tierpilot-leader")
     assert lease["spec"]["holderIdentity"] == ""  # released on stop: a standby takes over at once
     rt.stop()  # idempotent
+
+
+def test_kv_endpoints_come_from_pod_annotations_and_the_config(kube, vllm, tmp_path):
+    def annotated(name, ip, ann):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS,
+                "labels": {"app": "vllm-llama"}, "annotations": ann},
+                "spec": {"containers": [{"name": "vllm", "image": "i"}]}, "status": {"phase": "Running", "podIP": ip}}
+
+    kube.put(annotated("vllm-0", "10.0.0.1", {"tierpilot.io/kv-events-port": "5557", "tierpilot.io/model": "m"}))
+    kube.put(annotated("vllm-1", "10.0.0.2", {"tierpilot.io/kv-events-port": "5557"}))  # no model: skipped
+    kube.put(annotated("vllm-2", "10.0.0.3", {}))  # publishes no events
+    settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0},
+                             targets={"kubernetes": {"enabled": True, "namespace": NS,
+                                                     "roles": {"vllm": {"selector": "app=vllm-llama"}}}},
+                             kv_events={"enabled": True, "endpoints": [
+                                 {"pod": "static-0", "model": "m", "endpoint": "tcp://10.0.1.1:5557"}]})
+    rt = build_runtime(settings, api_client=kube.api_client(), env={})
+    try:
+        assert rt.kv_refresh() == 2
+        assert sorted((s.pod, s.endpoint) for s in rt.kv._wanted) == [
+            ("static-0", "tcp://10.0.1.1:5557"), ("vllm-0", "tcp://10.0.0.1:5557")]
+        rt.agent.target_source.sources[-1].refresh()  # the scrape targets come from the same client
+        assert sorted(t.pod for t in rt.agent.target_source.targets()) == ["vllm-0", "vllm-1", "vllm-2"]
+    finally:
+        rt.kv.stop()
+
+
+def test_each_leader_term_warm_starts_from_the_twin_on_the_fitted_workload(kube, vllm, tmp_path, caplog):
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    fake = FakeTime()
+    rt = runtime_for(kube, vllm, tmp_path, fake, tuner={
+        "enabled": True, "storage": f"sqlite:///{tmp_path}/w.db", "seed": 1, "limits": {"pods": 2},
+        "warm_start": {"trials": 2, "top_k": 2, "max_requests": 20, "duration_s": 30},
+        "drift": {"enabled": False}, "live": {"settle_s": 0, "window_s": 10, "min_requests": 5}})
+    rt.elector.try_acquire_or_renew()
+    traffic(rt, vllm, fake, 10, prompt=3000)
+    with caplog.at_level(logging.INFO):
+        assert rt.tuning.step().state == "baseline"
+    fitted = next(r.getMessage() for r in caplog.records if "twin workload fitted" in r.getMessage())
+    assert "arrival_rate_rps=4.0" in fitted  # 10 requests every 2.5 s
+    warm = next(json.loads(r.getMessage()) for r in caplog.records
+                if r.name == "tierpilot.tuner" and '"warm_start"' in r.getMessage())
+    assert warm["trials"] == 2 and 1 <= len(warm["candidates"]) <= 2
+    study = rt.tuning.controller.tuner.study
+    assert [t.user_attrs.get("source") for t in study.trials if t.state.name == "WAITING"] == ["twin"] * len(
+        warm["candidates"])

@@ -10,7 +10,7 @@ stream only covers what the engine reports).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Union
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,5 +37,5 @@ class AllBlocksCleared:
     pod: str  # the pod restarted or reset its prefix cache; everything it held is gone
 
 
-TwinEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+TwinEvent = BlockStored | BlockRemoved | AllBlocksCleared
 EventSink = Callable[[TwinEvent], None]

@@ -8,8 +8,9 @@ exported `tierpilot_config_info` metric. Defaults are LMCache's own defaults (ch
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -72,16 +73,16 @@ class Knobs:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes: Any) -> "Knobs":
+    def replace(self, **changes: Any) -> Knobs:
         return dataclasses.replace(self, **changes)
 
-    def diff(self, other: "Knobs") -> dict[str, tuple[Any, Any]]:
+    def diff(self, other: Knobs) -> dict[str, tuple[Any, Any]]:
         """Keys whose values differ, as {key: (self value, other value)}."""
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> "Knobs":
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> Knobs:
         """Build from a mapping; unknown keys are an error that lists the valid keys."""
         if not isinstance(data, Mapping):
             raise KnobError(f"{source}: expected a mapping of knob names to values, got {type(data).__name__}")
@@ -101,7 +102,7 @@ class Knobs:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
-    def from_yaml_file(cls, path: str | Path) -> "Knobs":
+    def from_yaml_file(cls, path: str | Path) -> Knobs:
         p = Path(path)
         try:
             text = p.read_text()

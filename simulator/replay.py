@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from simulator import fastloop
 from simulator.chunking import chunk_hash_array
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import MissTotals
@@ -205,15 +206,19 @@ def replay(
     sessions = frame["session_id"].to_list()
     total = len(times)
     step = max(total // 200, 1)
-    process = twin._process
-    rows: list[tuple] = []
-    append = rows.append
+    fast = fastloop.supports(twin)
     t0 = time.perf_counter()
-    for i in range(total):
-        append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i], cold[i],
-                       fresh[i]))
-        if progress is not None and i % step == 0:
-            progress(i, total)
+    if fast:  # the common policies written out in one loop (identical results)
+        rows = fastloop.run(twin, times, prompts, outputs, flat, offsets, cold, fresh, sessions, progress)
+    else:
+        process = twin._process
+        rows = []
+        append = rows.append
+        for i in range(total):
+            append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i], cold[i],
+                           fresh[i]))
+            if progress is not None and i % step == 0:
+                progress(i, total)
     elapsed = time.perf_counter() - t0
     if progress is not None:
         progress(total, total)
@@ -226,6 +231,8 @@ def replay(
         phase=frame["phase"],
         session_id=frame["session_id"],
     )
+    if fast:
+        fastloop.add_truth(twin, out)
     return ReplayResult(
         requests=out,
         knobs=knobs,

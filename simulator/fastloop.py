@@ -127,13 +127,23 @@ def run(
         if prefix:
             if known:
                 cap = min(loads) * ratio + slack
-                back = chunks[known - 1::-1]
+                head, last_known = chunks[0], chunks[known - 1]
+                back = None
                 idx, best_len, best_load = -1, -1, 0
                 for q in range(npods):
                     load = loads[q]
                     if load > cap:
                         continue
-                    m = known - bisect_left(back, True, 0, known, key=mem_in[q])
+                    # memories are prefix-closed: check both ends before a binary search
+                    has = mem_in[q]
+                    if not has(head):
+                        m = 0
+                    elif has(last_known):
+                        m = known
+                    else:
+                        if back is None:
+                            back = chunks[known - 1::-1]
+                        m = known - bisect_left(back, True, 0, known, key=has)
                     if m > best_len or (m == best_len and load < best_load):
                         idx, best_len, best_load = q, m, load
             else:  # nothing remembered anywhere: the first least-loaded pod (always under the cap)

@@ -175,9 +175,10 @@ def workload_chunks(
     flat, offsets = chunk_hash_array(
         None, workload["input_length"].to_numpy(), chunk_tokens, flat_ids=flat_ids, block_offsets=block_offsets
     )
-    first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
     if dense:
-        flat = _first_seen_ids(flat, first)
+        flat, first = _first_seen_ids(flat)
+    else:
+        first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
     cum = np.zeros(len(first) + 1, dtype=np.int64)
     np.cumsum(first, out=cum[1:])
     cold = cum[offsets[1:]] - cum[offsets[:-1]]
@@ -186,15 +187,25 @@ def workload_chunks(
     return flat.tolist(), offsets.tolist(), cold.tolist(), fresh.tolist()
 
 
-def _first_seen_ids(flat: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Each hash replaced by the rank of its first appearance (0, 1, 2, ... in workload order).
+def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
+    """The result rows as a frame (built column by column: a third of the time of orient="row")."""
+    if not rows:
+        return pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
+    return pl.DataFrame([pl.Series(name, col, dtype=dtype)
+                         for (name, dtype), col in zip(RESULT_SCHEMA.items(), zip(*rows), strict=True)])
+
+
+def _first_seen_ids(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Each hash replaced by the rank of its first appearance: 0, 1, 2, ... in workload order;
+    whether each position is the first appearance of its hash).
 
     Chunks of one prompt get neighbouring ids, so they sit in neighbouring slots of the tiers'
     sets (small ints hash to themselves): about a sixth less time in the replay loop than ids in
     hash order.
     """
+    first = np.zeros(len(flat), dtype=bool)
     if not len(flat):
-        return flat.astype(np.int64)
+        return flat.astype(np.int64), first
     order = np.argsort(flat)
     s = flat[order]
     new_value = np.empty(len(s), dtype=bool)
@@ -203,10 +214,11 @@ def _first_seen_ids(flat: np.ndarray, first: np.ndarray) -> np.ndarray:
     group = np.cumsum(new_value) - 1  # value rank, in sorted order
     first_pos = np.full(int(group[-1]) + 1, len(flat), dtype=np.int64)
     np.minimum.at(first_pos, group, order)  # where each value first appears
-    rank = np.cumsum(first) - 1  # at a first appearance: how many distinct values came before, + 0
+    first[first_pos] = True
+    rank = np.cumsum(first) - 1  # at a first appearance: how many distinct values came before
     out = np.empty(len(flat), dtype=np.int64)
     out[order] = rank[first_pos][group]
-    return out
+    return out, first
 
 
 def replay(
@@ -245,7 +257,7 @@ def replay(
     elapsed = time.perf_counter() - t0
     if progress is not None:
         progress(total, total)
-    out = pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
+    out = _rows_frame(rows)
     names = list(twin.pod_names)
     out = out.with_columns(
         pod=pl.col("pod_index").replace_strict(list(range(len(names))), names, return_dtype=pl.String),

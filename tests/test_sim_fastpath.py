@@ -98,6 +98,38 @@ def test_lru_and_fifo_match_an_ordereddict(cls, capacity, script):
         assert len(p) == len(ref.d) and all(k in p for k in ref.d)
 
 
+big_steps = st.lists(  # larger tiers, few hits: LRU drops windows holding a few stale keys in bulk
+    st.tuples(
+        st.sampled_from(["fresh", "fresh", "fresh", "touch", "insert"]),
+        st.lists(st.integers(0, 60), max_size=5),
+        st.integers(1, 30),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(8, 48), script=big_steps)
+def test_lru_bulk_drop_with_stale_entries_matches_an_ordereddict(capacity, script):
+    p, ref = LRU(capacity), ReferenceLRU(capacity, fifo=False)
+    p.insert_many(list(range(capacity)))  # full from the start: every later store evicts
+    ref.insert(list(range(capacity)))
+    next_fresh = 1000
+    for op, keys, n in script:
+        if op == "fresh":
+            new = list(range(next_fresh, next_fresh + n))
+            next_fresh += n
+            assert p.insert_count(new, n) == len(ref.insert(new))
+        elif op == "touch":
+            hits = [k for k in ref.d if k in set(keys) or k % 7 == n % 7][:3]
+            p.touch_many(hits)
+            ref.touch(hits)
+        else:
+            assert p.insert_many(keys) == ref.insert(keys)
+        assert p.keys_in_order() == list(ref.d)
+        assert len(p) == len(ref.d) and all(k in p for k in ref.d)
+
+
 def _incremental(df, cluster, knobs):
     twin = Twin(cluster, knobs)
     rows = [twin.submit(r) for r in iter_requests(df)]

@@ -93,13 +93,20 @@ class PrefixAwareRouter(Router):
         # chunk hash implies its whole prefix, and whole prompts are recorded), so membership is
         # monotone along the prompt: binary-search the reversed prompt, where it is ascending.
         n = len(chunks) if remembered is None else remembered
-        back = chunks[n - 1::-1] if n else chunks
+        back = None
         best, best_len, best_load = -1, -1, 0
         for pod, seen in enumerate(self._seen):
             load = loads[pod]
             if load > cap:
                 continue
-            m = n - bisect_left(back, True, 0, n, key=seen.__contains__) if n else 0
+            if not n or chunks[0] not in seen:
+                m = 0
+            elif chunks[n - 1] in seen:  # both ends checked first: most pods have all or nothing
+                m = n
+            else:
+                if back is None:
+                    back = chunks[n - 1::-1]
+                m = n - bisect_left(back, True, 0, n, key=seen.__contains__)
             if m > best_len or (m == best_len and load < best_load):
                 best, best_len, best_load = pod, m, load
         self._last = (best, best_len)

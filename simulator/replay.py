@@ -166,7 +166,8 @@ def workload_chunks(
     the prompt (always so with chained hashes), else 0: the engine may then treat them as resident
     nowhere and remembered by no router. `dense`: replace each hash by a small integer (0 .. number
     of distinct hashes - 1, in order of first appearance; equal hashes get equal ids): the twin
-    only compares hashes, and small ints hash and compare faster. Not for runs whose events or resident sets must show real hashes.
+    only compares hashes, and small ints hash and compare faster. Not for runs whose events or
+    resident sets must show real hashes.
     """
     counts = workload["hash_ids"].list.len().to_numpy()
     block_offsets = np.zeros(len(counts) + 1, dtype=np.int64)

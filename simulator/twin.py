@@ -17,12 +17,13 @@ from typing import Any
 from simulator.chunking import BLOCK_TOKENS, chunk_hashes
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import L2Totals, MissTotals, PodTotals, l2_metrics, pod_metrics
-from simulator.events import AllBlocksCleared, BlockRemoved, BlockStored, EventSink
+from simulator.events import AllBlocksCleared, BlockRemoved, EventSink
 from simulator.knobs import Knobs
 from simulator.policies import LRU, Policy, make_policy
 from simulator.profile import HardwareProfile, get_profile
 from simulator.records import Request, WorkloadError
 from simulator.router import Router, make_router
+from simulator.twin_events import store_traced
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -354,7 +355,7 @@ class Twin:
         t = pod.totals
         l2_pool = self._l2
         if self._sink is not None:
-            l2_evicted = self._store_traced(pod, chunks, g, cpu_keys, l2_keys, computed)
+            l2_evicted = store_traced(self, pod, chunks, g, cpu_keys, l2_keys, computed)
         else:
             # chunks[known:] are in no tier: the tiers store them in bulk
             if gpu is not None:
@@ -449,73 +450,6 @@ class Twin:
                 t.zero_hit_lookups += 1
         return (idx, now, prompt, g * c, n_cpu * c, n_l2 * c, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
                 cold * c, capacity * c, routing * c, tail)
-
-    def _store_traced(self, pod: _Pod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
-                      computed: list[int]) -> int:
-        """The tier updates with an event sink: announce each tier's net change; returns L2 evictions."""
-        t, n = pod.totals, len(chunks)
-        gpu, cpu = pod.gpu, pod.cpu
-        if gpu is not None:
-            if g:
-                gpu.touch_many(chunks[:g])
-            if g < n:
-                fresh = {h for h in chunks[g:] if h not in gpu}
-                evicted = gpu.insert_many(chunks[g:] if g else chunks)
-                if evicted:
-                    t.gpu_evicted_chunks += len(evicted)
-                self._emit_changes(pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU")
-        if cpu is not None:
-            if cpu_keys:
-                cpu.touch_many(cpu_keys)
-            to_cpu = l2_keys + computed if l2_keys else computed
-            if to_cpu:
-                fresh = {h for h in to_cpu if h not in cpu}
-                evicted = cpu.insert_many(to_cpu)
-                t.cpu_stored_chunks += len(to_cpu)
-                t.store_requests += 1
-                if evicted:
-                    t.cpu_evicted_chunks += len(evicted)
-                    t.cpu_evict_events += 1
-                batch = set(to_cpu)
-                self._emit_changes(pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
-                                   evicted, cpu, "CPU")
-        l2_pool = self._l2
-        l2_evicted = 0
-        if l2_pool is not None:
-            if l2_keys:
-                l2_pool.touch_many(l2_keys)
-            if computed:
-                l2_evicted = len(l2_pool.insert_many(computed))
-                if len(l2_pool) > self._l2_high:
-                    l2_evicted += len(l2_pool.shrink_to(self._l2_low))
-        return l2_evicted
-
-    def _emit_changes(self, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
-                      tier: Policy, medium: str) -> None:
-        """Announce one request's net change to a tier: removals first, then stores.
-
-        Removed: victims that were resident before the request (one hash per event). Stored: one
-        BlockStored per contiguous run of the request's chunks that are resident now and were
-        not before (or were evicted and stored again by this request). A chunk stored and evicted
-        by the same request is not announced at all.
-        """
-        sink, now, c = self._sink, self._now, self._chunk
-        assert sink is not None
-        gone: set[int] = set()
-        for h in evicted:
-            if h not in fresh and h not in gone:  # a victim can be re-stored and evicted again in one batch
-                sink(BlockRemoved(now, pod, (h,), medium))
-            gone.add(h)
-        new_pos = [i for i in batch_pos if chunks[i] in tier and (chunks[i] in fresh or chunks[i] in gone)]
-        i = 0
-        while i < len(new_pos):
-            j = i
-            while j + 1 < len(new_pos) and new_pos[j + 1] == new_pos[j] + 1:
-                j += 1
-            first = new_pos[i]
-            parent = chunks[first - 1] if first else None
-            sink(BlockStored(now, pod, tuple(chunks[first:new_pos[j] + 1]), parent, c, medium))
-            i = j + 1
 
     # -- observability -------------------------------------------------------------------------
     def pod_counters(self, pod: int | str) -> dict[str, float]:

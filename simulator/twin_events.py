@@ -1,0 +1,79 @@
+"""The twin's tier updates with an event sink attached: the same stores as `Twin._process`,
+announcing each tier's net change per request as BlockStored / BlockRemoved events."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simulator.events import BlockRemoved, BlockStored
+from simulator.policies import Policy
+
+if TYPE_CHECKING:
+    from simulator.twin import Twin, _Pod
+
+
+def store_traced(twin: Twin, pod: _Pod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
+                 computed: list[int]) -> int:
+    """The tier updates with an event sink: announce each tier's net change; returns L2 evictions."""
+    t, n = pod.totals, len(chunks)
+    gpu, cpu = pod.gpu, pod.cpu
+    if gpu is not None:
+        if g:
+            gpu.touch_many(chunks[:g])
+        if g < n:
+            fresh = {h for h in chunks[g:] if h not in gpu}
+            evicted = gpu.insert_many(chunks[g:] if g else chunks)
+            if evicted:
+                t.gpu_evicted_chunks += len(evicted)
+            emit_changes(twin, pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU")
+    if cpu is not None:
+        if cpu_keys:
+            cpu.touch_many(cpu_keys)
+        to_cpu = l2_keys + computed if l2_keys else computed
+        if to_cpu:
+            fresh = {h for h in to_cpu if h not in cpu}
+            evicted = cpu.insert_many(to_cpu)
+            t.cpu_stored_chunks += len(to_cpu)
+            t.store_requests += 1
+            if evicted:
+                t.cpu_evicted_chunks += len(evicted)
+                t.cpu_evict_events += 1
+            batch = set(to_cpu)
+            emit_changes(twin, pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
+                               evicted, cpu, "CPU")
+    l2_pool = twin._l2
+    l2_evicted = 0
+    if l2_pool is not None:
+        if l2_keys:
+            l2_pool.touch_many(l2_keys)
+        if computed:
+            l2_evicted = len(l2_pool.insert_many(computed))
+            if len(l2_pool) > twin._l2_high:
+                l2_evicted += len(l2_pool.shrink_to(twin._l2_low))
+    return l2_evicted
+
+def emit_changes(twin: Twin, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
+                  tier: Policy, medium: str) -> None:
+    """Announce one request's net change to a tier: removals first, then stores.
+
+    Removed: victims that were resident before the request (one hash per event). Stored: one
+    BlockStored per contiguous run of the request's chunks that are resident now and were
+    not before (or were evicted and stored again by this request). A chunk stored and evicted
+    by the same request is not announced at all.
+    """
+    sink, now, c = twin._sink, twin._now, twin._chunk
+    assert sink is not None
+    gone: set[int] = set()
+    for h in evicted:
+        if h not in fresh and h not in gone:  # a victim can be re-stored and evicted again in one batch
+            sink(BlockRemoved(now, pod, (h,), medium))
+        gone.add(h)
+    new_pos = [i for i in batch_pos if chunks[i] in tier and (chunks[i] in fresh or chunks[i] in gone)]
+    i = 0
+    while i < len(new_pos):
+        j = i
+        while j + 1 < len(new_pos) and new_pos[j + 1] == new_pos[j] + 1:
+            j += 1
+        first = new_pos[i]
+        parent = chunks[first - 1] if first else None
+        sink(BlockStored(now, pod, tuple(chunks[first:new_pos[j] + 1]), parent, c, medium))
+        i = j + 1

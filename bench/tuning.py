@@ -26,14 +26,14 @@ the shared cache (no configuration is replayed twice). Reported per workload:
   delay on the `shift` preset and on Gaussian level shifts of 2/3/4 sigma.
 
 Target (issue 4): TPE mean regret <= 2% at 40 trials, and below random.
-Run: .venv/bin/python bench/tuning.py        (about 8-10 min cold on 2 cores, ~1 min with the cache)
+Run: .venv/bin/python bench/tuning.py   (about 7 min cold on a shared 2-core machine; under a minute
+with the cache)
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import hashlib
-import importlib
 import json
 import multiprocessing
 import os
@@ -82,6 +82,7 @@ class Workload:
     """A replay slice: `frame` is replayed whole, TTFT and hit ratio are measured on the requests
     arriving at or after `measure_from_ms` (the earlier ones warm the caches up)."""
 
+    name: str
     label: str
     frame: pl.DataFrame
     cluster: ClusterSpec
@@ -115,7 +116,7 @@ def trace_slice(name: str, cluster: ClusterSpec, *, keep_one_in: int, start_s: f
     frame = conversations(frame, keep_one_in).filter(pl.col("timestamp_ms").is_between(lo, hi, closed="left"))
     label = (f"mooncake {name}, 1/{keep_one_in} of conversations, {start_s:.0f}-{start_s + measure_s:.0f} s "
              f"(+{warm_s:.0f} s warm-up), {cluster.pods} pods")
-    return Workload(label, frame, cluster, measure_from_ms=start)
+    return Workload(f"mooncake {name}", label, frame, cluster, measure_from_ms=start)
 
 
 def workloads() -> list[Workload]:
@@ -128,20 +129,19 @@ def workloads() -> list[Workload]:
     return [
         trace_slice("conversation", cluster(6), keep_one_in=4, start_s=1200.0, warm_s=600.0, measure_s=300.0),
         trace_slice("synthetic", cluster(6), keep_one_in=4, start_s=480.0, warm_s=240.0, measure_s=180.0),
-        Workload("synthetic 'shift' preset (rag -> sessions), 300 s, 8 pods",
+        Workload("'shift' preset", "synthetic 'shift' preset (rag -> sessions), 300 s, 8 pods",
                  synthetic("shift", seed=1, duration_s=300.0), cluster(8)),
     ]
 
 
 # -- the grid cache --------------------------------------------------------------------------
 def twin_source_digest() -> str:
-    """Digest of every simulator module a replay imports, plus its data files (profiles, models)."""
-    importlib.import_module("simulator.replay")
-    h = hashlib.sha256()
-    files = sorted({Path(m.__file__) for name, m in list(sys.modules.items())
-                    if name.startswith("simulator") and getattr(m, "__file__", None)})
+    """Digest of the twin's code and data: every simulator module except the demo's, plus the
+    profiles and model files. A changed twin never reads a stale cache."""
     sim = REPO / "simulator"
+    files = [f for f in sorted(sim.glob("*.py")) if not f.name.startswith("demo")]
     files += sorted(sim.glob("profiles/*.yaml")) + sorted(sim.glob("*.yaml"))
+    h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -153,7 +153,7 @@ def cache_path(cache_dir: Path, wl: Workload, twin_digest: str) -> Path:
     h.update(f"{wl.cluster!r} measure_from_ms={wl.measure_from_ms}".encode())
     cols = ("timestamp_ms", "input_length", "output_length", "hash_ids", "session_id")
     h.update(json.dumps(wl.frame.select(cols).to_dict(as_series=False), default=str).encode())
-    slug = "".join(c if c.isalnum() else "-" for c in wl.label.split(",")[0]).strip("-")
+    slug = "".join(c if c.isalnum() else "-" for c in wl.name).strip("-")
     return cache_dir / f"tuning-{slug}-{h.hexdigest()[:16]}.json"
 
 
@@ -361,6 +361,9 @@ def main() -> None:
         print(f"search space: {space.grid_size():,} configurations "
               f"({' x '.join(str(len(v)) for v in space.grid().values())}: {', '.join(space.grid())})")
         path = cache_path(args.cache_dir, wl, twin_digest)
+        for stale in path.parent.glob(path.name.rsplit("-", 1)[0] + "-*.json"):
+            if stale != path:  # an older twin or slice: never read again
+                stale.unlink()
         summaries, replayed, grid_s = fill_grid(wl, path, args.jobs)
         print(f"  grid: {replayed:,} replays in {grid_s:.0f} s"
               + (f" ({grid_s / replayed * 1000 * args.jobs:.0f} ms each per worker)" if replayed else "")
@@ -387,13 +390,13 @@ def main() -> None:
         tuned = optimum * (1 + statistics.mean(runs["tpe"][0][40]) / 100)
         print(f"tuned (TPE, 40 trials, mean over seeds) TTFT p95 {tuned:.3f} s vs defaults {default_v:.3f} s: "
               f"{default_v / tuned:.2f}x", flush=True)
-        summary.append((wl.label, optimum, default_v, {s: runs[s][0] for s in SAMPLERS}, exp_rand, tuned))
+        summary.append((wl.name, optimum, default_v, {s: runs[s][0] for s in SAMPLERS}, exp_rand, tuned))
     print(f"\n== summary: regret % above the grid optimum, mean / worst over {args.seeds} seeds ==")
     head = "".join(f" {f'{s}@{c}':>13s}" for c in CHECKPOINTS for s in ("TPE", "rand"))
-    print(f"{'workload':44s}{head} {'E[rand@40]':>10s} {'defaults':>9s} {'tuned':>7s}")
+    print(f"{'workload':22s}{head} {'E[rand@40]':>10s} {'defaults':>9s} {'tuned':>7s}")
     for label, optimum, default_v, regrets, exp_rand, tuned in summary:
         cells = "".join(f" {fmt(regrets[s][c]):>13s}" for c in CHECKPOINTS for s in SAMPLERS)
-        print(f"{label:44s}{cells} {exp_rand[40]:10.2f} {default_v:8.2f}s {tuned:6.2f}s")
+        print(f"{label:22s}{cells} {exp_rand[40]:10.2f} {default_v:8.2f}s {tuned:6.2f}s")
     mean_t40 = statistics.mean(statistics.mean(s[3]["tpe"][40]) for s in summary)
     mean_r40 = statistics.mean(statistics.mean(s[3]["random"][40]) for s in summary)
     below = all(statistics.mean(s[3]["tpe"][40]) < statistics.mean(s[3]["random"][40]) for s in summary)

@@ -246,21 +246,13 @@ class Agent:
                 log.warning("OpenTelemetry shutdown failed", exc_info=True)
             self.otel = None
 
+    def is_alive(self) -> bool:
+        """True while the agent's event loop thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
     def run_forever(self) -> None:
         """Start, then block until SIGTERM or SIGINT; then stop cleanly."""
-        done = threading.Event()
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-        for s in previous:
-            signal.signal(s, lambda *_: done.set())
-        try:
-            self.start()
-            while not done.wait(0.5):
-                if self._thread is None or not self._thread.is_alive():
-                    raise RuntimeError("the agent event loop died")
-        finally:
-            self.stop()
-            for s, h in previous.items():
-                signal.signal(s, h)
+        run_until_signalled(self.start, self.stop, self.is_alive)
 
     def __enter__(self) -> Self:
         self.start()
@@ -286,3 +278,22 @@ def snapshot_json(snap: Snapshot) -> str:
         return str(o)
     data = asdict(snap)
     return json.dumps(data, default=default, indent=1, allow_nan=True)
+
+
+def run_until_signalled(start: Callable[[], None], stop: Callable[[], None],
+                        alive: Callable[[], bool], poll_s: float = 0.5) -> None:
+    """Run `start`, block until SIGTERM or SIGINT (or until `alive()` turns false, which is an
+    error), then `stop` and restore the previous signal handlers."""
+    done = threading.Event()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda *_: done.set())
+    try:
+        start()
+        while not done.wait(poll_s):
+            if not alive():
+                raise RuntimeError("the agent event loop died")
+    finally:
+        stop()
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -25,7 +25,6 @@ import dataclasses
 import datetime
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +33,7 @@ from typing import Any
 
 import optuna
 
-from agent.app import Agent
+from agent.app import Agent, run_until_signalled
 from agent.discovery import (
     CombinedTargets,
     FileTargets,
@@ -129,19 +128,7 @@ class Runtime:
 
     def run_forever(self) -> None:
         """Start, block until SIGTERM or SIGINT, then stop cleanly."""
-        done = threading.Event()
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-        for s in previous:
-            signal.signal(s, lambda *_: done.set())
-        try:
-            self.start()
-            while not done.wait(0.5):
-                if self.agent._thread is None or not self.agent._thread.is_alive():
-                    raise RuntimeError("the agent event loop died")
-        finally:
-            self.stop()
-            for s, h in previous.items():
-                signal.signal(s, h)
+        run_until_signalled(self.start, self.stop, self.agent.is_alive)
 
 
 # -- building --------------------------------------------------------------------------------

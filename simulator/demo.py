@@ -278,7 +278,8 @@ class Demo:
         phase = sum(1 for p in self.workload.phase_starts_s[1:] if now >= p)
         self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,
                                               view.ttft_p95_s if view else None,
-                                              view.cumulative_hit_ratio if view else None))
+                                              view.cumulative_hit_ratio if view else None,
+                                              dict(view.tier_hit_ratios) if view else {}))
         if phase >= 1 and self._boundary_knobs is None:
             self._boundary_knobs = self._tuned_now()
             self._event("phase", "the workload shifts: " + self.workload.labels[1])

@@ -40,7 +40,8 @@ def render_view(recorder: Recorder, *, knobs: Knobs, status: str, wall_s: float,
     tiers.add_column("agent", justify="right")
     if point:
         for tier in TIERS:
-            tiers.add_row(f"{tier.upper()} hit ratio", _pct(point.stats.hit_ratio[tier]), "")
+            tiers.add_row(f"{tier.upper()} hit ratio", _pct(point.stats.hit_ratio[tier]),
+                          _pct(point.agent_tier_hit_ratios.get(tier)))
         tiers.add_row("cumulative hit", _pct(point.stats.cumulative_hit_ratio),
                       _pct(point.agent_cumulative_hit_ratio))
         tiers.add_row("TTFT p95", _ms(point.stats.ttft_p95_s), _ms(point.agent_ttft_p95_s))

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 class AgentView:
     ttft_p95_s: float | None  # mean over pods of the agent's per-pod TTFT p95
     cumulative_hit_ratio: float | None  # mean over pods of the lowest tier's cumulative ratio
+    tier_hit_ratios: dict[str, float]  # tier -> mean over pods of tierpilot_kv_hit_ratio
     targets_up: int
     targets: int
 
@@ -21,6 +22,7 @@ class AgentView:
 def parse_agent_view(text: str) -> AgentView:
     """Fleet summary from the agent's unified metrics (pure)."""
     ttft: list[float] = []
+    per_tier: dict[str, list[float]] = {}
     cumulative: dict[str, tuple[int, float]] = {}  # pod -> (tier rank, value)
     rank = {"gpu": 0, "cpu": 1, "l2": 2}
     up = total = 0
@@ -32,12 +34,15 @@ def parse_agent_view(text: str) -> AgentView:
                 pod, r = s.labels.get("pod", ""), rank.get(s.labels.get("tier", ""), -1)
                 if r >= cumulative.get(pod, (-1, 0.0))[0]:
                     cumulative[pod] = (r, s.value)
+            elif s.name == "tierpilot_kv_hit_ratio" and math.isfinite(s.value):
+                per_tier.setdefault(s.labels.get("tier", ""), []).append(s.value)
             elif s.name == "tierpilot_target_up":
                 total += 1
                 up += int(s.value >= 1)
     return AgentView(
         ttft_p95_s=sum(ttft) / len(ttft) if ttft else None,
         cumulative_hit_ratio=(sum(v for _, v in cumulative.values()) / len(cumulative)) if cumulative else None,
+        tier_hit_ratios={tier: sum(v) / len(v) for tier, v in per_tier.items() if v},
         targets_up=up, targets=total)
 
 

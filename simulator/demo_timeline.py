@@ -44,6 +44,7 @@ class TimelinePoint:
     stats: WindowStats
     agent_ttft_p95_s: float | None = None  # what the agent exported, for comparison
     agent_cumulative_hit_ratio: float | None = None
+    agent_tier_hit_ratios: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -252,7 +252,30 @@ def run(
                         st = g_stale[idx]
                         w = log[lo:lo + ev]
                         if st and not st.keys().isdisjoint(w):
-                            p._drop(ev)
+                            if len(st) == 1:  # one hot key, typically a head every prompt shares
+                                ((k1, n1),) = st.items()
+                                occ = w.count(k1)
+                            if len(st) != 1 or occ > n1:
+                                p._drop(ev)
+                            else:  # only stale entries of it here: the window leaves, then `occ` more
+                                if occ == n1:
+                                    del st[k1]
+                                else:
+                                    st[k1] = n1 - occ
+                                s.difference_update(w)
+                                s.add(k1)
+                                lo += ev
+                                w = log[lo:lo + occ]
+                                if st and k1 in w:
+                                    p._lo = lo
+                                    p._drop(occ)
+                                else:
+                                    s.difference_update(w)
+                                    lo += occ
+                                    if lo > 4096 and lo > len(log) >> 1:
+                                        del log[:lo]
+                                        lo = 0
+                                    p._lo = lo
                         else:
                             s.difference_update(w)
                             lo += ev

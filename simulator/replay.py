@@ -213,8 +213,7 @@ def _first_seen_ids(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     new_value[0] = True
     np.not_equal(s[1:], s[:-1], out=new_value[1:])
     group = np.cumsum(new_value) - 1  # value rank, in sorted order
-    first_pos = np.full(int(group[-1]) + 1, len(flat), dtype=np.int64)
-    np.minimum.at(first_pos, group, order)  # where each value first appears
+    first_pos = np.minimum.reduceat(order, np.flatnonzero(new_value))  # where each value first appears
     first[first_pos] = True
     rank = np.cumsum(first) - 1  # at a first appearance: how many distinct values came before
     out = np.empty(len(flat), dtype=np.int64)

@@ -61,16 +61,16 @@ class ScrapeCycle:
         except ParseError as exc:
             return self._failed(target, "parse_error", str(exc), duration_s)
         result = normalise(target, payload, self.mappings)
-        faults: list[str] = []
+        faults: list[tuple[str, str]] = []  # (reason, detail)
         for reason, n in result.anomalies.items():
             self._count(target, reason, n)
-            faults.append(f"{reason} ({n} series dropped)")
+            faults.append((reason, f"{reason} ({n} series dropped)"))
         if self.resets.observe(target.key, result.signals):
             self._count(target, "counter_reset")
-            faults.append("counter_reset (counters went down: a restart)")
+            faults.append(("counter_reset", "counter_reset (counters went down: a restart)"))
         self.backoff.succeeded(target.key)
-        reason = faults[0].split(" ", 1)[0] if faults else ""
-        status = TargetStatus(target, not faults, duration_s, reason, "; ".join(faults), samples=payload.lines,
+        status = TargetStatus(target, not faults, duration_s, faults[0][0] if faults else "",
+                              "; ".join(detail for _, detail in faults), samples=payload.lines,
                               errors=dict(self.errors.get(target.key, {})))
         return TargetOutcome(status, tuple(result.signals))
 

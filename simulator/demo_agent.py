@@ -21,7 +21,6 @@ from agent.settings import load_settings
 from agent.tuning_bridge import StoreWindowSource, drift_signals, feed_kv_counters
 
 log = logging.getLogger("tierpilot.demo.agent")
-LONG_PROMPT_TOKENS = 4096
 
 
 class DemoAgent:
@@ -92,5 +91,5 @@ class DemoAgent:
 
     # -- signals for the drift detector -----------------------------------------------------------
     def drift_signals(self, window_s: float | None = None) -> dict[str, float]:
-        return drift_signals(self.store, self.kv, window_s, long_prompt_tokens=LONG_PROMPT_TOKENS)
+        return drift_signals(self.store, self.kv, window_s)
 

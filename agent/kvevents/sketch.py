@@ -64,9 +64,7 @@ class SeenSketch:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
         byte_idx, bit = self._positions(hashes.astype(np.uint64, copy=False))
-        seen = np.zeros(hashes.shape[0], dtype=bool)
-        for gen in self._gens:
-            seen |= ((gen[byte_idx] & bit) != 0).all(axis=1)
+        seen = self._seen(byte_idx, bit)
         young = self._gens[-1]
         young_had = ((young[byte_idx] & bit) != 0).all(axis=1)
         np.bitwise_or.at(young, byte_idx.ravel(), bit.ravel())
@@ -78,8 +76,11 @@ class SeenSketch:
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
-        byte_idx, bit = self._positions(hashes.astype(np.uint64, copy=False))
-        seen = np.zeros(hashes.shape[0], dtype=bool)
+        return self._seen(*self._positions(hashes.astype(np.uint64, copy=False)))
+
+    def _seen(self, byte_idx: np.ndarray, bit: np.ndarray) -> np.ndarray:
+        """Whether every probe bit of each hash is set in any generation."""
+        seen = np.zeros(byte_idx.shape[0], dtype=bool)
         for gen in self._gens:
             seen |= ((gen[byte_idx] & bit) != 0).all(axis=1)
         return seen

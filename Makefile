@@ -42,7 +42,8 @@ bench: setup
 	@for b in bench/*.py; do echo "=== $$b"; TIERPILOT_SHARED=$(SHARED) $(PY) $$b || exit 1; done
 
 lint: setup
-	$(VENV)/bin/ruff check agent tuners exporters simulator dashboards tests bench
+	$(VENV)/bin/ruff check contracts agent tuners exporters simulator dashboards emulator tests bench
+	$(VENV)/bin/lint-imports --config .importlinter
 
 clean:
 	rm -rf $(VENV) .pytest_cache

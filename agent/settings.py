@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.kvevents.settings import KvEventsSettings
-from agent.model import ROLES, Role
+from contracts.tier_model import ROLES, Role
+from exporters.settings import OtelSettings
 
 ENV_PREFIX = "TIERPILOT_"
 
@@ -46,17 +47,6 @@ class StoreSettings(_Frozen):
 class ServerSettings(_Frozen):
     host: str = Field("0.0.0.0", description="address /metrics listens on")
     port: int = Field(9400, ge=0, le=65535, description="port of /metrics (0 picks a free one)")
-
-
-class OtelSettings(_Frozen):
-    endpoint: str | None = Field(None, description="OTLP endpoint; unset disables OpenTelemetry export")
-    protocol: Literal["http", "grpc"] = "http"
-    interval_s: float = Field(15.0, gt=0, description="export interval")
-    timeout_s: float = Field(10.0, gt=0)
-    headers: dict[str, str] = Field(default_factory=dict)
-    service_name: str = "tierpilot-agent"
-    genai_operation: str = Field("chat", description="gen_ai.operation.name on TTFT")
-    genai_provider: str = Field("vllm", description="gen_ai.provider.name on TTFT")
 
 
 class StaticTarget(_Frozen):
@@ -111,7 +101,7 @@ class TierSettings(_Frozen):
     cpu_capacity_gib: float | None = Field(None, gt=0, description="LMCache CPU buffer, for in-process usage")
 
 
-# -- the whole agent: KV events, tuning, actuation (agent/runtime.py) ------------------------
+# -- the whole agent: KV events, tuning, actuation (agent/runtime/assembly.py) ------------------------
 class KvEventsSection(KvEventsSettings):
     """`kv_events:` the KV-event subscriber (agent/kvevents). Endpoints come from `endpoints` and,
     with `discovery`, from `tierpilot.io/kv-events-*` annotations on the discovered vLLM pods."""

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.k8s.mapping import load_mappings
 from agent.k8s.settings import settings_from_mapping
 from agent.k8s.targets import Target
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tests.conftest import shared_path
 from tests.support.kube import (
     NS,

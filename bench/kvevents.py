@@ -30,7 +30,7 @@ from agent.kvevents.index import FleetIndex, IndexLimits
 from agent.kvevents.manager import KvEventManager
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.wire import Stored, decode_payload
-from simulator.kv_publisher import (
+from emulator.cluster.kv_publisher import (
     KVEventBatch,
     KvEventPublisher,
     removed_event,

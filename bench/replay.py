@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec
-from simulator.knobs import Knobs
 from simulator.replay import replay
 from simulator.workload import load_trace
 

@@ -144,13 +144,13 @@ def main() -> None:
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from agent.app import Agent
-    from agent.discovery import StaticTargets
-    from agent.model import Signal, Target
-    from agent.normalise import normalise, resolve
-    from agent.parse import parse
-    from agent.scrape import new_session
+    from agent.collect.discovery import StaticTargets
+    from agent.collect.normalise import normalise, resolve
+    from agent.collect.parse import parse
+    from agent.collect.scrape import new_session
+    from agent.runtime.app import Agent
     from agent.settings import load_settings
+    from contracts.tier_model import Signal, Target
 
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
@@ -239,7 +239,7 @@ def main() -> None:
               f"ratio {t_ref / t_ours:.2f}x; target >= 2x -> {'OK' if t_ref / t_ours >= 2 else 'MISSED'}")
 
         s0 = time.perf_counter()
-        from agent.snapshot import build_snapshot
+        from agent.collect.snapshot import build_snapshot
 
         snap = build_snapshot(agent.store.window(now=clock[0]), [], taken_at=clock[0],
                               kv_bytes_per_token=settings.tiers.kv_bytes_per_token)

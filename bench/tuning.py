@@ -51,8 +51,8 @@ import polars as pl
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec
-from simulator.knobs import Knobs
 from simulator.synthetic import synthetic
 from tuners.drift import DriftDetector, DriftSettings, SignalDetector, workload_signals
 from tuners.evaluators import EvaluationCache, TwinEvaluator, evaluation_from_summary, run_trials

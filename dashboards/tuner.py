@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from contracts.knobs import Knobs
 from dashboards.grafana import Annotation, Dashboard, Panel, Query, Variable
 from dashboards.promql import eq, selector
 from dashboards.settings import BuildSettings
-from simulator.knobs import Knobs
 
 KNOB_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
 

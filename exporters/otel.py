@@ -30,8 +30,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from agent.model import Snapshot
-from agent.settings import OtelSettings
+from contracts.tier_model import Snapshot
+from exporters.settings import OtelSettings
 
 GENAI_TTFT = "gen_ai.server.time_to_first_token"
 SCOPE = "tierpilot.agent"

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.model import Snapshot
+from contracts.tier_model import Snapshot
 
 TIER_LABELS = ["pod", "model", "tier", "source"]
 

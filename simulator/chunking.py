@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simulator.knobs import CHUNK_TOKEN_CHOICES, KnobError
+from contracts.knobs import CHUNK_TOKEN_CHOICES, KnobError
 
 BLOCK_TOKENS = 512
 _MASK = (1 << 64) - 1

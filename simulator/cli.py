@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from simulator.cluster import ClusterError, ClusterSpec
-from simulator.knobs import (
+from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
     CPU_EVICTION_CHOICES,
     L2_EVICTION_CHOICES,
@@ -17,6 +16,7 @@ from simulator.knobs import (
     KnobError,
     Knobs,
 )
+from simulator.cluster import ClusterError, ClusterSpec
 from simulator.models import GIB, ModelError, get_model, models
 from simulator.profile import DEFAULT_PROFILE, ProfileError, get_profile, profile_names
 from simulator.records import WorkloadError

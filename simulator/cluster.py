@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from simulator.models import GIB, ModelError, ModelSpec, get_model
 from simulator.profile import DEFAULT_PROFILE, HardwareProfile, ProfileError, get_profile
 

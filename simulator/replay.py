@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from contracts.events import EventSink
+from contracts.knobs import Knobs
 from simulator import fastloop
 from simulator.chunking import chunk_hash_array
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import MissTotals
-from simulator.events import EventSink
-from simulator.knobs import Knobs
 from simulator.profile import HardwareProfile
 from simulator.records import check_workload
 from simulator.twin import Twin

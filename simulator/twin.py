@@ -14,11 +14,11 @@ from heapq import heapify, heappop, heappush
 from itertools import filterfalse, islice, takewhile
 from typing import Any
 
+from contracts.events import AllBlocksCleared, BlockRemoved, EventSink
+from contracts.knobs import Knobs
 from simulator.chunking import BLOCK_TOKENS, chunk_hashes
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import L2Totals, MissTotals, PodTotals, l2_metrics, pod_metrics
-from simulator.events import AllBlocksCleared, BlockRemoved, EventSink
-from simulator.knobs import Knobs
 from simulator.policies import LRU, Policy, make_policy
 from simulator.profile import HardwareProfile, get_profile
 from simulator.records import Request, WorkloadError

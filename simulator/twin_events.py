@@ -2,16 +2,35 @@
 announcing each tier's net change per request as BlockStored / BlockRemoved events."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from simulator.events import BlockRemoved, BlockStored
+from contracts.events import BlockRemoved, BlockStored, EventSink
 from simulator.policies import Policy
 
-if TYPE_CHECKING:
-    from simulator.twin import Twin, _Pod
+
+class TracedPod(Protocol):
+    """What the traced update reads of one pod of the twin (simulator.twin._Pod)."""
+
+    name: str
+    totals: Any
+    gpu: Policy | None
+    cpu: Policy | None
 
 
-def store_traced(twin: Twin, pod: _Pod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
+class TracedTwin(Protocol):
+    """What the traced update reads of the twin (simulator.twin.Twin): the shared L2 pool and its
+    watermarks, the event sink, the current time and the chunk size. A protocol, so this module
+    does not import the twin that imports it."""
+
+    _l2: Policy | None
+    _l2_high: int
+    _l2_low: int
+    _sink: EventSink | None
+    _now: float
+    _chunk: int
+
+
+def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
                  computed: list[int]) -> int:
     """The tier updates with an event sink: announce each tier's net change; returns L2 evictions."""
     t, n = pod.totals, len(chunks)
@@ -51,7 +70,7 @@ def store_traced(twin: Twin, pod: _Pod, chunks: list[int], g: int, cpu_keys: lis
                 l2_evicted += len(l2_pool.shrink_to(twin._l2_low))
     return l2_evicted
 
-def emit_changes(twin: Twin, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
+def emit_changes(twin: TracedTwin, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
                   tier: Policy, medium: str) -> None:
     """Announce one request's net change to a tier: removals first, then stores.
 

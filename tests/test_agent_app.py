@@ -16,12 +16,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.core import CounterMetricFamily
 
-from agent.app import Agent
 from agent.cli import main
-from agent.discovery import StaticTargets
-from agent.model import Target
-from agent.scheduler import JobSpec
+from agent.collect.discovery import StaticTargets
+from agent.collect.scheduler import JobSpec
+from agent.runtime.app import Agent
 from agent.settings import load_settings
+from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 from tests.support.prometheus import free_port
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agent.discovery import (
+from agent.collect.discovery import (
     CombinedTargets,
     FileTargets,
     KubernetesPodApi,
@@ -16,8 +16,8 @@ from agent.discovery import (
     pod_target,
     selector_matches,
 )
-from agent.model import Target
 from agent.settings import KubernetesSettings, RoleDiscovery
+from contracts.tier_model import Target
 
 
 def pod(name, labels, ip="10.0.0.5", phase="Running", annotations=None, node="n1", ns="llm"):
@@ -171,6 +171,6 @@ def test_combined_sources_deduplicate_urls():
 
 @pytest.mark.parametrize("text, key", [("targets: 3", "targets"), ("other: []", None)])
 def test_bad_target_files(tmp_path, text, key):
-    from agent.discovery import parse_target_file
+    from agent.collect.discovery import parse_target_file
     with pytest.raises(ValueError):
         parse_target_file(text)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.app import Agent
-from agent.discovery import StaticTargets
-from agent.model import Target
+from agent.collect.discovery import StaticTargets
+from agent.runtime.app import Agent
 from agent.settings import load_settings
+from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -139,7 +139,7 @@ def test_a_deleted_pod_vanishes_from_metrics(server):
 
 def test_failing_targets_back_off():
     clock = [0.0]
-    from agent.scrape import Backoff
+    from agent.collect.scrape import Backoff
 
     b = Backoff(base_s=5, max_s=20, clock=lambda: clock[0])
     assert b.ready("t")

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.mapping import MappingError, load_mapping, load_mappings
-from agent.model import Target
-from agent.normalise import normalise, resolve
-from agent.parse import parse
-from agent.snapshot import build_snapshot
-from agent.store import WindowStore
+from agent.collect.mapping import MappingError, load_mapping, load_mappings
+from agent.collect.normalise import normalise, resolve
+from agent.collect.parse import parse
+from agent.collect.snapshot import build_snapshot
+from agent.collect.store import WindowStore
+from contracts.tier_model import Target
 
 FIXTURES = Path(__file__).parent / "fixtures"
 M = "meta-llama/Llama-3.1-8B-Instruct"

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.parse import ParseError, parse
+from agent.collect.parse import ParseError, parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from agent.model import NO_LE, Signal
-from agent.promql import counter_delta, counter_increase, histogram_quantile
-from agent.store import CounterResetDetector, WindowStore
+from agent.collect.promql import counter_delta, counter_increase, histogram_quantile
+from agent.collect.store import CounterResetDetector, WindowStore
+from contracts.tier_model import NO_LE, Signal
 
 INF = math.inf
 

@@ -20,21 +20,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.app import Agent
 from agent.cli import main
-from agent.discovery import StaticTargets
+from agent.collect.discovery import StaticTargets
 from agent.k8s.metrics import ActuationCollector, ActuationMetrics
 from agent.kvevents.collector import KvEventsCollector
 from agent.kvevents.signals import EngineId, KvSignals
 from agent.kvevents.wire import Batch, Removed, Stored
-from agent.model import Target
+from agent.runtime.app import Agent
 from agent.settings import load_settings
+from contracts.knobs import Knobs
+from contracts.tier_model import Target
 from dashboards import build
 from dashboards.catalog import QueryRef, dashboard_queries
 from dashboards.promql import expand
 from dashboards.settings import BuildSettings
 from dashboards.source import PrometheusSource
-from simulator.knobs import Knobs
 from tests.support.fake_targets import MetricsServer
 from tests.support.prometheus import PrometheusServer, run_prometheus
 from tuners.metrics import TunerMetrics

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from simulator.demo import REGRESSION_KNOBS, Demo, DemoResult
-from simulator.demo_settings import DemoSettings
-from simulator.knobs import DEFAULT_KNOBS
+from contracts.knobs import DEFAULT_KNOBS
+from emulator.demo.loop import REGRESSION_KNOBS, Demo, DemoResult
+from emulator.demo.settings import DemoSettings
 
 pytestmark = pytest.mark.slow
 

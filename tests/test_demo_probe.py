@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.demo_probe import parse_agent_view
+from emulator.demo.probe import parse_agent_view
 
 EXPORT = """\
 # TYPE tierpilot_kv_hit_ratio gauge

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from simulator.demo_console import render_view
-from simulator.demo_report import verdict_lines, write_report
-from simulator.demo_timeline import (
+from contracts.knobs import DEFAULT_KNOBS
+from emulator.cluster.timeline import (
     DemoEvent,
     PhaseVerdict,
     Recorder,
@@ -17,7 +16,8 @@ from simulator.demo_timeline import (
     quantile,
     window_stats,
 )
-from simulator.knobs import DEFAULT_KNOBS
+from emulator.demo.console import render_view
+from emulator.demo.report import verdict_lines, write_report
 
 
 def _row(ts: float, prompt: int, gpu: int, cpu: int, l2: int, ttft: float) -> Served:

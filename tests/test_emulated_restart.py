@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.emulated.cluster import ClusterSpec, EmulatedCluster
-from simulator.emulated.pod_metrics import RequestOutcome
-from simulator.knobs import DEFAULT_KNOBS, Knobs
-from simulator.local_actuator import LocalActuator, restart_plan
-from tuners.actuator import Actuator, PermanentActuationError
+from contracts.actuator import Actuator, PermanentActuationError
+from contracts.knobs import DEFAULT_KNOBS, Knobs
+from emulator.cluster.fleet import ClusterSpec, EmulatedCluster
+from emulator.cluster.local_actuator import LocalActuator, restart_plan
+from emulator.cluster.pod_metrics import RequestOutcome
 
 OUTCOME = RequestOutcome(prompt_tokens=1024, gpu_hit_tokens=256, cpu_hit_tokens=0, l2_hit_tokens=512,
                          output_tokens=5, ttft_s=0.2)

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.emulated import catalogue as cat
-from simulator.emulated.cluster import ClusterSpec, EmulatedCluster
-from simulator.emulated.exposition import (
+from emulator.cluster import catalogue as cat
+from emulator.cluster.exposition import (
     HistogramValue,
     MetricSpec,
     Snapshot,
@@ -18,7 +17,8 @@ from simulator.emulated.exposition import (
     render_rust_text,
     rust_float,
 )
-from simulator.emulated.pod_metrics import (
+from emulator.cluster.fleet import ClusterSpec, EmulatedCluster
+from emulator.cluster.pod_metrics import (
     CurvineFuseMetrics,
     CurvineMasterMetrics,
     L2Status,

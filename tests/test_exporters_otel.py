@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.app import Agent
-from agent.discovery import StaticTargets
-from agent.model import Target
+from agent.collect.discovery import StaticTargets
+from agent.runtime.app import Agent
 from agent.settings import load_settings
+from contracts.tier_model import Target
 from exporters.otel import GENAI_TTFT, OtelExporter
 from tests.support.fake_targets import MetricsServer
 from tests.support.otlp import GrpcMetricsReceiver, oteltap_receiver

@@ -9,10 +9,10 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 
-from agent.app import Agent
-from agent.discovery import StaticTargets
-from agent.model import Snapshot, Target
+from agent.collect.discovery import StaticTargets
+from agent.runtime.app import Agent
 from agent.settings import load_settings
+from contracts.tier_model import Snapshot, Target
 from exporters.prom import build_registry
 from tests.support.fake_targets import MetricsServer
 from tests.support.prometheus import prometheus_factory  # noqa: F401

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION
-from simulator.knobs import Knobs
+from contracts.actuator import Actuator, PermanentActuationError
+from contracts.knobs import Knobs
 from tests.support.kube import (
     NS,
     FakeTime,
@@ -19,7 +20,6 @@ from tests.support.kube import (
     pod,
     serve,
 )
-from tuners.actuator import Actuator, PermanentActuationError
 
 
 @pytest.fixture

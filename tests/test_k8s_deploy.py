@@ -171,10 +171,10 @@ def test_deploy_doc_covers_every_style_and_target_kind():
 
 
 def test_declared_discovery_calls_match_agent_discovery():
-    """rbac.DISCOVERY_CALLS stands for agent/discovery.py: it lists pods in one namespace and watches them."""
+    """rbac.DISCOVERY_CALLS stands for agent/collect/discovery.py: it lists pods in one namespace and watches them."""
     from agent.k8s.rbac import DISCOVERY_CALLS
 
-    source = (REPO_ROOT / "agent" / "discovery.py").read_text()
+    source = (REPO_ROOT / "agent" / "collect" / "discovery.py").read_text()
     assert {(c.verb, c.resource) for c in DISCOVERY_CALLS} == {("list", "Pod"), ("watch", "Pod")}
     assert "list_namespaced_pod" in source and "watch.Watch" in source
     assert "read_namespaced_pod" not in source  # so the Role needs no `get` on pods

@@ -7,14 +7,14 @@ import time
 import pytest
 
 from agent.k8s.patches import CONFIG_HASH_ANNOTATION
-from simulator.knobs import Knobs
-from tests.support.kube import NS, FakeTime, Fault, actuator_for, deployment, serve
-from tuners.actuator import (
+from contracts.actuator import (
     PermanentActuationError,
     RetriableActuationError,
     RolloutTimeoutError,
     TargetGoneError,
 )
+from contracts.knobs import Knobs
+from tests.support.kube import NS, FakeTime, Fault, actuator_for, deployment, serve
 
 TUNED = Knobs(chunk_tokens=512, cpu_gib=10.0)
 ENV_TARGET = [{"kind": "deployment-env", "name": "vllm", "container": "vllm"}]

@@ -8,9 +8,9 @@ from agent.k8s.api import KubeApi
 from agent.k8s.leader import LeaseElector
 from agent.k8s.metrics import ActuationCollector, ActuationMetrics
 from agent.k8s.settings import LeaseSettings
-from simulator.knobs import Knobs
+from contracts.actuator import RetriableActuationError
+from contracts.knobs import Knobs
 from tests.support.kube import NS, FakeTime, actuator_for, deployment, serve
-from tuners.actuator import RetriableActuationError
 
 LEASE = LeaseSettings(name="tierpilot-leader", duration_s=15, renew_deadline_s=10, retry_period_s=2)
 

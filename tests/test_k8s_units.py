@@ -18,7 +18,8 @@ from agent.k8s.reapply import Budget
 from agent.k8s.rollout import assess_deployment, assess_iec, assess_statefulset, wait_for_rollout
 from agent.k8s.settings import ActuationConfigError, load_settings, settings_from_mapping
 from agent.k8s.targets import LastGood, Target
-from simulator.knobs import Knobs
+from contracts.actuator import PermanentActuationError, RetriableActuationError, TargetGoneError
+from contracts.knobs import Knobs
 from tests.conftest import REPO_ROOT
 from tests.support.kube import (
     FakeTime,
@@ -28,7 +29,6 @@ from tests.support.kube import (
     iec_validator,
     kubectl_patch_local,
 )
-from tuners.actuator import PermanentActuationError, RetriableActuationError, TargetGoneError
 
 REF = ObjectRef("Deployment", "llm", "vllm")
 

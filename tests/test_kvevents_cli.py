@@ -17,7 +17,7 @@ from agent.kvevents.settings import (
     endpoint_from_annotations,
 )
 from agent.kvevents.signals import EngineId
-from simulator.kv_publisher import KvEventPublisher, stored_event
+from emulator.cluster.kv_publisher import KvEventPublisher, stored_event
 
 
 def test_annotations_give_an_endpoint_with_dp_offsets() -> None:

@@ -10,9 +10,9 @@ import zmq
 
 from agent.kvevents import KvEventManager, PodCounters
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
+from contracts.knobs import Knobs
+from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
 from simulator.cluster import ClusterSpec
-from simulator.knobs import Knobs
-from simulator.kv_publisher import TwinEventPublisher, open_pod_publishers
 from simulator.synthetic import synthetic
 from simulator.twin import Twin
 

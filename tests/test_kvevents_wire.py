@@ -16,7 +16,7 @@ from agent.kvevents.wire import (
     normalize_hash,
     normalize_medium,
 )
-from simulator.kv_publisher import (
+from emulator.cluster.kv_publisher import (
     KVEventBatch,
     cleared_event,
     offset_endpoint,

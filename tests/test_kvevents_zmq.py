@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agent.kvevents import KvEventManager, KvEventsCollector, workload_overlap
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId
-from simulator.kv_publisher import KvEventPublisher, cleared_event, removed_event, stored_event
+from emulator.cluster.kv_publisher import KvEventPublisher, cleared_event, removed_event, stored_event
 
 SLOW_JOINER_S = 0.3
 

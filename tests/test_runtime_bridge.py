@@ -8,10 +8,9 @@ import math
 import optuna
 import pytest
 
+from agent.collect.store import WindowStore
 from agent.kvevents import PodCounters
-from agent.model import Signal
-from agent.store import WindowStore
-from agent.tuning_bridge import (
+from agent.runtime.tuning_bridge import (
     StoreWindowSource,
     StudyLastGood,
     drift_signals,
@@ -20,8 +19,9 @@ from agent.tuning_bridge import (
     pod_counters,
     restrict_space,
 )
-from agent.workload_fit import ObservedWorkload, fit_phase, fitted_workload, length_moments
-from simulator.knobs import Knobs
+from agent.runtime.workload_fit import ObservedWorkload, fit_phase, fitted_workload, length_moments
+from contracts.knobs import Knobs
+from contracts.tier_model import Signal
 from tuners.space import DeploymentLimits, SearchSpace
 
 NAN = math.nan

@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.runtime import RuntimeConfigError, actuation_settings, build_runtime
+from agent.runtime.assembly import RuntimeConfigError, actuation_settings, build_runtime
 from agent.settings import SettingsError, load_settings
 from tests.conftest import REPO_ROOT
 

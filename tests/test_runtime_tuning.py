@@ -1,4 +1,4 @@
-"""The whole runtime (agent/runtime.py) against the Kubernetes emulator (kmock, every patch checked
+"""The whole runtime (agent/runtime/assembly.py) against the Kubernetes emulator (kmock, every patch checked
 by `kubectl patch --local`) and a real HTTP vLLM endpoint, on a fake clock: the leader measures a
 baseline and applies a trial to the Deployment; dry-run proposes and counts but changes nothing;
 a standby never actuates; a started runtime runs its jobs and stops cleanly."""
@@ -13,10 +13,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.discovery import StaticTargets
-from agent.model import Target
-from agent.runtime import build_runtime
+from agent.collect.discovery import StaticTargets
+from agent.runtime.assembly import build_runtime
 from agent.settings import load_settings
+from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 from tests.support.kube import NS, FakeTime, deployment, serve
 from tests.support.runtime_fakes import FakeVllm

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.knobs import Knobs
 from simulator.cluster import ClusterError, ClusterSpec
-from simulator.knobs import Knobs
 from simulator.models import ModelError, get_model, models
 from simulator.profile import PROFILE_DIR, ProfileError, get_profile, profile_names
 from simulator.twin import Twin

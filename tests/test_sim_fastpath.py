@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.knobs import Knobs
 from simulator import fastloop
 from simulator.cluster import ClusterSpec
-from simulator.knobs import Knobs
 from simulator.policies import FIFO, LRU
 from simulator.replay import RESULT_SCHEMA, replay
 from simulator.twin import Twin

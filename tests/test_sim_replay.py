@@ -9,14 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.cluster import ClusterSpec
-from simulator.knobs import (
+from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
     CPU_EVICTION_CHOICES,
     L2_EVICTION_CHOICES,
     ROUTER_CHOICES,
     Knobs,
 )
+from simulator.cluster import ClusterSpec
 from simulator.replay import replay
 from simulator.twin import Twin
 from simulator.workload import iter_requests, load_trace, synthetic

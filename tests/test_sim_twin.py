@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.events import AllBlocksCleared, BlockRemoved, BlockStored
+from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec, RouterSettings
-from simulator.events import AllBlocksCleared, BlockRemoved, BlockStored
-from simulator.knobs import Knobs
 from simulator.twin import Twin
 from tests.support.twin_helpers import req
 

@@ -7,8 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from contracts.knobs import CHUNK_TOKEN_CHOICES, KnobError
 from simulator.chunking import chunk_hash_table, chunk_hashes
-from simulator.knobs import CHUNK_TOKEN_CHOICES, KnobError
 from simulator.synthetic import Phase, generate
 from simulator.workload import PRESETS, WORKLOAD_SCHEMA, WorkloadError, load_trace, synthetic
 
@@ -146,8 +146,8 @@ def test_poisson_rate_and_zipf_popularity():
 
 
 def test_shift_preset_changes_overlap_between_phases():
+    from contracts.knobs import Knobs
     from simulator.cluster import ClusterSpec
-    from simulator.knobs import Knobs
     from simulator.replay import replay
 
     df = synthetic("shift", seed=2, duration_s=300)

@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import Tuner
 from tuners.evaluators import FunctionEvaluator, run_trials
 from tuners.objective import Evaluation, ObjectiveSpec

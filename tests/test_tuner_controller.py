@@ -8,7 +8,7 @@ import optuna
 import pytest
 from prometheus_client import CollectorRegistry
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
 from tuners.controller import ControllerSettings, TuningController, latest_phase
 from tuners.drift import DriftDetector, DriftSettings

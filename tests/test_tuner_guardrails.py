@@ -7,9 +7,9 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from simulator.knobs import Knobs
+from contracts.actuator import PermanentActuationError, RetriableActuationError, RolloutTimeoutError
+from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock
-from tuners.actuator import PermanentActuationError, RetriableActuationError, RolloutTimeoutError
 from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.metrics import TunerMetrics
 from tuners.space import DeploymentLimits, SearchSpace

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tests.conftest import REPO_ROOT
 from tests.support.postgres import postgres_url  # noqa: F401  (fixture)
 from tests.support.tuner_crash import SPACE, controller

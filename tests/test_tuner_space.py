@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.space import (
     CandidateError,
     Choice,

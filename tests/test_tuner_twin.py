@@ -7,8 +7,8 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
+from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec
-from simulator.knobs import Knobs
 from tuners.cli import tune
 from tuners.evaluators import EvaluationCache, TwinEvaluator
 from tuners.offline import load_workload

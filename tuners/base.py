@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.objective import Evaluation
 
 # Terminal outcomes a trial can have (also the `state` label of tierpilot_tuner_trials_total).

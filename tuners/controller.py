@@ -25,8 +25,8 @@ from collections.abc import Mapping
 
 import optuna
 
-from simulator.knobs import Knobs
-from tuners.actuator import ActuationError
+from contracts.actuator import ActuationError
+from contracts.knobs import Knobs
 from tuners.base import Candidate
 from tuners.drift import CONFIG_DEPENDENT, DriftDetector, DriftEvent
 from tuners.guardrails import Guardrails

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import Candidate, TrialRecord, Tuner
 from tuners.objective import Evaluation, TtftObservations
 from tuners.space import CandidateError, DeploymentLimits, memory_cost_gib

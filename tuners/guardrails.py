@@ -19,8 +19,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from simulator.knobs import Knobs
-from tuners.actuator import (
+from contracts.actuator import (
     ActuationError,
     Actuator,
     ApplyResult,
@@ -28,6 +27,7 @@ from tuners.actuator import (
     RetriableActuationError,
     RolloutTimeoutError,
 )
+from contracts.knobs import Knobs
 from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import TtftObservations

@@ -1,7 +1,7 @@
 """The live evaluator: apply through the guardrails, wait for rollout and settle, measure a window.
 
 What it needs from the agent is the small `WindowSource` protocol below; the agent's window
-store (agent/store.py) or the demo satisfies it. Time is whatever clock the caller passes to
+store (agent/collect/store.py) or the demo satisfies it. Time is whatever clock the caller passes to
 `start`/`poll`, so tests drive it with fake time and nothing here sleeps.
 
 Timeline of one trial: `start` applies the candidate (the actuator returns once the rollout
@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import Protocol, runtime_checkable
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import Candidate
 from tuners.evaluators import StartResult
 from tuners.guardrails import Guardrails

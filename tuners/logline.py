@@ -10,7 +10,7 @@ import logging
 import math
 from typing import Any
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 
 LOGGER = logging.getLogger("tierpilot.tuner")
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import TRIAL_STATES
 
 ACTUATION_RESULTS: tuple[str, ...] = (

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import TrialRecord
 from tuners.evaluators import EvaluationCache, TwinEvaluator, run_trials
 from tuners.objective import Evaluation, ObjectiveSpec

@@ -26,7 +26,7 @@ import optuna
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.trial import FrozenTrial, TrialState
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import Candidate, TrialRecord
 from tuners.objective import Evaluation, ObjectiveSpec
 from tuners.space import CandidateError, SearchSpace

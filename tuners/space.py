@@ -1,7 +1,7 @@
 """The search space as data, bounded by the deployment, and candidate validation.
 
 A `SearchSpace` is a tuple of dimensions. Each dimension names one optuna parameter and knows
-its optuna distribution and its grid values. Parameters map onto `simulator.knobs.Knobs`
+its optuna distribution and its grid values. Parameters map onto `contracts.knobs.Knobs`
 one-to-one, except the L2 watermarks, which travel as one categorical parameter
 `l2_watermarks` (`"high/low"`) so that every sampled pair is valid by construction.
 
@@ -25,7 +25,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from simulator.knobs import (
+from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
     CPU_EVICTION_CHOICES,
     L2_EVICTION_CHOICES,

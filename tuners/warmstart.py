@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tuners.base import TrialRecord
 from tuners.evaluators import Evaluator, run_trials
 from tuners.logline import log_event

@@ -2,7 +2,7 @@
 ConfigMaps and the HyperPod InferenceEndpointConfig, safely (see docs/deploy.md).
 
 Entry points:
-- `build_actuator(api_client, settings)`: the `tuners.actuator.Actuator` for a cluster;
+- `build_actuator(api_client, settings)`: the `contracts.actuator.Actuator` for a cluster;
 - `LeaseElector`: leader election over a coordination.k8s.io/v1 Lease;
 - `ActuationCollector`: the prometheus collector of actuation metrics.
 """

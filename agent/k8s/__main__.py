@@ -17,8 +17,8 @@ from agent.k8s.actuator import KubernetesActuator
 from agent.k8s.mapping import load_mappings
 from agent.k8s.rbac import required_rules
 from agent.k8s.settings import ActuationConfigError, load_settings
-from simulator.knobs import KnobError, Knobs
-from tuners.actuator import ActuationError
+from contracts.actuator import ActuationError
+from contracts.knobs import KnobError, Knobs
 
 TARGETS = click.argument("targets", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 

@@ -1,4 +1,4 @@
-"""The Kubernetes actuator: `tuners.actuator.Actuator` over Deployments, ConfigMaps and the
+"""The Kubernetes actuator: `contracts.actuator.Actuator` over Deployments, ConfigMaps and the
 HyperPod InferenceEndpointConfig. Thin orchestration; the decisions live in pure modules:
 `targets.py` (what to write), `stores.py`/`patches.py` (how), `rollout.py` (when it is done)."""
 from __future__ import annotations
@@ -31,8 +31,7 @@ from agent.k8s.reapply import ReapplyGuard
 from agent.k8s.rollout import ASSESSORS, wait_for_rollout
 from agent.k8s.settings import ActuationSettings
 from agent.k8s.targets import LastGood, Target, workload_hash
-from simulator.knobs import DEFAULT_KNOBS, KnobError, Knobs
-from tuners.actuator import (
+from contracts.actuator import (
     ActuationError,
     ApplyResult,
     PermanentActuationError,
@@ -40,6 +39,7 @@ from tuners.actuator import (
     RolloutTimeoutError,
     TargetGoneError,
 )
+from contracts.knobs import DEFAULT_KNOBS, KnobError, Knobs
 
 log = logging.getLogger("tierpilot.k8s")
 

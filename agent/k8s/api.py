@@ -2,7 +2,7 @@
 
 Everything is exchanged as plain JSON dicts (`_preload_content=False`), so Deployments, ConfigMaps
 and custom resources go through one code path. Every API error becomes one of the actuator
-contract's errors (`tuners/actuator.py`) through the pure `classify_api_error`:
+contract's errors (`contracts/actuator.py`) through the pure `classify_api_error`:
 
 | response                      | error                                                     |
 |-------------------------------|-----------------------------------------------------------|
@@ -28,7 +28,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from agent.k8s.patches import Patch
-from tuners.actuator import (
+from contracts.actuator import (
     PermanentActuationError,
     RetriableActuationError,
     TargetGoneError,

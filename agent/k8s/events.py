@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.k8s.api import ObjectRef
-from tuners.actuator import ActuationError
+from contracts.actuator import ActuationError
 
 log = logging.getLogger("tierpilot.k8s")
 

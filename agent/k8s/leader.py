@@ -20,7 +20,7 @@ from typing import Any
 from agent.k8s.api import KubeApi
 from agent.k8s.metrics import ActuationMetrics
 from agent.k8s.settings import LeaseSettings
-from tuners.actuator import ActuationError, TargetGoneError
+from contracts.actuator import ActuationError, TargetGoneError
 
 log = logging.getLogger("tierpilot.k8s")
 

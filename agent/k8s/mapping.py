@@ -1,6 +1,6 @@
 """The knob -> setting mapping (`mappings.yaml`), loaded once into frozen records.
 
-Pure conversions between a knob value (`simulator.knobs.Knobs`) and the component's own value
+Pure conversions between a knob value (`contracts.knobs.Knobs`) and the component's own value
 (`LRU` for LMCache, `lru` for Curvine, an int of tokens...). The text encoding of that value in
 its store (env var, YAML line, TOML line, JSON) is the stores' business (`agent/k8s/stores.py`).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 
 MAPPINGS_FILE = Path(__file__).with_name("mappings.yaml")
 SETTING_TYPES = ("int", "float", "enum")

@@ -1,6 +1,6 @@
 """The least-privilege Role, derived from the code: every KubeApi method declares its verb and
 resource (`@uses`), the target settings name the objects, and the agent's pod discovery
-(agent/discovery.py) lists and watches pods. `required_rules` renders the rules a Role needs; the
+(agent/collect/discovery.py) lists and watches pods. `required_rules` renders the rules a Role needs; the
 deploy/ overlays are checked against it (no wildcards, no verb the code never uses, nothing missing).
 
     python -m agent.k8s.rbac deploy/overlays/plain-vllm/targets.yaml   # prints the Role rules
@@ -18,7 +18,7 @@ from agent.k8s.api import RESOURCES, TARGETS, ApiCall, KubeApi
 from agent.k8s.mapping import load_mappings
 from agent.k8s.settings import ActuationSettings, load_settings
 
-# The agent's pod discovery (agent/discovery.py) lists pods by label selector and then watches them.
+# The agent's pod discovery (agent/collect/discovery.py) lists pods by label selector and then watches them.
 DISCOVERY_CALLS = (ApiCall("list", "Pod", named=False), ApiCall("watch", "Pod", named=False))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from agent.k8s.api import ObjectRef
 from agent.k8s.backoff import Backoff
-from tuners.actuator import ActuationError, RetriableActuationError
+from contracts.actuator import ActuationError, RetriableActuationError
 
 log = logging.getLogger("tierpilot.k8s")
 

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.k8s.mapping import KNOB_NAMES, KindMapping, load_mappings
-from simulator.knobs import KnobError, Knobs
+from contracts.knobs import KnobError, Knobs
 
 TARGETS_ENV = "TIERPILOT_K8S_TARGETS"
 DRY_RUN_ENV = "TIERPILOT_DRY_RUN"

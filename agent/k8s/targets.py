@@ -13,8 +13,8 @@ from agent.k8s.api import ObjectRef
 from agent.k8s.mapping import KindMapping, RefusedValue, Setting
 from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION, Patch, resolve
 from agent.k8s.settings import ActuationSettings, TargetSpec
-from simulator.knobs import Knobs
-from tuners.actuator import PermanentActuationError
+from contracts.actuator import PermanentActuationError
+from contracts.knobs import Knobs
 
 SESSION_KEY = "session_key"
 LAST_GOOD_VERSION = 1

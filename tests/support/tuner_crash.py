@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 
-from simulator.knobs import Knobs
+from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
 from tuners.controller import ControllerSettings, TuningController
 from tuners.guardrails import Guardrails, GuardrailSettings

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.knobs import Knobs
-from tuners.actuator import ActuationError, ApplyResult, PermanentActuationError
+from contracts.actuator import ActuationError, ApplyResult, PermanentActuationError
+from contracts.knobs import Knobs
 from tuners.objective import TtftObservations
 
 
@@ -29,7 +29,7 @@ class FakeClock:
 
 
 class FakeActuator:
-    """Implements tuners.actuator.Actuator in memory; records every call with the clock's time.
+    """Implements contracts.actuator.Actuator in memory; records every call with the clock's time.
     With `path`, its state (the "cluster object") survives the process, like a real target."""
 
     def __init__(self, clock: Callable[[], float], initial: Knobs | None = None, *,

@@ -1,0 +1,4 @@
+"""`python -m agent.cli`: the same as the `tierpilot` command."""
+from agent.cli import main
+
+main()

@@ -1,0 +1,180 @@
+"""`tierpilot run` (the long-lived agent) and `tierpilot scrape-once` (one scrape, printed)."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+
+from agent.settings import SettingsError, load_settings
+from contracts.tier_model import ROLES, Snapshot, Target
+
+
+def _settings(config: Path | None, **overrides):
+    try:
+        return load_settings(config, **overrides)
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("run")
+@click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Agent YAML config (sections: scrape, store, server, otel, tiers, targets, kv_events, "
+                   "tuner, actuation, dry_run; see docs/agent.md). Every key can be overridden by "
+                   "TIERPILOT_<SECTION>__<KEY> environment variables (e.g. TIERPILOT_SCRAPE__INTERVAL_S=5, "
+                   "TIERPILOT_TUNER__ENABLED=true).")
+@click.option("--dry-run", is_flag=True, default=False,
+              help="Global dry-run: the tuner proposes, validates, logs and counts changes, and every "
+                   "Kubernetes write is a server-side dry-run; nothing is changed. Same as dry_run: true "
+                   "or TIERPILOT_DRY_RUN=true.")
+@click.option("--host", default=None, help="Address for /metrics (default from config: 0.0.0.0).")
+@click.option("--port", type=int, default=None, help="Port for /metrics (default from config: 9400).")
+def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) -> None:
+    """Run the whole agent until SIGTERM or Ctrl-C.
+
+    Always: discover targets (static list, targets file, Kubernetes label selectors), scrape them
+    on a schedule, keep a rolling window of the unified tier model, serve it on /metrics and push
+    it over OTLP when `otel.endpoint` is set.
+
+    With `kv_events.enabled`: subscribe to every vLLM pod's KV-event stream (endpoints from the
+    config or from tierpilot.io/kv-events-* pod annotations) and export the workload overlap,
+    duplication and miss attribution.
+
+    With `tuner.enabled`: detect workload drift, warm-start from the digital twin, and tune the
+    cache tiers live through the guardrails (cooldown, hourly cap, statistical rollback) and the
+    Kubernetes actuator (targets from `actuation.targets_file` or $TIERPILOT_K8S_TARGETS). Only
+    the replica holding the Lease acts; a standby scrapes and exports only.
+
+    The config is validated before anything starts; a bad key is one error naming it.
+    """
+    server = {}
+    if host is not None:
+        server["host"] = host
+    if port is not None:
+        server["port"] = port
+    settings = _settings(config)
+    overrides: dict = {}
+    if server:
+        overrides["server"] = {**settings.server.model_dump(), **server}
+    if dry_run:
+        overrides["dry_run"] = True
+    if overrides:
+        settings = _settings(config, **overrides)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agent.runtime.assembly import build_runtime
+
+    try:
+        runtime = build_runtime(settings)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    parts = [f"/metrics on {settings.server.host}:{settings.server.port}",
+             f"scraping every {settings.scrape.interval_s:g}s"]
+    if runtime.kv is not None:
+        parts.append("KV events on")
+    if runtime.tuning is not None:
+        parts.append(f"tuning every {settings.tuner.step_interval_s:g}s"
+                     + (" (DRY-RUN)" if settings.dry_run or runtime.actuator.settings.dry_run else "")
+                     + (", leader election on" if runtime.elector is not None else ""))
+    click.echo("tierpilot agent: " + ", ".join(parts), err=True)
+    runtime.run_forever()
+    click.echo("tierpilot agent stopped", err=True)
+
+
+def parse_target(spec: str) -> Target:
+    """`URL`, `ROLE=URL` or `ROLE/POD=URL`; the pod defaults to the URL's host:port."""
+    role, pod, url = "vllm", "", spec
+    head, sep, tail = spec.partition("=")
+    if sep and "://" not in head:
+        url = tail
+        role, _, pod = head.partition("/")
+    if role not in ROLES:
+        raise click.BadParameter(f"unknown role {role!r} in {spec!r}; valid: {', '.join(ROLES)}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise click.BadParameter(f"{url!r} is not an http(s) URL")
+    if not parts.path:
+        url = url.rstrip("/") + "/metrics"
+    return Target(url=url, role=role, pod=pod or parts.netloc)  # type: ignore[arg-type]
+
+
+@click.command("scrape-once")
+@click.option("--target", "-t", "targets", multiple=True, required=True, metavar="[ROLE[/POD]=]URL",
+              help="A /metrics URL; repeat for several. Prefix with a role (vllm, lmcache, curvine-master, "
+                   "curvine-worker, curvine-fuse, router; default vllm) and optionally a pod name, e.g. "
+                   "curvine-fuse/vllm-0=http://10.0.0.5:9003/metrics.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table",
+              show_default=True, help="prometheus prints exactly what the agent's /metrics would serve.")
+@click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Optional agent config (timeouts, KV bytes per token, extra mappings).")
+@click.option("--timeout", type=float, default=None, help="Per-target timeout in seconds.")
+def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout: float | None) -> None:
+    """Scrape the targets once and print the unified tier view.
+
+    With a single scrape, ratios come from the counters' lifetime totals. Exits 1 when no target
+    answered.
+    """
+    from agent.collect.discovery import StaticTargets
+    from agent.runtime.app import Agent, snapshot_json
+
+    parsed = [parse_target(t) for t in targets]
+    settings = _settings(config)
+    if timeout is not None:
+        settings = _settings(config, scrape={**settings.scrape.model_dump(), "timeout_s": timeout})
+    agent = Agent(settings, StaticTargets(parsed))
+    snap = agent.scrape_now()
+    if fmt == "json":
+        click.echo(snapshot_json(snap))
+    elif fmt == "prometheus":
+        click.echo(agent.metrics_text(), nl=False)
+    else:
+        render_table(snap)
+    if not any(st.up for st in snap.targets):
+        sys.exit(1)
+
+
+def _fmt(v: float | None, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1%}" if pct else f"{v:,.0f}"
+
+
+def render_table(snap: Snapshot) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    targets = Table(title="Targets")
+    for col in ("target", "role", "pod", "up", "seconds", "reason"):
+        targets.add_column(col)
+    for st in snap.targets:
+        targets.add_row(st.target.url, st.target.role, st.target.pod, "yes" if st.up else "NO",
+                        f"{st.duration_s:.3f}", st.reason + (f" ({st.detail})" if st.detail else ""))
+    console.print(targets)
+    tiers = Table(title="Tiers (lifetime totals; ratios over the window)")
+    for col in ("pod", "model", "tier", "source", "lookup tok", "hit tok", "hit ratio", "cumulative",
+                "evictions", "usage"):
+        tiers.add_column(col)
+    for t in snap.tiers:
+        tiers.add_row(t.pod, t.model or "-", t.tier, t.source, _fmt(t.lookup_tokens), _fmt(t.hit_tokens),
+                      _fmt(t.hit_ratio, True), _fmt(t.cumulative_hit_ratio, True), _fmt(t.evictions),
+                      _fmt(t.usage_ratio, True))
+    console.print(tiers)
+    pods = Table(title="Traffic and latency")
+    for col in ("pod", "model", "prompt tok", "requests", "TTFT p50", "p95", "p99", "L2 break-even tok"):
+        pods.add_column(col)
+    for p in snap.pods:
+        q = p.ttft_quantiles
+        pods.add_row(p.pod, p.model or "-", _fmt(p.prompt_tokens), _fmt(p.requests),
+                     *(f"{q[x] * 1000:.1f} ms" if x in q else "-" for x in (0.5, 0.95, 0.99)),
+                     _fmt(p.l2_break_even_tokens))
+    console.print(pods)
+    if snap.l2_io:
+        io = Table(title="L2 I/O latency")
+        for col in ("pod", "op", "p50", "p95", "p99"):
+            io.add_column(col)
+        for x in snap.l2_io:
+            io.add_row(x.pod, x.op, *(f"{x.quantiles[q] * 1000:.2f} ms" if q in x.quantiles else "-"
+                                      for q in (0.5, 0.95, 0.99)))
+        console.print(io)

@@ -1,0 +1,121 @@
+"""Job bodies. The scrape cycle: fetch every target concurrently, parse, normalise, resolve sources
+per pod, append to the window store, and compute the next snapshot. No scheduling here.
+
+Fault handling per target (the agent never stops for one bad target):
+- a fetch failure or a malformed payload marks the target down, counts the reason, and starts
+  its back-off; its pod's last samples stay in the window, nothing else is touched;
+- NaN/Inf values are dropped and counted as `invalid_value`; a counter that went down (a
+  restart) is counted as `counter_reset` and its increase restarts from the new value. In both
+  cases the target is marked down (`tierpilot_target_up 0`, reason = the fault) for that cycle,
+  so the fault is visible where operators look first; the payload's valid series are still kept,
+  and the next clean scrape marks it up again.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from agent.collect.mapping import MappingSet
+from agent.collect.normalise import normalise, resolve
+from agent.collect.parse import ParseError, parse
+from agent.collect.scrape import Backoff, FetchFailure, fetch
+from agent.collect.snapshot import build_snapshot
+from agent.collect.store import CounterResetDetector, WindowStore
+from agent.settings import AgentSettings
+from contracts.tier_model import Signal, Snapshot, Target, TargetStatus
+
+
+@dataclass(frozen=True, slots=True)
+class TargetOutcome:
+    status: TargetStatus
+    signals: tuple[Signal, ...]
+
+
+class ScrapeCycle:
+    """State carried across cycles: back-off, error counts, reset detection, last statuses."""
+
+    def __init__(self, settings: AgentSettings, mappings: MappingSet, store: WindowStore,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.mappings = mappings
+        self.store = store
+        self.clock = clock
+        self.backoff = Backoff(settings.scrape.backoff_base_s, settings.scrape.backoff_max_s, monotonic)
+        self.resets = CounterResetDetector()
+        self.errors: dict[str, dict[str, int]] = {}
+        self.statuses: dict[str, TargetStatus] = {}
+
+    def _count(self, target: Target, reason: str, n: int = 1) -> dict[str, int]:
+        errs = self.errors.setdefault(target.key, {})
+        errs[reason] = errs.get(reason, 0) + n
+        return dict(errs)
+
+    def process(self, target: Target, text: str, duration_s: float) -> TargetOutcome:
+        """Parse and normalise one fetched payload (pure apart from the counters)."""
+        try:
+            payload = parse(text, self.mappings.wanted.get(target.role))
+        except ParseError as exc:
+            return self._failed(target, "parse_error", str(exc), duration_s)
+        result = normalise(target, payload, self.mappings)
+        faults: list[tuple[str, str]] = []  # (reason, detail)
+        for reason, n in result.anomalies.items():
+            self._count(target, reason, n)
+            faults.append((reason, f"{reason} ({n} series dropped)"))
+        if self.resets.observe(target.key, result.signals):
+            self._count(target, "counter_reset")
+            faults.append(("counter_reset", "counter_reset (counters went down: a restart)"))
+        self.backoff.succeeded(target.key)
+        status = TargetStatus(target, not faults, duration_s, faults[0][0] if faults else "",
+                              "; ".join(detail for _, detail in faults), samples=payload.lines,
+                              errors=dict(self.errors.get(target.key, {})))
+        return TargetOutcome(status, tuple(result.signals))
+
+    def _failed(self, target: Target, reason: str, detail: str, duration_s: float) -> TargetOutcome:
+        errors = self._count(target, reason)
+        self.backoff.failed(target.key)
+        return TargetOutcome(TargetStatus(target, False, duration_s, reason, detail, errors=errors), ())
+
+    async def scrape_target(self, session: aiohttp.ClientSession, target: Target) -> TargetOutcome:
+        res = await fetch(session, target.url, timeout_s=self.settings.scrape.timeout_s,
+                          max_body_bytes=self.settings.scrape.max_body_bytes)
+        if isinstance(res, FetchFailure):
+            return self._failed(target, res.reason, res.detail, res.duration_s)
+        return self.process(target, res.text, res.duration_s)
+
+    def forget_gone(self, targets: Sequence[Target]) -> None:
+        live = {t.key for t in targets}
+        for key in [k for k in self.statuses if k not in live]:
+            self.statuses.pop(key, None)
+            self.errors.pop(key, None)
+            self.backoff.forget(key)
+            self.resets.forget(key)
+
+    async def run(self, session: aiohttp.ClientSession, targets: Sequence[Target]) -> Snapshot:
+        """One full cycle over `targets`; returns the new snapshot."""
+        start = time.perf_counter()
+        self.forget_gone(targets)
+        due = [t for t in targets if self.backoff.ready(t.key)]
+        outcomes = await asyncio.gather(*(self.scrape_target(session, t) for t in due))
+        signals: list[Signal] = []
+        for out in outcomes:
+            self.statuses[out.status.target.key] = out.status
+            signals.extend(out.signals)
+        for t in targets:  # skipped while backing off: still down, reason kept
+            if t.key not in {o.status.target.key for o in outcomes}:
+                prev = self.statuses.get(t.key)
+                self.statuses[t.key] = TargetStatus(
+                    t, False, 0.0, prev.reason if prev else "backoff", "skipped: backing off",
+                    errors=dict(self.errors.get(t.key, {})), skipped=True)
+        now = self.clock()
+        self.store.ingest(resolve(signals, self.mappings), ts=now)
+        statuses = [self.statuses[t.key] for t in targets]
+        return build_snapshot(
+            self.store.window(now=now), statuses, taken_at=now, live_pods={t.pod for t in targets},
+            kv_bytes_per_token=self.settings.tiers.kv_bytes_per_token,
+            cpu_capacity_bytes=self.settings.cpu_capacity_bytes,
+            cycle_duration_s=time.perf_counter() - start, store_rows=self.store.rows,
+        )

@@ -1,0 +1,191 @@
+"""Window aggregate + target statuses -> the `Snapshot` the exporters serve. Pure functions.
+
+Per pod and model, `derive_tiers` runs twice: on lifetime totals (the `_total` counters and the
+source label) and on window increases (the ratios). A ratio or TTFT quantile whose window saw no
+traffic (an idle pod, or a single scrape so far) comes from the lifetime totals instead, so an idle
+pod keeps reporting what its cache achieved rather than a gap. Signals without a model (LMCache MP L1 usage,
+Curvine FUSE I/O) belong to every model of their pod; a pod with no model at all (a Curvine
+master or worker) keeps model "".
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from agent.collect.promql import histogram_quantile
+from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, l2_break_even_tokens, prompt_lookups
+from contracts.tier_model import QUANTILES, HistogramView, L2IoView, PodView, Snapshot, TargetStatus, TierView
+
+
+@dataclass
+class SeriesGroup:
+    """All window rows of one pod and model, as plain dicts."""
+
+    increase: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    buckets: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)  # le, inc, last
+
+    def absorb(self, other: SeriesGroup) -> None:
+        """Add another group's signals without overriding ours (model-less pod-level signals)."""
+        for attr in ("increase", "last", "seconds", "sources", "buckets"):
+            mine, theirs = getattr(self, attr), getattr(other, attr)
+            for k, v in theirs.items():
+                mine.setdefault(k, v)
+
+
+def group_window(window: pl.DataFrame) -> dict[tuple[str, str], SeriesGroup]:
+    groups: dict[tuple[str, str], SeriesGroup] = defaultdict(SeriesGroup)
+    cols = window.select("pod", "model", "signal", "le", "source", "increase", "last", "seconds")
+    for pod, model, signal, le, source, inc, last, secs in cols.iter_rows():
+        g = groups[(pod, model)]
+        if le is None:
+            g.increase[signal] = inc
+            g.last[signal] = last
+            if secs is not None:
+                g.seconds[signal] = secs
+            g.sources[signal] = source
+        else:
+            g.buckets.setdefault(signal, []).append((le, inc, last))
+            g.sources.setdefault(signal, source)
+    for g in groups.values():
+        for rows in g.buckets.values():
+            rows.sort()
+    return merge_model_less(groups)
+
+
+def merge_model_less(groups: dict[tuple[str, str], SeriesGroup]) -> dict[tuple[str, str], SeriesGroup]:
+    by_pod: dict[str, list[str]] = defaultdict(list)
+    for pod, model in groups:
+        by_pod[pod].append(model)
+    out: dict[tuple[str, str], SeriesGroup] = {}
+    for pod, models in by_pod.items():
+        named = [m for m in models if m]
+        bare = groups.get((pod, ""))
+        if not named:
+            out[(pod, "")] = groups[(pod, "")]
+            continue
+        for m in named:
+            g = groups[(pod, m)]
+            if bare is not None:
+                g.absorb(bare)
+            out[(pod, m)] = g
+    return out
+
+
+def _quantiles(buckets: Iterable[tuple[float, float]], qs: Iterable[float] = QUANTILES) -> dict[float, float]:
+    pairs = list(buckets)
+    out = {}
+    for q in qs:
+        v = histogram_quantile(q, pairs)
+        if not math.isnan(v):
+            out[q] = v
+    return out
+
+
+def build_snapshot(
+    window: pl.DataFrame,
+    statuses: Iterable[TargetStatus],
+    *,
+    taken_at: float,
+    live_pods: set[str] | None = None,
+    kv_bytes_per_token: float | None = None,
+    cpu_capacity_bytes: float | None = None,
+    cycle_duration_s: float = 0.0,
+    store_rows: int = 0,
+) -> Snapshot:
+    """The unified view. Pods not in `live_pods` (when given) are left out: their series vanish."""
+    groups = group_window(window)
+    tiers: list[TierView] = []
+    pods: list[PodView] = []
+    l2_io: list[L2IoView] = []
+    hists: list[HistogramView] = []
+    io_done: set[str] = set()
+    for (pod, model), g in sorted(groups.items()):
+        if live_pods is not None and pod not in live_pods:
+            continue
+        tiers.extend(_tier_views(pod, model, g, kv_bytes_per_token, cpu_capacity_bytes))
+        pods.append(_pod_view(pod, model, g, kv_bytes_per_token))
+        if pod not in io_done:
+            io_done.add(pod)
+            for op in ("read", "write"):
+                rows = g.buckets.get(f"l2_{op}_latency_seconds")
+                if rows:
+                    idle = rows[-1][1] <= 0  # no I/O in the window: lifetime buckets
+                    qs = _quantiles((le, last if idle else inc) for le, inc, last in rows)
+                    if qs:
+                        l2_io.append(L2IoView(pod, op, qs))  # type: ignore[arg-type]
+        ttft = g.buckets.get("ttft_seconds")
+        if ttft and model:
+            hists.append(_histogram_view(pod, model, ttft, g.last))
+    return Snapshot(
+        taken_at=taken_at, tiers=tuple(tiers), pods=tuple(p for p in pods if _has_data(p)),
+        l2_io=tuple(l2_io), ttft_histograms=tuple(hists), targets=tuple(statuses),
+        cycle_duration_s=cycle_duration_s, store_rows=store_rows,
+    )
+
+
+def _has_data(p: PodView) -> bool:
+    return any(v is not None for v in (p.prompt_tokens, p.requests, p.l2_break_even_tokens)) or bool(p.ttft_quantiles)
+
+
+def _tier_views(pod: str, model: str, g: SeriesGroup, kvbpt: float | None,
+                cpu_cap: float | None) -> list[TierView]:
+    life = derive_tiers(g.last, g.sources, kv_bytes_per_token=kvbpt, cpu_capacity_bytes=cpu_cap)
+    win = {t.tier: t for t in derive_tiers(g.increase, g.sources, kv_bytes_per_token=kvbpt,
+                                           cpu_capacity_bytes=cpu_cap)}
+    cumulative = cumulative_hit_ratios(list(win.values()), prompt_lookups(g.increase))
+    if not cumulative:  # nothing entered the cache in the window: lifetime totals
+        cumulative = cumulative_hit_ratios(life, prompt_lookups(g.last))
+    out = []
+    for t in life:
+        w = win.get(t.tier)
+        ratio = w.hit_ratio if w is not None else None
+        out.append(TierView(
+            pod=pod, model=model, tier=t.tier, source=t.source,
+            lookup_tokens=t.lookup, hit_tokens=t.hit,
+            hit_ratio=ratio if ratio is not None else t.hit_ratio,  # idle window: lifetime totals
+            cumulative_hit_ratio=cumulative.get(t.tier),
+            evictions=t.evictions, usage_ratio=t.usage,
+        ))
+    return out
+
+
+def _rate(g: SeriesGroup, signal: str) -> float | None:
+    secs = g.seconds.get(signal)
+    if not secs or signal not in g.increase:
+        return None
+    return g.increase[signal] / secs
+
+
+def _pod_view(pod: str, model: str, g: SeriesGroup, kvbpt: float | None) -> PodView:
+    ttft = g.buckets.get("ttft_seconds", [])
+    if ttft and ttft[-1][1] <= 0:  # no request finished in the window: lifetime buckets
+        ttft = [(le, last, last) for le, _, last in ttft]
+    l2_read = g.buckets.get("l2_read_latency_seconds", [])
+    fixed = histogram_quantile(0.5, [(le, inc) for le, inc, _ in l2_read]) if l2_read else None
+    break_even = l2_break_even_tokens(
+        g.increase.get("prefill_seconds:sum"), g.increase.get("prompt_computed_tokens"),
+        g.increase.get("l2_read_latency_seconds:sum"), g.increase.get("l2_read_bytes"),
+        fixed, kvbpt,
+    )
+    return PodView(
+        pod=pod, model=model,
+        prompt_tokens=g.last.get("prompt_tokens"), requests=g.last.get("requests"),
+        ttft_quantiles=_quantiles((le, inc) for le, inc, _ in ttft) if ttft else {},
+        prompt_token_rate=_rate(g, "prompt_tokens"), request_rate=_rate(g, "requests"),
+        l2_break_even_tokens=break_even,
+    )
+
+
+def _histogram_view(pod: str, model: str, rows: list[tuple[float, float, float]],
+                    last: Mapping[str, float]) -> HistogramView:
+    bounds = tuple(le for le, _, _ in rows if le != math.inf)
+    counts = tuple(cum for _, _, cum in rows)
+    return HistogramView(pod, model, bounds, counts, last.get("ttft_seconds:sum", 0.0),
+                         last.get("ttft_seconds:count", counts[-1] if counts else 0.0))

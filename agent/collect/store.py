@@ -1,0 +1,319 @@
+"""The rolling window of normalised signals, kept in polars, and its read API.
+
+Each scrape cycle appends one frame (pod, model, signal, le, source, kind, value, delta, dt).
+`delta` is the reset-aware increase since the previous sample of the same series (null for the
+first sample), `dt` the seconds since that sample. Frames older than the retention are dropped
+whole, so memory is bounded by retention / scrape interval frames.
+
+Window semantics (used by the snapshot, the tuner's live evaluator and the drift detector):
+- a counter's increase over a window is the sum of its deltas inside the window; if the series
+  has no delta there (one single scrape so far), its latest value, i.e. the lifetime total;
+- a gauge's value is its latest one;
+- a rate is increase / covered seconds (None when only lifetime totals exist).
+
+The read API (all pure functions over `window()`; pod/model None means all of them, summed):
+`ttft_bucket_deltas`, `ttft_quantiles`, `hit_ratios`, `cumulative_hit_ratios`,
+`prompt_token_rate`, `request_rate`, `prompt_length_mix`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from agent.collect.promql import counter_delta, histogram_quantile
+from agent.collect.tiers import cumulative_hit_ratios as _cumulative
+from agent.collect.tiers import derive_tiers, prompt_lookups
+from contracts.tier_model import QUANTILES, Signal
+
+SCHEMA: dict[str, pl.DataType] = {
+    "ts": pl.Float64(),
+    "pod": pl.Categorical(),
+    "model": pl.Categorical(),
+    "signal": pl.Categorical(),
+    "le": pl.Float64(),
+    "source": pl.Categorical(),
+    "kind": pl.Categorical(),
+    "value": pl.Float64(),
+    "delta": pl.Float64(),
+    "dt": pl.Float64(),
+}
+KEYS = ["pod", "model", "signal", "le", "source", "kind"]
+WINDOW_SCHEMA = {
+    "pod": pl.String(), "model": pl.String(), "signal": pl.String(), "le": pl.Float64(),
+    "source": pl.String(), "kind": pl.String(), "increase": pl.Float64(), "last": pl.Float64(),
+    "seconds": pl.Float64(), "n": pl.UInt32(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    rows: int
+    resets: tuple[str, ...]  # pods with at least one counter that went down
+
+
+class CounterResetDetector:
+    """Remembers the last value of every counter series of each origin (target) and reports the
+    series that went down since: a process restart. Pure state object, no clock."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[tuple, float]] = {}
+
+    def observe(self, origin: str, signals: Iterable[Signal]) -> int:
+        prev = self._last.get(origin, {})
+        cur: dict[tuple, float] = {}
+        resets = 0
+        for s in signals:
+            if s.kind != "counter":
+                continue
+            key = (s.model, s.name, s.le if s.le == s.le else None, s.source)
+            cur[key] = s.value
+            before = prev.get(key)
+            if before is not None and s.value < before:
+                resets += 1
+        self._last[origin] = cur
+        return resets
+
+    def forget(self, origin: str) -> None:
+        self._last.pop(origin, None)
+
+
+class WindowStore:
+    """Thread-safe rolling store. `clock` gives seconds (injectable for tests)."""
+
+    def __init__(self, retention_s: float = 900.0, window_s: float = 300.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        if retention_s <= 0 or window_s <= 0:
+            raise ValueError("retention_s and window_s must be positive")
+        self.retention_s = retention_s
+        self.window_s = min(window_s, retention_s)
+        self.clock = clock
+        self._frames: deque[tuple[float, pl.DataFrame]] = deque()
+        self._last: dict[tuple, tuple[float, float]] = {}  # series -> (ts, value)
+        self._lock = threading.Lock()
+        self._cache: tuple[tuple[float, float, int], pl.DataFrame] | None = None
+
+    # -- writing -----------------------------------------------------------------------------
+    def ingest(self, signals: Sequence[Signal], ts: float | None = None) -> IngestReport:
+        ts = self.clock() if ts is None else ts
+        cols: dict[str, list] = {k: [] for k in SCHEMA}
+        last = self._last
+        reset_pods: set[str] = set()
+        for s in signals:
+            le = None if s.le != s.le else s.le
+            key = (s.pod, s.model, s.name, le, s.source)
+            prev = last.get(key)
+            delta = dt = None
+            if s.kind == "counter" and prev is not None and ts > prev[0]:
+                if s.value < prev[1]:
+                    reset_pods.add(s.pod)
+                delta = counter_delta(prev[1], s.value)
+                dt = ts - prev[0]
+            last[key] = (ts, s.value)
+            cols["ts"].append(ts)
+            cols["pod"].append(s.pod)
+            cols["model"].append(s.model)
+            cols["signal"].append(s.name)
+            cols["le"].append(le)
+            cols["source"].append(s.source)
+            cols["kind"].append(s.kind)
+            cols["value"].append(s.value)
+            cols["delta"].append(delta)
+            cols["dt"].append(dt)
+        frame = pl.DataFrame(cols, schema=SCHEMA)
+        with self._lock:
+            self._frames.append((ts, frame))
+            self._prune_locked(ts)
+            self._cache = None
+        return IngestReport(frame.height, tuple(sorted(reset_pods)))
+
+    def prune(self, now: float | None = None) -> None:
+        with self._lock:
+            self._prune_locked(self.clock() if now is None else now)
+
+    def _prune_locked(self, now: float) -> None:
+        horizon = now - self.retention_s
+        dropped = False
+        while self._frames and self._frames[0][0] < horizon:
+            self._frames.popleft()
+            dropped = True
+        if dropped:  # series not seen for a whole retention are forgotten
+            self._last = {k: v for k, v in self._last.items() if v[0] >= horizon}
+
+    def forget_pods(self, pods: Iterable[str]) -> None:
+        """Drop the remembered last values of pods that are gone (their rows age out)."""
+        gone = set(pods)
+        with self._lock:
+            self._last = {k: v for k, v in self._last.items() if k[0] not in gone}
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        with self._lock:
+            return sum(f.height for _, f in self._frames)
+
+    def frame(self, since: float | None = None) -> pl.DataFrame:
+        """All stored rows (optionally newer than `since`), oldest first."""
+        with self._lock:
+            frames = [f for t, f in self._frames if since is None or t > since]
+        if not frames:
+            return pl.DataFrame(schema=SCHEMA)
+        out = pl.concat(frames, how="vertical", rechunk=False)
+        return out if since is None else out.filter(pl.col("ts") > since)
+
+    def window(self, window_s: float | None = None, now: float | None = None) -> pl.DataFrame:
+        """Per series over the window: increase (or lifetime total), last value, seconds covered."""
+        now = self.clock() if now is None else now
+        window_s = self.window_s if window_s is None else window_s
+        with self._lock:
+            newest = self._frames[-1][0] if self._frames else 0.0
+            key = (window_s, newest, len(self._frames))
+            if self._cache is not None and self._cache[0] == key and now >= newest:
+                return self._cache[1]
+        out = window_aggregate(self.frame(since=now - window_s))
+        with self._lock:
+            self._cache = (key, out)
+        return out
+
+    # -- the read API for the tuner and drift detector ---------------------------------------
+    def values(self, pod: str | None = None, model: str | None = None,
+               window_s: float | None = None) -> tuple[dict[str, float], dict[str, str]]:
+        """Signal -> window value (counters: increase; gauges: latest), and signal -> source."""
+        return signal_values(select(self.window(window_s), pod, model))
+
+    def ttft_bucket_deltas(self, pod: str | None = None, model: str | None = None,
+                           window_s: float | None = None) -> list[tuple[float, float]]:
+        """(upper bound, cumulative count observed in the window), ascending, +Inf last."""
+        return bucket_increases(select(self.window(window_s), pod, model), "ttft_seconds")
+
+    def ttft_quantiles(self, pod: str | None = None, model: str | None = None,
+                       window_s: float | None = None, qs: Sequence[float] = QUANTILES) -> dict[float, float]:
+        buckets = self.ttft_bucket_deltas(pod, model, window_s)
+        return {q: histogram_quantile(q, buckets) for q in qs}
+
+    def hit_ratios(self, pod: str | None = None, model: str | None = None,
+                   window_s: float | None = None) -> dict[str, float]:
+        """Tier-conditional hit ratio per tier over the window (tiers without traffic absent)."""
+        values, sources = self.values(pod, model, window_s)
+        out = {}
+        for t in derive_tiers(values, sources):
+            r = t.hit_ratio
+            if r is not None:
+                out[t.tier] = r
+        return out
+
+    def cumulative_hit_ratios(self, pod: str | None = None, model: str | None = None,
+                              window_s: float | None = None) -> dict[str, float]:
+        values, sources = self.values(pod, model, window_s)
+        return _cumulative(derive_tiers(values, sources), prompt_lookups(values))
+
+    def prompt_token_rate(self, pod: str | None = None, model: str | None = None,
+                          window_s: float | None = None) -> float | None:
+        return signal_rate(select(self.window(window_s), pod, model), "prompt_tokens")
+
+    def request_rate(self, pod: str | None = None, model: str | None = None,
+                     window_s: float | None = None) -> float | None:
+        return signal_rate(select(self.window(window_s), pod, model), "requests")
+
+    def prompt_length_mix(self, pod: str | None = None, model: str | None = None,
+                          window_s: float | None = None) -> list[tuple[float, float, float]]:
+        """(lower, upper, share of requests) per `vllm:request_prompt_tokens` bucket in the window."""
+        return bucket_shares(bucket_increases(select(self.window(window_s), pod, model), "prompt_length_tokens"))
+
+
+# -- pure helpers over frames ---------------------------------------------------------------
+def window_aggregate(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows of one window -> one row per series (see module doc for the semantics)."""
+    if frame.height == 0:
+        return pl.DataFrame(schema=WINDOW_SCHEMA)
+    agg = frame.group_by(KEYS).agg(
+        pl.col("delta").sum().alias("inc"),
+        pl.col("delta").count().alias("n"),
+        pl.col("value").last().alias("last"),
+        pl.col("dt").sum().alias("seconds"),
+    )
+    return agg.select(
+        pl.col("pod").cast(pl.String),
+        pl.col("model").cast(pl.String),
+        pl.col("signal").cast(pl.String),
+        "le",
+        pl.col("source").cast(pl.String),
+        pl.col("kind").cast(pl.String),
+        pl.when((pl.col("kind") == "counter") & (pl.col("n") > 0))
+        .then(pl.col("inc")).otherwise(pl.col("last")).alias("increase"),
+        "last",
+        pl.when(pl.col("n") > 0).then(pl.col("seconds")).otherwise(None).alias("seconds"),
+        pl.col("n").cast(pl.UInt32),
+    )
+
+
+def select(window: pl.DataFrame, pod: str | None, model: str | None) -> pl.DataFrame:
+    if pod is not None:
+        window = window.filter(pl.col("pod") == pod)
+    if model is not None:
+        window = window.filter(pl.col("model") == model)
+    return window
+
+
+def signal_values(window: pl.DataFrame) -> tuple[dict[str, float], dict[str, str]]:
+    """Non-bucket signals summed over the selected series (gauges averaged), with their source."""
+    rows = window.filter(pl.col("le").is_null())
+    values: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    for name, kind, inc, src in rows.select("signal", "kind", "increase", "source").iter_rows():
+        values[name] = values.get(name, 0.0) + inc
+        counts[name] = counts.get(name, 0) + 1
+        sources.setdefault(name, src)
+        if kind == "gauge":
+            sources[name] = src
+    for name in list(values):
+        if counts[name] > 1 and _is_gauge(rows, name):
+            values[name] /= counts[name]
+    return values, sources
+
+
+def _is_gauge(rows: pl.DataFrame, name: str) -> bool:
+    kinds = rows.filter(pl.col("signal") == name)["kind"].unique().to_list()
+    return kinds == ["gauge"]
+
+
+def bucket_increases(window: pl.DataFrame, signal: str) -> list[tuple[float, float]]:
+    rows = (
+        window.filter((pl.col("signal") == signal) & pl.col("le").is_not_null())
+        .group_by("le").agg(pl.col("increase").sum()).sort("le")
+    )
+    return list(zip(rows["le"].to_list(), rows["increase"].to_list(), strict=True))
+
+
+def bucket_shares(buckets: list[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """Cumulative buckets -> (lower, upper, share) per bucket; empty when nothing was observed."""
+    if not buckets or buckets[-1][1] <= 0:
+        return []
+    total = buckets[-1][1]
+    out = []
+    lower, below = 0.0, 0.0
+    for le, cum in buckets:
+        out.append((lower, le, max(cum - below, 0.0) / total))
+        lower, below = le, max(cum, below)
+    return out
+
+
+def signal_rate(window: pl.DataFrame, signal: str) -> float | None:
+    """Per-second increase of a counter signal (summed over series); None without two scrapes."""
+    rows = window.filter((pl.col("signal") == signal) & pl.col("le").is_null() & (pl.col("n") > 0))
+    if rows.height == 0:
+        return None
+    total = 0.0
+    for inc, secs in rows.select("increase", "seconds").iter_rows():
+        if secs is None or secs <= 0:
+            return None
+        total += inc / secs
+    return total
+
+
+__all__ = ["CounterResetDetector", "IngestReport", "WindowStore", "window_aggregate"]

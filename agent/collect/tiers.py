@@ -1,0 +1,187 @@
+"""The unified tier model: signals of one pod and model -> per-tier counts. Pure functions.
+
+Input is a dict of signal -> value (counters as lifetime totals or as increases over a window;
+gauges as their latest value) and the source each signal came from. The same function serves
+both: lifetime totals feed the `_total` counters, window increases feed the ratios.
+
+Tiers: `gpu` (vLLM prefix cache), `cpu` (LMCache L1), `l2` (shared pool). `lookup` is the tokens
+that reached a tier's lookup, `hit` the tokens that tier served, so the tier-conditional hit
+ratio is hit / lookup. A token only reaches the CPU tier after missing on the GPU, and the L2 tier
+after missing both.
+
+The L1/L2 split has several possible sources, tried in this fixed order (the winner is the
+`source` label; an estimate says so in its name):
+
+1. `lmcache_mp`: LMCache MP per-tier lookup hits (exact);
+2. `vllm_by_source`: vLLM `prompt_tokens_cached_by_source{source=host|disk}` (exact when the
+   connector labels its hits by tier);
+3. `estimated_l2_read_bytes`: L2 read bytes (Curvine FUSE, else LMCache remote reads) divided by
+   KV bytes per token gives L2 hit tokens; the rest of the connector hits are L1;
+4. `connector_combined`: no split known: the `cpu` tier reports L1 and L2 together, no `l2` row
+   (and no `cpu` row either while the connector has never seen a token).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.collect.promql import ratio
+from contracts.tier_model import TIERS, Tier
+
+SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_by_source", "estimated_l2_read_bytes", "connector_combined")
+
+
+@dataclass(frozen=True, slots=True)
+class TierCounts:
+    tier: Tier
+    source: str
+    lookup: float | None = None
+    hit: float | None = None
+    evictions: float | None = None
+    usage: float | None = None
+    hit_ratio_gauge: float | None = None  # only when no counters exist (vLLM V0 hit-rate gauge)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        r = ratio(self.hit, self.lookup)
+        return r if r is not None else self.hit_ratio_gauge
+
+
+def _connector(values: Mapping[str, float], sources: Mapping[str, str]) -> tuple[float, float, str] | None:
+    if "connector_lookup_tokens" in values and "connector_hit_tokens" in values:
+        return values["connector_lookup_tokens"], values["connector_hit_tokens"], sources["connector_hit_tokens"]
+    if "lmcache_lookup_tokens" in values and "lmcache_hit_tokens" in values:
+        return values["lmcache_lookup_tokens"], values["lmcache_hit_tokens"], sources["lmcache_hit_tokens"]
+    return None
+
+
+def split_l1_l2(
+    values: Mapping[str, float], sources: Mapping[str, str], kv_bytes_per_token: float | None
+) -> tuple[str, tuple[float, float], tuple[float, float] | None] | None:
+    """(source, (cpu lookup, cpu hit), (l2 lookup, l2 hit) or None) by the fixed preference."""
+    if "mp_lookup_tokens" in values and "mp_hit_l1_tokens" in values:
+        asked, l1 = values["mp_lookup_tokens"], values["mp_hit_l1_tokens"]
+        l2 = values.get("mp_hit_l2_tokens", 0.0)
+        return "lmcache_mp", (asked, l1), (max(asked - l1, 0.0), l2)
+    conn = _connector(values, sources)
+    if conn is None:
+        return None
+    c_lookup, c_hit, _ = conn
+    host = values.get("cached_host_tokens")
+    disk = values.get("cached_disk_tokens")
+    if (host is not None or disk is not None) and ((host or 0.0) + (disk or 0.0) > 0 or c_hit == 0):
+        host, disk = host or 0.0, disk or 0.0
+        return "vllm_by_source", (c_lookup, host), (max(c_lookup - host, 0.0), disk)
+    read = values.get("l2_read_bytes")
+    if read is not None and kv_bytes_per_token:
+        l2_hit = min(read / kv_bytes_per_token, c_hit)
+        l1_hit = c_hit - l2_hit
+        return "estimated_l2_read_bytes", (c_lookup, l1_hit), (max(c_lookup - l1_hit, 0.0), l2_hit)
+    if c_lookup == 0 and c_hit == 0:
+        return None  # the connector never saw a token: no KV connector configured
+    return "connector_combined", (c_lookup, c_hit), None
+
+
+def derive_tiers(
+    values: Mapping[str, float],
+    sources: Mapping[str, str],
+    *,
+    kv_bytes_per_token: float | None = None,
+    cpu_capacity_bytes: float | None = None,
+) -> list[TierCounts]:
+    """Per-tier counts for one pod and model, in tier order. Tiers without any data are absent."""
+    out: dict[str, TierCounts] = {}
+    # GPU
+    gpu_usage = values.get("gpu_usage_ratio")
+    if "gpu_lookup_tokens" in values and "gpu_hit_tokens" in values:
+        out["gpu"] = TierCounts(
+            "gpu", sources["gpu_lookup_tokens"], values["gpu_lookup_tokens"], values["gpu_hit_tokens"],
+            usage=gpu_usage,
+        )
+    elif values.get("gpu_hit_ratio_gauge", -1.0) >= 0:
+        out["gpu"] = TierCounts(
+            "gpu", sources["gpu_hit_ratio_gauge"], usage=gpu_usage,
+            hit_ratio_gauge=min(1.0, values["gpu_hit_ratio_gauge"]),
+        )
+    elif gpu_usage is not None:
+        out["gpu"] = TierCounts("gpu", sources["gpu_usage_ratio"], usage=gpu_usage)
+    # CPU and L2 lookups and hits
+    split = split_l1_l2(values, sources, kv_bytes_per_token)
+    if split is not None:
+        src, (c_lookup, c_hit), l2 = split
+        out["cpu"] = TierCounts("cpu", src, c_lookup, c_hit)
+        if l2 is not None:
+            out["l2"] = TierCounts("l2", src, l2[0], l2[1])
+    # evictions and usage
+    cpu_usage = values.get("cpu_usage_ratio")
+    if cpu_usage is None and "cpu_used_bytes" in values and cpu_capacity_bytes:
+        cpu_usage = values["cpu_used_bytes"] / cpu_capacity_bytes
+    l2_usage = None
+    if "l2_used_bytes" in values and values.get("l2_capacity_bytes", 0) > 0:
+        l2_usage = values["l2_used_bytes"] / values["l2_capacity_bytes"]
+    for tier, evictions, usage, usage_src in (
+        ("cpu", values.get("cpu_evictions"), cpu_usage,
+         sources.get("cpu_usage_ratio") or sources.get("cpu_used_bytes") or sources.get("cpu_evictions")),
+        ("l2", values.get("l2_evictions"), l2_usage,
+         sources.get("l2_used_bytes") or sources.get("l2_evictions")),
+    ):
+        if evictions is None and usage is None:
+            continue
+        cur = out.get(tier)
+        if cur is None:
+            out[tier] = TierCounts(tier, usage_src or "", evictions=evictions, usage=_clip(usage))  # type: ignore[arg-type]
+        else:
+            out[tier] = TierCounts(
+                cur.tier, cur.source, cur.lookup, cur.hit, evictions=evictions, usage=_clip(usage),
+            )
+    return [out[t] for t in TIERS if t in out]
+
+
+def _clip(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else min(1.0, max(0.0, v))
+
+
+def prompt_lookups(values: Mapping[str, float]) -> float | None:
+    """Tokens that entered the cache hierarchy: GPU lookups, else prompt tokens."""
+    if "gpu_lookup_tokens" in values:
+        return values["gpu_lookup_tokens"]
+    return values.get("prompt_tokens")
+
+
+def cumulative_hit_ratios(tiers: list[TierCounts], prompt_tokens: float | None) -> dict[str, float]:
+    """Share of prompt tokens served by each tier or one above it (gpu <= cpu <= l2)."""
+    out: dict[str, float] = {}
+    served = 0.0
+    for t in tiers:
+        if t.hit is None:
+            continue
+        served += t.hit
+        r = ratio(served, prompt_tokens)
+        if r is not None:
+            out[t.tier] = r
+    return out
+
+
+def l2_break_even_tokens(
+    prefill_seconds: float | None,
+    computed_tokens: float | None,
+    l2_read_seconds: float | None,
+    l2_read_bytes: float | None,
+    l2_fixed_seconds: float | None,
+    kv_bytes_per_token: float | None,
+) -> float | None:
+    """Prompt length above which reading a prefix from L2 beats recomputing it.
+
+    Recompute costs `c_p` s/token (prefill seconds per computed token); an L2 read costs a fixed
+    `a` (median latency of one read I/O) plus `c_r` s/token (read seconds per byte times KV bytes
+    per token). Break-even n = a / (c_p - c_r); None when L2 never wins or data is missing."""
+    if not (prefill_seconds and computed_tokens and l2_read_seconds and l2_read_bytes and kv_bytes_per_token):
+        return None
+    if l2_fixed_seconds is None or not math.isfinite(l2_fixed_seconds):
+        return None
+    c_p = prefill_seconds / computed_tokens
+    c_r = l2_read_seconds / l2_read_bytes * kv_bytes_per_token
+    if c_p <= c_r:
+        return None
+    return l2_fixed_seconds / (c_p - c_r)

@@ -1,0 +1,305 @@
+"""The agent: settings + a target source -> scrape jobs, the window store, /metrics, OTLP.
+
+    agent = Agent(settings, targets=StaticTargets([...]), collectors=[tuner_collector],
+                  jobs=[JobSpec("drift", 30, detector.check)])
+    agent.start()            # background event loop: scheduler, HTTP server, discovery
+    agent.url                # e.g. http://127.0.0.1:40123/metrics
+    agent.snapshot           # the latest unified view (a frozen record)
+    agent.store              # the window store (read API for the tuner and drift detector)
+    agent.stop()
+
+`run_forever()` does the same in the foreground and stops cleanly on SIGTERM or SIGINT.
+`scrape_now()` runs one cycle synchronously (tests, `tierpilot scrape-once`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict
+from typing import Any, Self
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+
+from agent.collect.discovery import (
+    CombinedTargets,
+    FileTargets,
+    KubernetesTargets,
+    StaticTargets,
+    TargetSource,
+)
+from agent.collect.jobs import ScrapeCycle
+from agent.collect.mapping import MappingSet, builtin_mapping_paths, load_mappings
+from agent.collect.scheduler import JobSpec, build_scheduler
+from agent.collect.scrape import new_session
+from agent.collect.store import WindowStore
+from agent.settings import AgentSettings
+from contracts.tier_model import Snapshot
+from exporters.prom import build_registry
+
+log = logging.getLogger(__name__)
+
+
+class JobStats(Collector):
+    """`tierpilot_job_runs_total{job, outcome}`."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, job: str, outcome: str) -> None:
+        with self._lock:
+            self.counts[(job, outcome)] = self.counts.get((job, outcome), 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily("tierpilot_job_runs", "Scheduled job runs by outcome (ok/error).",
+                                  labels=["job", "outcome"])
+        with self._lock:
+            for (job, outcome), n in sorted(self.counts.items()):
+                fam.add_metric([job, outcome], float(n))
+        yield fam
+
+
+def targets_from_settings(settings: AgentSettings) -> TargetSource:
+    """Static list + optional file + optional Kubernetes discovery, as configured."""
+    sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
+    if settings.targets.file is not None:
+        sources.append(FileTargets(settings.targets.file))
+    if settings.targets.kubernetes.enabled:
+        from agent.collect.discovery import kubernetes_pod_api
+
+        api = kubernetes_pod_api(settings.targets.kubernetes.in_cluster)
+        sources.append(KubernetesTargets(api, settings.targets.kubernetes))
+    return CombinedTargets(sources)
+
+
+class Agent:
+    """Builds and runs the agent. Not started by the constructor."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        targets: TargetSource | None = None,
+        *,
+        collectors: Iterable[Collector] = (),
+        jobs: Iterable[JobSpec | tuple[str, float, Callable[[], Any]]] = (),
+        mappings: MappingSet | None = None,
+        clock: Callable[[], float] = time.time,
+        otel_exporter: Any = None,
+    ):
+        self.settings = settings
+        self.target_source = targets if targets is not None else targets_from_settings(settings)
+        self.mappings = mappings or load_mappings([*builtin_mapping_paths(), *settings.mappings])
+        self.clock = clock
+        self.store = WindowStore(settings.store.retention_s, settings.store.window_s, clock)
+        self.cycle = ScrapeCycle(settings, self.mappings, self.store, clock)
+        self._snapshot = Snapshot.empty()
+        self.job_stats = JobStats()
+        self.registry = build_registry(lambda: self._snapshot, (self.job_stats, *collectors))
+        self.jobs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
+        self._otel_exporter = otel_exporter
+        self.otel = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._scheduler = None
+        self._started = threading.Event()
+        self._cycle_lock: asyncio.Lock | None = None
+        self.port: int | None = None
+        self.cycles = 0
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the agent is not started")
+        host = self.settings.server.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        return f"http://{host}:{self.port}/metrics"
+
+    def metrics_text(self) -> str:
+        """Exactly what /metrics serves (classic text format)."""
+        return generate_latest(self.registry).decode()
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def add_job(self, spec: JobSpec) -> None:
+        if self._scheduler is not None:
+            raise RuntimeError("add jobs before start()")
+        self.jobs.append(spec)
+
+    # -- one cycle -----------------------------------------------------------------------------
+    async def _scrape(self) -> Snapshot:
+        assert self._cycle_lock is not None and self._session is not None
+        async with self._cycle_lock:
+            targets = self.target_source.targets()
+            self._snapshot = await self.cycle.run(self._session, targets)
+            self.cycles += 1
+            return self._snapshot
+
+    def scrape_now(self, timeout: float | None = None) -> Snapshot:
+        """Run one scrape cycle and return the new snapshot (started or not)."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(self._scrape(), self._loop)
+            return fut.result(timeout)
+
+        async def once() -> Snapshot:
+            self._cycle_lock = asyncio.Lock()
+            async with new_session(self.settings.scrape.concurrency) as session:
+                self._session = session
+                try:
+                    return await self._scrape()
+                finally:
+                    self._session = None
+        return asyncio.run(once())
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the event loop thread, /metrics, discovery, OTLP export and the scheduler."""
+        if self._thread is not None:
+            raise RuntimeError("already started")
+        for src in getattr(self.target_source, "sources", (self.target_source,)):
+            if isinstance(src, KubernetesTargets):
+                src.start()
+        if self.settings.otel.endpoint or self._otel_exporter is not None:
+            from exporters.otel import OtelExporter
+
+            self.otel = OtelExporter(lambda: self._snapshot, self.settings.otel, self._otel_exporter)
+        self._loop = asyncio.new_event_loop()
+        error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run_loop, args=(error,), name="tierpilot-agent", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout) or error:
+            self.stop()
+            raise RuntimeError(f"agent failed to start: {error[0] if error else 'timeout'}")
+
+    def _run_loop(self, error: list[BaseException]) -> None:
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._setup())
+        except BaseException as exc:  # noqa: BLE001 - reported to start()
+            error.append(exc)
+            self._started.set()
+            return
+        self._started.set()
+        loop.run_forever()
+        loop.run_until_complete(self._teardown())
+        loop.close()
+
+    async def _setup(self) -> None:
+        self._cycle_lock = asyncio.Lock()
+        self._session = new_session(self.settings.scrape.concurrency)
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._serve_health)
+        app.router.add_get("/snapshot", self._serve_snapshot)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.server.host, self.settings.server.port)
+        await site.start()
+        server = site._server
+        self.port = server.sockets[0].getsockname()[1] if server and server.sockets else self.settings.server.port
+        jobs = [JobSpec("scrape", self.settings.scrape.interval_s, self._scrape, first_run_now=True), *self.jobs]
+        self._scheduler = build_scheduler(asyncio.get_running_loop(), jobs, self.job_stats.record)
+        self._scheduler.start()
+        log.info("agent serving %s", self.url)
+
+    async def _teardown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop everything started by `start()`; safe to call twice."""
+        for src in getattr(self.target_source, "sources", (self.target_source,)):
+            if isinstance(src, KubernetesTargets):
+                src.stop()
+        if self._loop is not None and self._thread is not None:
+            if self._loop.is_running():
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        self._thread = None
+        self._loop = None
+        self._scheduler = None
+        if self.otel is not None:
+            try:
+                self.otel.shutdown()
+            except Exception:
+                log.warning("OpenTelemetry shutdown failed", exc_info=True)
+            self.otel = None
+
+    def is_alive(self) -> bool:
+        """True while the agent's event loop thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def run_forever(self) -> None:
+        """Start, then block until SIGTERM or SIGINT; then stop cleanly."""
+        run_until_signalled(self.start, self.stop, self.is_alive)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    async def _serve_metrics(self, _request: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+    async def _serve_health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "cycles": self.cycles, "snapshot_at": self._snapshot.taken_at})
+
+    async def _serve_snapshot(self, _request: web.Request) -> web.Response:
+        return web.Response(text=snapshot_json(self._snapshot), content_type="application/json")
+
+
+def snapshot_json(snap: Snapshot) -> str:
+    def default(o: object) -> Any:
+        return str(o)
+    data = asdict(snap)
+    return json.dumps(data, default=default, indent=1, allow_nan=True)
+
+
+def run_until_signalled(start: Callable[[], None], stop: Callable[[], None],
+                        alive: Callable[[], bool], poll_s: float = 0.5) -> None:
+    """Run `start`, block until SIGTERM or SIGINT (or until `alive()` turns false, which is an
+    error), then `stop` and restore the previous signal handlers."""
+    done = threading.Event()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda *_: done.set())
+    try:
+        start()
+        while not done.wait(poll_s):
+            if not alive():
+                raise RuntimeError("the agent event loop died")
+    finally:
+        stop()
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,357 @@
+"""The whole agent, composed from settings: what `tierpilot run` starts.
+
+    runtime = build_runtime(load_settings("agent.yaml"))
+    runtime.run_forever()          # or start() ... stop(); SIGTERM/SIGINT stop it cleanly
+
+Pieces (each built only when its section asks for it):
+
+- the agent (agent.runtime.app.Agent): discovery, scrape, window store, /metrics, OTLP;
+- `kv_events.enabled`: the KV-event manager (agent.kvevents) with endpoints from the config and
+  from `tierpilot.io/kv-events-*` pod annotations, its collector, a per-scrape job feeding it the
+  vLLM token counters (`kv_counters`) and a discovery job (`kv_endpoints`);
+- `tuner.enabled`: the Kubernetes actuator (agent.k8s, targets from `actuation.targets_file` or
+  $TIERPILOT_K8S_TARGETS) behind the guardrails, the Lease elector, the live evaluator over the
+  store, the twin warm start (a trace, or a synthetic workload fitted to the observed signals),
+  the drift detector, and the `tune_step` job, which acts on the leader only. The last good
+  configuration goes to the target annotations and to the study storage.
+
+Global `dry_run` (or $TIERPILOT_DRY_RUN): proposals are validated, logged and counted, and every
+write is a server-side dry-run; nothing changes. Clock, Kubernetes client, pod API, sleep and the
+ZMQ context are injectable, so tests drive time and point everything at an emulator.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from agent.collect.discovery import (
+    CombinedTargets,
+    FileTargets,
+    KubernetesPodApi,
+    KubernetesTargets,
+    PodApi,
+    StaticTargets,
+    TargetSource,
+)
+from agent.collect.scheduler import JobSpec
+from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector
+from agent.runtime.app import Agent, run_until_signalled
+from agent.runtime.tuning_bridge import (
+    StoreWindowSource,
+    StudyLastGood,
+    drift_signals,
+    feed_kv_counters,
+    kv_endpoints_from_pods,
+    restrict_space,
+)
+from agent.runtime.tuning_loop import TuningLoop
+from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
+from agent.settings import AgentSettings, SettingsError
+from contracts.actuator import ActuationError
+from contracts.knobs import DEFAULT_KNOBS, Knobs
+
+log = logging.getLogger("tierpilot.runtime")
+TARGETS_ENV = "TIERPILOT_K8S_TARGETS"
+
+
+class RuntimeConfigError(SettingsError):
+    """The settings are valid one by one but cannot be put together (names the key)."""
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclasses.dataclass
+class Runtime:
+    """Everything `build_runtime` made. `start`/`stop`/`run_forever` manage the lifecycle."""
+
+    settings: AgentSettings
+    agent: Agent
+    kv: KvEventManager | None = None
+    tuning: TuningLoop | None = None
+    actuator: Any = None  # agent.k8s.KubernetesActuator
+    elector: Any = None  # agent.k8s.LeaseElector
+    tuner_metrics: Any = None  # tuners.metrics.TunerMetrics
+    actuation_metrics: Any = None  # agent.k8s.ActuationMetrics
+    last_good_store: StudyLastGood | None = None
+    kv_refresh: Callable[[], int] | None = None
+    kv_feed: Callable[[], int] | None = None
+    _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
+    _elector_thread: threading.Thread | None = None
+    _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+    def start(self) -> None:
+        """Start the KV subscriber, the re-apply guard, the elector, then the agent's loop."""
+        try:
+            if self.kv is not None:
+                self.kv.start()
+                self._started.append(self.kv.stop)
+            if self.actuator is not None:
+                self.actuator.start()
+                self._started.append(self.actuator.stop)
+            if self.elector is not None:
+                self._stop_elector.clear()
+                self._elector_thread = threading.Thread(target=self.elector.run, args=(self._stop_elector,),
+                                                        name="tierpilot-lease", daemon=True)
+                self._elector_thread.start()
+                self._started.append(self._stop_elector_thread)
+            self.agent.start()
+            self._started.append(self.agent.stop)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _stop_elector_thread(self) -> None:
+        self._stop_elector.set()
+        if self._elector_thread is not None:
+            self._elector_thread.join(15)  # the elector releases the Lease on its way out
+            self._elector_thread = None
+
+    def stop(self) -> None:
+        """Stop what `start` started, newest first; safe to call twice."""
+        while self._started:
+            stop = self._started.pop()
+            try:
+                stop()
+            except Exception:
+                log.exception("while stopping")
+
+    def run_forever(self) -> None:
+        """Start, block until SIGTERM or SIGINT, then stop cleanly."""
+        run_until_signalled(self.start, self.stop, self.agent.is_alive)
+
+
+# -- building --------------------------------------------------------------------------------
+def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Callable[[], float] = time.time,
+                  monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                  now: Callable[[], datetime.datetime] = _utcnow, targets: TargetSource | None = None,
+                  pod_api: PodApi | None = None, kv_context: Any = None,
+                  env: Mapping[str, str] | None = None) -> Runtime:
+    """Compose the runtime from `settings` (see the module docstring). Raises RuntimeConfigError
+    (or the subsystem's own error, naming the file and key) before anything starts."""
+    env = os.environ if env is None else env
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
+    needs_kube = settings.tuner.enabled or (settings.kv_events.enabled and settings.kv_events.discovery
+                                            and settings.targets.kubernetes.enabled)
+    if api_client is None and needs_kube:
+        from agent.k8s.wiring import load_api_client
+
+        kubeconfig = settings.actuation.kubeconfig
+        api_client = load_api_client(str(kubeconfig) if kubeconfig else None)
+    if pod_api is None and api_client is not None:
+        from kubernetes import client as k8s
+
+        pod_api = KubernetesPodApi(k8s.CoreV1Api(api_client))
+    if targets is None and api_client is not None:
+        targets = _targets(settings, pod_api)
+    agent = Agent(settings, targets, clock=clock)
+    rt = Runtime(settings, agent)
+    if settings.kv_events.enabled:
+        _add_kv_events(rt, settings, pod_api, clock, kv_context)
+    if settings.tuner.enabled:
+        _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now)
+    return rt
+
+
+def _targets(settings: AgentSettings, pod_api: PodApi | None) -> TargetSource:
+    sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
+    if settings.targets.file is not None:
+        sources.append(FileTargets(settings.targets.file))
+    if settings.targets.kubernetes.enabled and pod_api is not None:
+        sources.append(KubernetesTargets(pod_api, settings.targets.kubernetes))
+    return CombinedTargets(sources)
+
+
+def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
+                   clock: Callable[[], float], context: Any) -> None:
+    cfg = settings.kv_events
+    kv = KvEventManager(cfg.manager_settings(), clock=clock, context=context)
+    rt.kv = kv
+    rt.agent.add_collector(KvEventsCollector(kv.snapshot))
+    interval = settings.scrape.interval_s
+    rt.kv_feed = lambda: feed_kv_counters(rt.agent.store, kv, window_s=interval * 2.5, ts=clock())
+    rt.agent.add_job(JobSpec("kv_counters", interval, rt.kv_feed))
+    vllm = settings.targets.kubernetes.roles.get("vllm")
+    if not (cfg.discovery and settings.targets.kubernetes.enabled and vllm is not None and pod_api is not None):
+        if cfg.discovery and not cfg.endpoints:
+            log.warning("kv_events: discovery needs targets.kubernetes with a vllm role; no endpoints configured")
+        return
+    static = tuple(cfg.endpoints)
+    namespace = settings.targets.kubernetes.namespace
+
+    def refresh() -> int:
+        pods, _version = pod_api.list_pods(namespace, vllm.selector)
+        found, errors = kv_endpoints_from_pods(pods, cfg.default_model)
+        for err in errors:
+            log.warning("kv_events: %s", err)
+        merged: dict[str, EndpointSpec] = {s.pod: s for s in found}
+        merged.update({s.pod: s for s in static})  # the config wins for a pod named in both
+        kv.set_endpoints(tuple(merged.values()))
+        return len(merged)
+
+    rt.kv_refresh = refresh
+    rt.agent.add_job(JobSpec("kv_endpoints", cfg.discovery_interval_s, refresh, first_run_now=True))
+
+
+def observed_workload(store: Any, kv: KvEventManager | None, window_s: float) -> ObservedWorkload:
+    """The signals the synthetic warm-start workload is fitted to. Without KV events the
+    overlap falls back to the cache's cumulative hit ratio (a lower bound)."""
+    signals = drift_signals(store, kv, window_s)
+    overlap = signals.get("reuse_ratio", signals.get("hit_ratio"))
+    return ObservedWorkload(signals.get("arrival_rate"), tuple(store.prompt_length_mix(window_s=window_s)),
+                            None if overlap is None else min(max(overlap, 0.0), 1.0))
+
+
+def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
+    """The actuator settings the runtime uses: the targets file, with the agent config's lease,
+    identity and global dry-run applied. Errors name the key or the file."""
+    from agent.k8s import ActuationConfigError
+    from agent.k8s import load_settings as load_actuation
+
+    act_cfg = settings.actuation
+    path = act_cfg.targets_file or (Path(env[TARGETS_ENV]) if env.get(TARGETS_ENV) else None)
+    if path is None:
+        raise RuntimeConfigError(f"key 'actuation.targets_file': tuner.enabled needs the actuator's targets "
+                                 f"file (or ${TARGETS_ENV})")
+    try:
+        act = load_actuation(path)
+    except ActuationConfigError as exc:
+        msg = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+        raise RuntimeConfigError(f"actuation.targets_file: {msg}") from None
+    lease = act.lease.model_copy(update={"enabled": act_cfg.leader_election,
+                                         **({"name": act_cfg.lease_name} if act_cfg.lease_name else {})})
+    update: dict[str, Any] = {"lease": lease, "dry_run": act.dry_run or settings.dry_run}
+    if act_cfg.identity:
+        update["identity"] = act_cfg.identity
+    return act.model_copy(update=update)
+
+
+def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any, *,
+                clock: Callable[[], float], monotonic: Callable[[], float], sleep: Callable[[float], None],
+                now: Callable[[], datetime.datetime]) -> None:
+    from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
+    from tuners.controller import ControllerSettings, TuningController
+    from tuners.drift import DriftDetector, DriftSettings
+    from tuners.guardrails import Guardrails, GuardrailSettings
+    from tuners.live import LiveEvaluator, LiveSettings
+    from tuners.metrics import TunerMetrics
+    from tuners.objective import ObjectiveSpec
+    from tuners.optuna_tuner import open_storage
+    from tuners.space import DeploymentLimits, SearchSpace
+    from tuners.stats import RegressionSettings
+
+    t = settings.tuner
+    try:
+        storage = open_storage(t.storage)
+    except ValueError as exc:
+        raise RuntimeConfigError(f"key 'tuner.storage': {exc}") from None
+    rt.last_good_store = StudyLastGood(storage, t.study, now=now)
+    rt.actuation_metrics = ActuationMetrics()
+    rt.agent.add_collector(ActuationCollector(rt.actuation_metrics))
+    if act.lease.enabled:
+        lease_ns = settings.actuation.lease_namespace or act.namespace
+        rt.elector = LeaseElector(KubeApi(api_client, field_manager=act.field_manager), lease_ns, act.lease,
+                                  act.identity, clock=monotonic, now=now, metrics=rt.actuation_metrics)
+    rt.actuator = build_actuator(api_client, act, elector=rt.elector, metrics=rt.actuation_metrics,
+                                 clock=monotonic, sleep=sleep, now=now,
+                                 on_mark_good=rt.last_good_store.on_mark_good,
+                                 load_last_good=rt.last_good_store.load_last_good)
+    limits = DeploymentLimits(**t.limits.model_dump())
+    fixed = _running_knobs(rt.actuator, act.fixed_knobs)
+    space = restrict_space(SearchSpace.from_limits(limits, tune_cpu_eviction=t.tune_cpu_eviction),
+                           rt.actuator.tunable_knobs(), fixed)
+    if not space.dimensions:
+        raise RuntimeConfigError(f"actuation.targets_file: the targets own no knob of the search space "
+                                 f"(they own: {', '.join(sorted(rt.actuator.tunable_knobs())) or 'none'})")
+    rt.tuner_metrics = TunerMetrics(target=act.namespace)
+    rt.agent.add_collector(rt.tuner_metrics)
+    g = t.guardrails
+    quantile = 0.95 if t.objective == "ttft_p95" else 0.5
+    guardrails = Guardrails(rt.actuator, space, rt.tuner_metrics, GuardrailSettings(
+        cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=act.dry_run,
+        regression=RegressionSettings(method=g.regression.method, alpha=g.regression.alpha,
+                                      min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
+                                      min_samples=g.regression.min_samples)), clock=clock)
+    objective = ObjectiveSpec(metric=t.objective)
+    source = StoreWindowSource(rt.agent.store)
+    d = t.drift
+    drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold),
+                          signals=tuple(d.signals)) if d.enabled else None
+    warm = _warm_start(rt, settings, space, limits, objective) if t.warm_start.trials and t.warm_start.top_k else None
+    live = t.live
+
+    def make_controller() -> TuningController:
+        return TuningController(
+            space=space, objective=objective, storage=storage, guardrails=guardrails,
+            evaluator=LiveEvaluator(guardrails, source, LiveSettings(
+                settle_s=live.settle_s, window_s=live.window_s, min_requests=live.min_requests,
+                max_extensions=live.max_extensions)),
+            metrics=rt.tuner_metrics, warm_start=warm, drift=drift,
+            settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=act.identity,
+                                        trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
+                                        min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries))
+
+    rt.tuning = TuningLoop(
+        make_controller, lambda: drift_signals(rt.agent.store, rt.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
+        clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
+    rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
+    log.info("tuning %s in %s: knobs %s; %s; leader election %s", t.study, act.namespace,
+             ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live",
+             "on" if rt.elector is not None else "off")
+
+
+def _running_knobs(actuator: Any, fixed_knobs: Mapping[str, Any]) -> Knobs:
+    """What the cluster runs (the values of knobs the tuner will not search), read once."""
+    try:
+        return actuator.current()
+    except ActuationError as exc:
+        log.warning("cannot read the running configuration (%s); assuming defaults + fixed_knobs", exc)
+        return Knobs.from_mapping({**DEFAULT_KNOBS.to_dict(), **fixed_knobs}, source="fixed_knobs")
+
+
+def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, objective: Any) -> Any:
+    from simulator.cluster import ClusterSpec
+    from tuners.evaluators import TwinEvaluator
+    from tuners.warmstart import TwinWarmStart
+
+    ws = settings.tuner.warm_start
+    kvbpt = settings.tiers.kv_bytes_per_token or 131072.0
+    cluster_kw: dict[str, Any] = {"pods": limits.pods, "l2_tokens": int(limits.l2_pool_gib * 2**30 / kvbpt)}
+    if ws.profile:
+        cluster_kw["profile"] = ws.profile
+    try:
+        cluster = ClusterSpec(**cluster_kw)
+    except ValueError as exc:
+        raise RuntimeConfigError(f"key 'tuner.warm_start.profile': {exc}") from None
+    if ws.workload == "trace":
+        from simulator.workload import load_trace
+
+        assert ws.trace is not None
+        try:
+            trace = load_trace(ws.trace).head(ws.max_requests)
+        except (OSError, ValueError) as exc:
+            raise RuntimeConfigError(f"key 'tuner.warm_start.trace': {exc}") from None
+
+    def workload() -> Any:
+        if ws.workload == "trace":
+            return trace
+        observed = observed_workload(rt.agent.store, rt.kv, settings.tuner.drift.window_s)
+        log.info("warm start: twin workload fitted to %s", observed)
+        return fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests, seed=ws.seed)
+
+    return TwinWarmStart(lambda: TwinEvaluator(workload(), cluster, limits), space, objective,
+                         trials=ws.trials, sampler=settings.tuner.sampler, seed=ws.seed)
+
+
+__all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload"]

@@ -1,0 +1,149 @@
+"""The emulated cluster: N vLLM pods (each with its Curvine FUSE mount) and one Curvine master,
+all on 127.0.0.1, each serving the real exposition format of its component.
+
+Restarts behave like a Kubernetes rollout replacing a pod: the pod's endpoints close (scrapes get
+"connection refused"), its metric state is replaced by a fresh one (counters at zero, `_created`
+at the new start time) and, through the `on_restart` hooks, the twin drops the pod's private
+caches and the KV-event publisher resets its sequence and announces `AllBlocksCleared`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Self
+
+from emulator.cluster.exposition import render_python_client, render_rust_text
+from emulator.cluster.http_endpoint import MetricsEndpoint
+from emulator.cluster.pod_metrics import (
+    CurvineFuseMetrics,
+    CurvineMasterMetrics,
+    PodIdentity,
+    VllmPodMetrics,
+)
+
+RestartHook = Callable[[str], None]
+
+
+def pod_names(n: int) -> tuple[str, ...]:
+    if n < 1:
+        raise ValueError(f"--pods must be at least 1, got {n}")
+    return tuple(f"vllm-{i}" for i in range(n))
+
+
+class EmulatedPod:
+    """One vLLM pod: the engine's `/metrics` (with LMCache's series) and its FUSE mount's."""
+
+    def __init__(self, name: str, identity: PodIdentity, clock: Callable[[], float]) -> None:
+        self.name = name
+        self.identity = identity
+        self._clock = clock
+        self.restarts = 0
+        self.metrics = VllmPodMetrics(identity, clock())
+        self.fuse = CurvineFuseMetrics(clock())
+        self.vllm_endpoint = MetricsEndpoint(lambda: render_python_client(self.metrics.snapshot()))
+        self.fuse_endpoint = MetricsEndpoint(lambda: render_rust_text(self.fuse.snapshot()))
+
+    @property
+    def up(self) -> bool:
+        return self.vllm_endpoint.running
+
+    def start(self) -> None:
+        self.vllm_endpoint.start()
+        self.fuse_endpoint.start()
+
+    def stop(self) -> None:
+        self.vllm_endpoint.stop()
+        self.fuse_endpoint.stop()
+
+    def reset_state(self) -> None:
+        """A new process: fresh counters whose `_created` is now. The FUSE daemon is per node
+        and survives a pod restart, so its counters carry on."""
+        self.metrics = VllmPodMetrics(self.identity, self._clock())
+        self.restarts += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    pods: int = 4
+    identity: PodIdentity = dataclasses.field(default_factory=PodIdentity)
+    restart_downtime_s: float = 0.5  # wall seconds a restarting pod is unreachable
+
+
+class EmulatedCluster:
+    """Owns every endpoint; thread-safe restarts; hooks tell the twin and publishers."""
+
+    def __init__(self, spec: ClusterSpec, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.spec = spec
+        self._clock = clock
+        self._sleep = sleep
+        self.pods: dict[str, EmulatedPod] = {n: EmulatedPod(n, spec.identity, clock) for n in pod_names(spec.pods)}
+        self.master = CurvineMasterMetrics(clock())
+        self.master_endpoint = MetricsEndpoint(lambda: render_rust_text(self.master.snapshot()))
+        self._restart_hooks: list[RestartHook] = []
+        self._lock = threading.Lock()
+        self.master_restarts = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        for pod in self.pods.values():
+            pod.start()
+        self.master_endpoint.start()
+
+    def stop(self) -> None:
+        for pod in self.pods.values():
+            pod.stop()
+        self.master_endpoint.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def on_restart(self, hook: RestartHook) -> None:
+        """`hook(pod_name)` runs when the pod goes down (its caches are gone from then on)."""
+        self._restart_hooks.append(hook)
+
+    # -- restarts ------------------------------------------------------------------------------------
+    def restart_pod(self, name: str, downtime_s: float | None = None) -> None:
+        """Replace one pod: endpoint down, cold state, hooks, endpoint back after the downtime."""
+        self.restart_pods([name], downtime_s)
+
+    def restart_pods(self, names: list[str] | tuple[str, ...], downtime_s: float | None = None) -> None:
+        """Replace several pods at once (a non-rolling rollout): all down for one downtime."""
+        unknown = [n for n in names if n not in self.pods]
+        if unknown:
+            raise KeyError(f"no emulated pod {', '.join(unknown)}; pods: {', '.join(self.pods)}")
+        with self._lock:
+            for name in names:
+                self.pods[name].vllm_endpoint.stop()
+                for hook in self._restart_hooks:
+                    hook(name)
+            self._sleep(self.spec.restart_downtime_s if downtime_s is None else downtime_s)
+            for name in names:  # the new process starts after the downtime
+                self.pods[name].reset_state()
+                self.pods[name].vllm_endpoint.start()
+
+    def restart_master(self, downtime_s: float | None = None) -> None:
+        """Curvine master restart (eviction settings are read at start): counters reset, the
+        cached data on the workers stays."""
+        with self._lock:
+            self.master_endpoint.stop()
+            self.master = CurvineMasterMetrics(self._clock())
+            self.master_restarts += 1
+            self._sleep(self.spec.restart_downtime_s if downtime_s is None else downtime_s)
+            self.master_endpoint.start()
+
+    # -- discovery -------------------------------------------------------------------------------------
+    def targets(self) -> list[dict[str, str]]:
+        """Static scrape targets: one entry per endpoint with its role, pod and URL."""
+        out = []
+        for pod in self.pods.values():
+            out.append({"role": "vllm", "pod": pod.name, "url": pod.vllm_endpoint.url})
+            out.append({"role": "curvine-fuse", "pod": pod.name, "url": pod.fuse_endpoint.url})
+        out.append({"role": "curvine-master", "pod": "curvine-master", "url": self.master_endpoint.url})
+        return out

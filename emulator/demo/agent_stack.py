@@ -1,0 +1,95 @@
+"""The agent for the demo: issue 3's `Agent` app with static targets (the emulated endpoints),
+exporting on 127.0.0.1, plus the KV-event manager; the tuner's collector is exported too.
+
+Its clock is the emulated cluster's (trace seconds), so windows, rates and the tuner's live
+windows all speak cluster time. The bridge to the tuner and the KV-event subsystem is the
+production agent's own (`agent.runtime.tuning_bridge`): the same window source, drift signals and
+per-scrape KV counter feed as `tierpilot run`.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from prometheus_client.registry import Collector
+
+from agent.collect.scheduler import JobSpec
+from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector, KvEventsSettings
+from agent.runtime.app import Agent
+from agent.runtime.tuning_bridge import StoreWindowSource, drift_signals, feed_kv_counters
+from agent.settings import load_settings
+from contracts.tier_model import Target
+
+log = logging.getLogger("tierpilot.demo.agent")
+
+
+class DemoAgent:
+    """The real agent (`agent.runtime.app.Agent`, issue 3) on the cluster clock, with static targets, plus
+    the KV-event manager (`agent.kvevents`) whose collector it exports too."""
+
+    def __init__(self, targets: Sequence[Target], *, clock: Callable[[], float], port: int = 9400,
+                 scrape_interval_s: float = 0.5, kv_endpoints: Sequence[EndpointSpec] = (),
+                 kv_bytes_per_token: float | None = None, window_s: float = 120.0, retention_s: float = 1800.0,
+                 extra_collectors: tuple[Collector, ...] = ()) -> None:
+        self.clock = clock
+        self.kv = KvEventManager(KvEventsSettings(endpoints=tuple(kv_endpoints), overlap_window_s=window_s),
+                                 clock=clock) if kv_endpoints else None
+        self._collectors = extra_collectors + ((KvEventsCollector(self.kv.snapshot),) if self.kv else ())
+        # the KV counter feed takes each pod's latest scrape within the store window (cluster
+        # seconds: the scrape interval is wall time, the store runs on the cluster clock)
+        self._window_s = window_s
+        self._overrides = {
+            "scrape": {"interval_s": scrape_interval_s, "timeout_s": 2.0, "backoff_base_s": scrape_interval_s,
+                    "backoff_max_s": 2.0},
+            "store": {"retention_s": retention_s, "window_s": window_s},
+            "server": {"host": "127.0.0.1", "port": port},
+            "targets": {"static": [{"url": t.url, "role": t.role, "pod": t.pod} for t in targets]},
+            "tiers": {"kv_bytes_per_token": kv_bytes_per_token} if kv_bytes_per_token else {},
+            "log_level": "WARNING"}
+        self.port_message: str | None = None
+        self.agent = self._make(port)
+        self.store = self.agent.store
+        self.window_source = StoreWindowSource(self.store)
+
+    def _make(self, port: int) -> Agent:
+        overrides = dict(self._overrides, server={"host": "127.0.0.1", "port": port})
+        settings = load_settings(env={}, **overrides)
+        jobs = [JobSpec("kv_counters", float(self._overrides["scrape"]["interval_s"]),  # type: ignore[index]
+                        self._feed_kv)] if self.kv else []
+        return Agent(settings, collectors=self._collectors, jobs=jobs, clock=self.clock)
+
+    @property
+    def url(self) -> str:
+        return self.agent.url
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        wanted = self.agent.settings.server.port
+        try:
+            self.agent.start()
+        except RuntimeError as exc:
+            if wanted == 0:
+                raise
+            self.agent = self._make(0)
+            self.store = self.agent.store
+            self.window_source = StoreWindowSource(self.store)
+            self.agent.start()
+            self.port_message = (f"127.0.0.1:{wanted} is not available ({exc}); the agent exports on "
+                                 f"{self.agent.url} instead")
+        if self.kv is not None:
+            self.kv.start()
+
+    def stop(self) -> None:
+        if self.kv is not None:
+            self.kv.stop()
+        self.agent.stop()
+
+    def _feed_kv(self) -> None:
+        """The scraped vLLM token counters the KV-event overlap and miss estimates divide by."""
+        assert self.kv is not None
+        feed_kv_counters(self.store, self.kv, window_s=self._window_s, ts=self.clock())
+
+    # -- signals for the drift detector -----------------------------------------------------------
+    def drift_signals(self, window_s: float | None = None) -> dict[str, float]:
+        return drift_signals(self.store, self.kv, window_s)
+

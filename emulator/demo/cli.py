@@ -1,0 +1,59 @@
+"""`tierpilot demo`: the click command (thin: builds `DemoSettings`, runs `emulator.demo.loop`)."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from emulator.demo.settings import DemoSettings, DemoSettingsError
+
+
+@click.command("demo")
+@click.option("--duration", type=float, default=180.0, show_default=True,
+              help="Wall-clock seconds to run; the two-phase workload is paced to fill it (>= 20).")
+@click.option("--pods", type=int, default=4, show_default=True, help="Emulated vLLM pods (1-16).")
+@click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A Mooncake JSONL trace to use as the shifted second phase (default: built-in "
+                   "multi-turn sessions after a shared-prompt/RAG first phase).")
+@click.option("--seed", type=int, default=7, show_default=True, help="Seed of the workload and the samplers.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-report"),
+              show_default=True, help="Where report.md and the PNG charts are written.")
+@click.option("--dry-run", is_flag=True, help="The tuner proposes configurations but applies none.")
+@click.option("--time-scale", type=float, default=None,
+              help="Emulated cluster seconds per wall-clock second [default: 20].")
+@click.option("--agent-port", type=int, default=9400, show_default=True,
+              help="Port of the agent's /metrics on 127.0.0.1 (a free port is used if it is taken).")
+@click.option("--inject-regression", is_flag=True,
+              help="Put a known-bad configuration first in the tuner's queue (the first live trial), "
+                   "to show the guardrails rolling it back.")
+@click.option("--no-live", is_flag=True, help="No live console view (for logs and CI).")
+@click.option("-v", "--verbose", is_flag=True, help="Log the tuner's structured events to stderr.")
+def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: Path, dry_run: bool,
+         time_scale: float | None, agent_port: int, inject_regression: bool, no_live: bool, verbose: bool) -> None:
+    """Run the whole tierpilot loop on an emulated cluster, on 127.0.0.1 only.
+
+    Emulated vLLM 0.33 pods (with in-process LMCache) and a Curvine pool, driven by the digital
+    twin, serve the real /metrics formats and KV-event streams. The agent discovers and scrapes
+    them and exports its unified metrics on 127.0.0.1:9400/metrics; when the workload shifts it
+    detects the drift, warm-starts a study on the twin and runs live trials through the guardrails,
+    rolling back any trial that regresses. At the end it writes REPORT_DIR/report.md with charts
+    and prints the verdict: default vs tuned configuration, per phase. Ctrl-C stops cleanly and
+    still writes the (partial) report.
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")
+    import optuna
+
+    # optuna announces every in-memory study at INFO; the demo reports trials itself
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+    try:
+        settings = DemoSettings(duration_s=duration, pods=pods, trace=trace, seed=seed, report_dir=report_dir,
+                                dry_run=dry_run, time_scale=time_scale, agent_port=agent_port,
+                                inject_regression=inject_regression, live_view=not no_live)
+    except DemoSettingsError as exc:
+        raise click.BadParameter(str(exc)) from None
+    from emulator.demo.loop import run_demo
+
+    run_demo(settings)

@@ -1,0 +1,69 @@
+"""The demo's live console view (rich): tier hit ratios, TTFT p95, current configuration and
+the latest tuner events, redrawn from the `Recorder` a few times a second."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from contracts.knobs import Knobs
+from emulator.cluster.timeline import TIERS, Recorder
+
+EVENT_COLOURS = {"drift": "yellow", "apply": "green", "rollback": "red", "trial": "cyan", "phase": "magenta",
+                 "keep": "green", "error": "bold red", "info": "white"}
+
+
+def _pct(v: float | None) -> str:
+    return "  -  " if v is None or not math.isfinite(v) else f"{v * 100:5.1f}%"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v * 1000:.0f} ms"
+
+
+def render_view(recorder: Recorder, *, knobs: Knobs, status: str, wall_s: float, duration_s: float,
+                agent_url: str, max_events: int = 8) -> Group:
+    """One frame of the console view (pure: recorder state in, renderables out)."""
+    point = recorder.timeline[-1] if recorder.timeline else None
+    head = Text.assemble(("tierpilot demo", "bold"), f"  {status}  ",
+                         (f"{wall_s:4.0f}/{duration_s:.0f} s", "dim"),
+                         (f"  cluster {point.trace_s / 60:4.1f} min" if point else "", "dim"),
+                         (f"  phase {point.phase + 1}" if point else "", "magenta"),
+                         (f"  {agent_url}", "dim"))
+    tiers = Table(title="KV-cache tiers (sliding window)", expand=True, box=box.SIMPLE_HEAD, padding=(0, 1))
+    tiers.add_column("signal", no_wrap=True)
+    tiers.add_column("truth", justify="right")
+    tiers.add_column("agent", justify="right")
+    if point:
+        for tier in TIERS:
+            tiers.add_row(f"{tier.upper()} hit ratio", _pct(point.stats.hit_ratio[tier]),
+                          _pct(point.agent_tier_hit_ratios.get(tier)))
+        tiers.add_row("cumulative hit", _pct(point.stats.cumulative_hit_ratio),
+                      _pct(point.agent_cumulative_hit_ratio))
+        tiers.add_row("TTFT p95", _ms(point.stats.ttft_p95_s), _ms(point.agent_ttft_p95_s))
+        tiers.add_row("TTFT p50", _ms(point.stats.ttft_p50_s), "")
+    config = Table(title="current configuration", expand=True, show_header=False, box=box.SIMPLE,
+                   padding=(0, 1))
+    config.add_column("knob", no_wrap=True)
+    config.add_column("value", justify="right", min_width=10, no_wrap=True)
+    for k, v in knobs.to_dict().items():
+        config.add_row(k, str(v))
+    events = Table(title="latest tuner events", expand=True, show_header=False, box=box.SIMPLE, padding=(0, 1))
+    events.add_column("t", justify="right", style="dim", min_width=8, no_wrap=True)
+    events.add_column("kind", min_width=8, no_wrap=True)
+    events.add_column("event", no_wrap=True, overflow="ellipsis", ratio=1)
+    for ev in recorder.latest_events(max_events):
+        events.add_row(f"{ev.trace_s / 60:.1f} min", Text(ev.kind, style=EVENT_COLOURS.get(ev.kind, "white")),
+                       ev.message)
+    grid = Table.grid(expand=True)
+    grid.add_column(ratio=1)
+    grid.add_column(ratio=1)
+    grid.add_row(tiers, config)
+    return Group(head, grid, events)
+
+
+ViewFn = Callable[[], Group]

@@ -1,0 +1,399 @@
+"""`tierpilot demo`: the whole loop on an emulated cluster, on 127.0.0.1 only.
+
+Pieces (each owned by its subsystem): the digital twin drives emulated vLLM/LMCache/Curvine
+endpoints in scaled real time (`emulator.cluster`); each pod publishes the twin's block events
+on its own ZMQ PUB/ROUTER ports (`emulator.cluster.kv_publisher`); the agent scrapes, normalises,
+stores and exports unified metrics (`emulator.demo.agent_stack` over `agent/` and `exporters/`) and
+follows the KV events (`agent.kvevents`); the tuning controller (`tuners.controller`) detects
+drift, warm-starts from the twin on the recent workload and runs live trials through the local
+actuator with the guardrails on. The demo records everything (`Recorder`), shows it live
+(rich) and writes the report, also when interrupted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+from rich.console import Console, Group
+from rich.live import Live
+
+from agent.kvevents import EndpointSpec
+from contracts.knobs import DEFAULT_KNOBS, Knobs
+from contracts.tier_model import Target
+from emulator.cluster.driver import ScaledRealtimeDriver
+from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
+from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
+from emulator.cluster.local_actuator import LocalActuator
+from emulator.cluster.pod_metrics import PodIdentity
+from emulator.cluster.timeline import DemoEvent, PhaseVerdict, Recorder, TimelinePoint
+from emulator.cluster.twin_adapter import TwinPortAdapter
+from emulator.demo.agent_stack import DemoAgent
+from emulator.demo.console import render_view
+from emulator.demo.probe import probe_agent
+from emulator.demo.report import verdict_lines, write_report
+from emulator.demo.settings import DemoSettings
+from emulator.demo.workload import DemoWorkload, WarmReplay, build_workload, phase_verdicts
+from simulator.cluster import ClusterSpec as TwinClusterSpec
+from simulator.records import iter_requests
+from simulator.twin import Twin
+from tuners.controller import ControllerSettings, StepReport, TuningController
+from tuners.drift import DriftDetector, DriftSettings
+from tuners.evaluators import TwinEvaluator
+from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.live import LiveEvaluator, LiveSettings
+from tuners.metrics import TunerMetrics
+from tuners.objective import Evaluation, ObjectiveSpec
+from tuners.space import DeploymentLimits, SearchSpace
+from tuners.warmstart import TwinWarmStart
+
+log = logging.getLogger("tierpilot.demo")
+
+DEFAULT_TIME_SCALE = 20.0  # trace-seconds per wall-second
+SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the verdict
+CONTROL_TICK_S = 0.5  # wall seconds between controller steps
+VIEW_TICK_S = 0.25
+DRIFT_SIGNALS_WINDOW_S = 60.0  # trace seconds
+RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
+WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
+WARMUP_TRACE_S = 120.0  # the controller starts once caches are warm and the agent has a window
+WARM_START_TRIALS = 30
+SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
+REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
+# One-knob neighbours of the defaults the twin always scores (router changes are hot: no restart).
+ROUTER_NEIGHBOURS = tuple(DEFAULT_KNOBS.replace(router=r) for r in ("session", "prefixaware", "kvaware"))
+# The drift detector watches workload signals only (never the config-dependent hit ratio). Left
+# out: the long-prompt fraction (multi-turn sessions ramp it up turn after turn) and the arrival
+# rate (a rolling restart makes the agent's request rate dip and recover); both re-opened phases
+# mid-trial in longer runs.
+DRIFT_SIGNALS = ("reuse_ratio", "prompt_tokens_mean")
+# The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
+# coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
+DEMO_TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
+                                                                        10.0, 20.0, 40.0, 80.0)
+MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
+STATE_EVENTS = {"drift": "drift", "trial_started": "apply", "rolled_back": "rollback", "improved": "keep",
+                "told": "trial", "baseline_done": "info", "failed": "error", "rejected": "error",
+                "dry_run": "trial", "stopped": "error"}
+
+
+@dataclasses.dataclass
+class DemoResult:
+    report_path: Path
+    verdicts: list[PhaseVerdict]
+    events: list[DemoEvent]
+    interrupted: bool
+    final_knobs: Knobs
+    agent_url: str
+    requests_served: int
+
+    def count(self, kind: str) -> int:
+        return sum(1 for e in self.events if e.kind == kind)
+
+
+class _RecordingEvaluator:
+    """Wraps the twin evaluator of the warm start so its trials reach the optuna chart."""
+
+    def __init__(self, inner: TwinEvaluator, sink: Callable[[Evaluation], None]) -> None:
+        self.inner = inner
+        self.sink = sink
+
+    def start(self, candidate, now):
+        return self.inner.start(candidate, now)
+
+    def poll(self, now):
+        ev = self.inner.poll(now)
+        if ev is not None:
+            self.sink(ev)
+        return ev
+
+
+class _InjectingWarmStart:
+    """The twin warm start, with a known-bad configuration put first once (shows the rollback)."""
+
+    def __init__(self, inner: TwinWarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None],
+                 on_start: Callable[[], None]) -> None:
+        self.on_start = on_start
+        self.inner = inner
+        self.bad = bad
+        self.on_candidates = on_candidates
+
+    def candidates(self, k: int) -> list[Knobs]:
+        self.on_start()
+        out = self.inner.candidates(k)
+        if self.bad is not None:
+            out = [self.bad] + [c for c in out if c != self.bad]
+            self.bad = None
+        self.on_candidates(out)
+        return out
+
+
+class Demo:
+    """Builds the emulated world, runs it for `settings.duration_s`, writes the report."""
+
+    def __init__(self, settings: DemoSettings, console: Console | None = None,
+                 wall_clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = settings
+        self.console = console or Console()
+        self.wall = wall_clock
+        self.scale = settings.time_scale or DEFAULT_TIME_SCALE
+        self.recorder = Recorder(window_trace_s=DRIFT_SIGNALS_WINDOW_S * 2)
+        self.names = pod_names(settings.pods)
+        self.twin_cluster = TwinClusterSpec(pods=settings.pods, pod_names=self.names)
+        self.status = "starting"
+        self._t0 = wall_clock()
+        self._stop = threading.Event()
+        self._trial_seq = 0
+        self._boundary_knobs: Knobs | None = None  # what phase 1 ended with
+
+    # -- wiring --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        s = self.s
+        self.workload: DemoWorkload = build_workload(s.duration_s * self.scale * SPAN_SHARE, s.seed,
+                                                     str(s.trace) if s.trace else None)
+        caps = self.twin_cluster.capacities(DEFAULT_KNOBS)
+        identity = PodIdentity(model_name=MODEL_NAME, kv_bytes_per_token=caps.kv_bytes_per_token,
+                               num_gpu_blocks=caps.gpu_tokens // 16, ttft_buckets=DEMO_TTFT_BUCKETS)
+        self.cluster = EmulatedCluster(ClusterSpec(pods=s.pods, identity=identity,
+                                                   restart_downtime_s=s.restart_downtime_s))
+        self.cluster.start()  # binds the ports the agent's static targets point at
+        self.publishers = open_pod_publishers(self.names, model=MODEL_NAME)
+        self.kv_sink = TwinEventPublisher(self.publishers, clock_offset=0.0, tokens="empty")
+        self.twin = Twin(self.twin_cluster, DEFAULT_KNOBS, event_sink=self.kv_sink)
+        self.port = TwinPortAdapter(self.twin, list(iter_requests(self.workload.frame)))
+        starts = self.workload.phase_starts_s
+        self.driver = ScaledRealtimeDriver(
+            self.port, self.cluster, self.recorder, time_scale=self.scale,
+            phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self.kv_sink.flush_step)
+        self.cluster.on_restart(self._restart_publisher)
+
+        self.actuator = LocalActuator(self.cluster, reconfigure=self.driver.reconfigure, dry_run=s.dry_run,
+                                      state_file=s.report_dir / "last-good.yaml")
+        self.tuner_metrics = TunerMetrics(target="demo")
+        targets = [Target(url=t["url"], role=t["role"], pod=t["pod"]) for t in self.cluster.targets()]
+        kv_endpoints = [EndpointSpec(pod=n, model=MODEL_NAME, endpoint=p.endpoint, replay_endpoint=p.replay_endpoint,
+                                     topic=f"kv@{n}@") for n, p in self.publishers.items()]
+        self.agent = DemoAgent(targets, clock=self.driver.trace_now, port=s.agent_port, kv_endpoints=kv_endpoints,
+                               kv_bytes_per_token=caps.kv_bytes_per_token, window_s=DRIFT_SIGNALS_WINDOW_S,
+                               extra_collectors=(self.tuner_metrics,))
+        limits = DeploymentLimits(pods=s.pods, node_memory_headroom_gib=32.0, l2_pool_gib=2048.0,
+                                  l2_backend="curvine")
+        self.space = SearchSpace.from_limits(limits)
+        objective = ObjectiveSpec()
+        self.guardrails = Guardrails(self.actuator, self.space, self.tuner_metrics,
+                                     GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=s.dry_run),
+                                     clock=self.driver.trace_now)
+        live = LiveEvaluator(self.guardrails, self.agent.window_source,
+                             LiveSettings(settle_s=SETTLE_S, window_s=90.0, min_requests=30, max_extensions=2))
+
+        def twin_evaluator() -> _RecordingEvaluator:
+            now = self.driver.trace_now()
+            history = self.workload.recent(now, RECENT_WORKLOAD_S + WARM_HISTORY_S)
+            return _RecordingEvaluator(TwinEvaluator(history, self.twin_cluster, limits,
+                                                     replay_fn=WarmReplay(now - RECENT_WORKLOAD_S)),
+                                       self._twin_trial)
+
+        warm = _InjectingWarmStart(TwinWarmStart(twin_evaluator, self.space, objective, trials=WARM_START_TRIALS, seed=s.seed,
+                                                 include=ROUTER_NEIGHBOURS),
+                                   REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates,
+                                   self._new_study)
+        self.controller = TuningController(
+            space=self.space, objective=objective, storage=optuna.storages.InMemoryStorage(),
+            guardrails=self.guardrails, evaluator=live, metrics=self.tuner_metrics,
+            settings=ControllerSettings(study="demo", seed=s.seed, trials_per_phase=6, warm_start_k=3,
+                                        min_improvement=0.02),
+            warm_start=warm, drift=DriftDetector(DriftSettings(warmup=20, threshold=15.0), signals=DRIFT_SIGNALS))
+
+    def _restart_publisher(self, pod: str) -> None:
+        """A restarted engine publishes from sequence 0; its first batch says the cache is empty."""
+        with self.driver.lock:
+            self.publishers[pod].restart()
+            self.kv_sink.flush_step()
+
+    # -- recording helpers -------------------------------------------------------------------------
+    def _event(self, kind: str, message: str) -> None:
+        self.recorder.add_event(DemoEvent(self.wall() - self._t0, self.driver.trace_now(), kind, message))
+
+    def _new_study(self) -> None:
+        """A tuning phase opens (start or drift): its twin and live trials form a new study."""
+        self.recorder.study_marks.append((self._trial_seq, f"study {len(self.recorder.study_marks)}"))
+
+    def _twin_trial(self, ev: Evaluation) -> None:
+        self.recorder.trials.append((self._trial_seq, ev.ttft_p95_s, "twin"))
+        self._trial_seq += 1
+
+    def _warm_candidates(self, cands: list[Knobs]) -> None:
+        for c in cands:
+            diff = DEFAULT_KNOBS.diff(c)
+            self._event("info", "warm start enqueued: " + (", ".join(f"{k}={b}" for k, (_a, b) in diff.items())
+                                                          or "defaults"))
+
+    def _on_report(self, rep: StepReport) -> None:
+        kind = STATE_EVENTS.get(rep.state)
+        if rep.state == "trial_started":
+            diff = DEFAULT_KNOBS.diff(self.actuator.current())
+            msg = f"trial {rep.trial}: " + (", ".join(f"{k}={b}" for k, (_a, b) in diff.items()) or "defaults")
+            self._event(kind or "apply", msg + (" (dry run)" if self.s.dry_run else ""))
+            return
+        if rep.state in ("rolled_back", "improved", "told", "baseline_done"):
+            rec = self._trial_record(rep.trial)
+            if rec is not None:
+                state = "rolled_back" if rep.state == "rolled_back" else "complete"
+                self.recorder.trials.append((self._trial_seq, rec.value, state))
+                self._trial_seq += 1
+        if rep.state == "drift":
+            self.status = "drift: re-tuning"
+
+        if kind is not None:
+            label = {"improved": "kept as last good", "told": "measured, not better",
+                     "rolled_back": "regressed, rolled back"}.get(rep.state, rep.state.replace("_", " "))
+            trial = f"trial {rep.trial}: " if rep.trial is not None else ""
+            self._event(kind, f"{trial}{label}" + (f" ({rep.message})" if rep.message else ""))
+
+    def _trial_record(self, number: int | None):
+        tuner = self.controller.tuner
+        if tuner is None or number is None:
+            return None
+        for t in tuner.trials():
+            if t.number == number:
+                return t
+        return None
+
+    def _tuned_now(self) -> Knobs:
+        """The configuration tierpilot stands behind now: the running one, unless a trial is still
+        being judged (then the last good one)."""
+        if self.controller.candidate is not None or self.controller.evaluator.pending is not None:
+            return self.actuator.last_good() or DEFAULT_KNOBS
+        return self.actuator.current()
+
+    def _sample(self) -> None:
+        now = self.driver.trace_now()
+        stats = self.recorder.window(now)
+        view = probe_agent(self.agent.url, timeout_s=1.0)
+        phase = sum(1 for p in self.workload.phase_starts_s[1:] if now >= p)
+        self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,
+                                              view.ttft_p95_s if view else None,
+                                              view.cumulative_hit_ratio if view else None,
+                                              dict(view.tier_hit_ratios) if view else {}))
+        if phase >= 1 and self._boundary_knobs is None:
+            self._boundary_knobs = self._tuned_now()
+            self._event("phase", "the workload shifts: " + self.workload.labels[1])
+
+    def _view(self) -> Group:
+        return render_view(self.recorder, knobs=self.actuator.current(), status=self.status,
+                           wall_s=self.wall() - self._t0, duration_s=self.s.duration_s, agent_url=self.agent.url,
+                           max_events=max(3, min(10, self.console.height - 20)))
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> DemoResult:
+        self._build()
+        interrupted = False
+        try:
+            self.agent.start()
+            if self.agent.port_message:
+                self.console.print(f"[yellow]{self.agent.port_message}[/yellow]")
+            self.console.print(f"tierpilot demo: {self.s.pods} emulated pods, {self.workload.frame.height} requests "
+                               f"over {self.workload.span_s / 60:.1f} cluster-minutes at {self.scale:g}x; "
+                               f"agent metrics on {self.agent.url}")
+            time.sleep(0.3)  # ZMQ slow joiner: let the subscribers connect before events flow
+            self._t0 = self.wall()
+            self.driver.start()
+            self.status = "learning the workload"
+            if self.s.live_view:
+                with Live(_Renderable(self._view), console=self.console, refresh_per_second=4, transient=False):
+                    self._loop()
+            else:
+                self._loop()
+        except KeyboardInterrupt:
+            interrupted = True
+            self.console.print("[yellow]interrupted: stopping and writing the partial report[/yellow]")
+        finally:
+            self._shutdown()
+        return self._finish(interrupted)
+
+    def _loop(self) -> None:
+        end = self._t0 + self.s.duration_s * SPAN_SHARE
+        sampler = threading.Thread(target=self._sample_loop, args=(end,), name="demo-sampler", daemon=True)
+        sampler.start()
+        try:
+            while self.wall() < end and not self.driver.finished:
+                if self.driver.error is not None:
+                    raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
+                if self.driver.trace_now() >= WARMUP_TRACE_S:
+                    signals = self.agent.drift_signals(DRIFT_SIGNALS_WINDOW_S)
+                    rep = self.controller.step(self.driver.trace_now(), signals)
+                    self._on_report(rep)
+                    if self.status.startswith("learning") and rep.state != "baseline":
+                        self.status = "tuning"
+                time.sleep(CONTROL_TICK_S)
+        finally:
+            self._stop.set()
+            sampler.join(timeout=5)
+
+    def _sample_loop(self, end: float) -> None:
+        """Timeline samples on their own thread, so a blocking controller step (a rollout, the
+        twin warm start) leaves no hole in the charts."""
+        while not self._stop.is_set() and self.wall() < end:
+            try:
+                self._sample()
+            except Exception:
+                log.exception("timeline sample failed")
+            self._stop.wait(VIEW_TICK_S)
+
+    def _shutdown(self) -> None:
+        self.driver.stop()
+        for stop in (self.agent.stop, self.cluster.stop):
+            try:
+                stop()
+            except Exception:
+                log.exception("while stopping")
+        try:
+            self.kv_sink.flush_step()
+        finally:
+            for pub in self.publishers.values():
+                pub.close()
+
+    def _finish(self, interrupted: bool) -> DemoResult:
+        self.status = "writing the report"
+        final = self._tuned_now()
+        tuned = [self._boundary_knobs or final, final]
+        reached = max((r.phase for r in self.recorder.served()), default=-1)
+        verdicts = phase_verdicts(self.workload, self.twin_cluster, tuned[: reached + 1])
+        self.recorder.verdicts.extend(verdicts)
+        default_p95 = next((v.default_ttft_p95_s for v in verdicts if v.phase == 1), None)
+        facts = {"pods": str(self.s.pods), "seed": str(self.s.seed), "duration": f"{self.s.duration_s:g} s wall",
+                 "time scale": f"{self.scale:g} cluster-seconds per second",
+                 "workload": f"{self.workload.frame.height} requests; " + "; ".join(self.workload.labels),
+                 "requests served": str(self.driver.served), "agent export": self.agent.url,
+                 "dry run": str(self.s.dry_run)}
+        path = write_report(self.s.report_dir, self.recorder, title_facts=facts,
+                            phase_starts=self.workload.phase_starts_s, final_config=final.to_dict(),
+                            partial=interrupted, baseline_objective_s=default_p95)
+        return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
+                          self.driver.served)
+
+
+class _Renderable:
+    def __init__(self, fn: Callable[[], Group]) -> None:
+        self.fn = fn
+
+    def __rich__(self) -> Group:
+        return self.fn()
+
+
+def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResult:
+    console = console or Console()
+    result = Demo(settings, console).run()
+    for line in verdict_lines(result.verdicts):
+        console.print(line, soft_wrap=True)  # table rows stay one line each, whatever the width
+    console.print(f"report: {result.report_path}")
+    return result
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:.3f}"

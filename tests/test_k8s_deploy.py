@@ -124,7 +124,8 @@ def test_agent_deployment_is_locked_down_and_wired(rendered, overlay, tmp_path):
                                     "capabilities": {"drop": ["ALL"]}}
     assert set(c["resources"]) == {"requests", "limits"}
     assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and {"cpu", "memory"} <= set(c["resources"]["limits"])
-    assert c["readinessProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # 503 until the first scrape cycle
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"  # 503 when the scheduler is stuck
     port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["TIERPILOT_DRY_RUN"] == ("true" if overlay == "dry-run" else "false")

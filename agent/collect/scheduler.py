@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.base import STATE_RUNNING
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,11 @@ def build_scheduler(loop: asyncio.AbstractEventLoop, jobs: list[JobSpec],
             **job_defaults(spec.interval_s), **extra,
         )
     return scheduler
+
+
+def is_running(scheduler: AsyncIOScheduler | None) -> bool:
+    """Started and neither paused nor shut down."""
+    return scheduler is not None and scheduler.state == STATE_RUNNING
 
 
 def _wrap(spec: JobSpec, record: Callable[[str, str], None] | None) -> Callable[[], Any]:

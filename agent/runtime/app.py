@@ -39,9 +39,10 @@ from agent.collect.discovery import (
 )
 from agent.collect.jobs import ScrapeCycle
 from agent.collect.mapping import MappingSet, builtin_mapping_paths, load_mappings
-from agent.collect.scheduler import JobSpec, build_scheduler
+from agent.collect.scheduler import JobSpec, build_scheduler, is_running
 from agent.collect.scrape import new_session
 from agent.collect.store import WindowStore
+from agent.runtime.health import Health, judge
 from agent.settings import AgentSettings
 from contracts.tier_model import Snapshot
 from exporters.prom import build_registry
@@ -95,6 +96,7 @@ class Agent:
         mappings: MappingSet | None = None,
         clock: Callable[[], float] = time.time,
         otel_exporter: Any = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
         self.target_source = targets if targets is not None else targets_from_settings(settings)
@@ -117,6 +119,9 @@ class Agent:
         self._cycle_lock: asyncio.Lock | None = None
         self.port: int | None = None
         self.cycles = 0
+        self.monotonic = monotonic  # health only: liveness is wall time, whatever `clock` says
+        self._started_at: float | None = None
+        self._last_cycle_at: float | None = None
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -150,6 +155,7 @@ class Agent:
             targets = self.target_source.targets()
             self._snapshot = await self.cycle.run(self._session, targets)
             self.cycles += 1
+            self._last_cycle_at = self.monotonic()
             return self._snapshot
 
     def scrape_now(self, timeout: float | None = None) -> Snapshot:
@@ -209,6 +215,7 @@ class Agent:
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
+        app.router.add_get("/readyz", self._serve_ready)
         app.router.add_get("/snapshot", self._serve_snapshot)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -219,6 +226,7 @@ class Agent:
         jobs = [JobSpec("scrape", self.settings.scrape.interval_s, self._scrape, first_run_now=True), *self.jobs]
         self._scheduler = build_scheduler(asyncio.get_running_loop(), jobs, self.job_stats.record)
         self._scheduler.start()
+        self._started_at = self.monotonic()
         log.info("agent serving %s", self.url)
 
     async def _teardown(self) -> None:
@@ -272,8 +280,20 @@ class Agent:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
+    def health(self) -> Health:
+        """Liveness and readiness now (agent.runtime.health)."""
+        running = is_running(self._scheduler)
+        return judge(now=self.monotonic(), started_at=self._started_at, last_cycle_at=self._last_cycle_at,
+                     cycles=self.cycles, interval_s=self.settings.scrape.interval_s, scheduler_running=running)
+
     async def _serve_health(self, _request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "cycles": self.cycles, "snapshot_at": self._snapshot.taken_at})
+        h = self.health()
+        return web.json_response({**h.as_json(), "snapshot_at": self._snapshot.taken_at},
+                                 status=200 if h.live else 503)
+
+    async def _serve_ready(self, _request: web.Request) -> web.Response:
+        h = self.health()
+        return web.json_response(h.as_json(), status=200 if h.ready else 503)
 
     async def _serve_snapshot(self, _request: web.Request) -> web.Response:
         return web.Response(text=snapshot_json(self._snapshot), content_type="application/json")

@@ -27,18 +27,39 @@ def _actuator(targets: Path, dry_run: bool = False) -> KubernetesActuator:
     from agent.k8s.wiring import build_actuator, load_api_client
 
     settings = load_settings(targets, **({"dry_run": True} if dry_run else {}))
-    kubeconfig = click.get_current_context().find_root().params.get("kubeconfig")
+    kubeconfig = (click.get_current_context().obj or {}).get("kubeconfig")
     return build_actuator(load_api_client(kubeconfig), settings,
                           on_progress=lambda m: click.echo(f"  {m}", err=True))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def one_line(exc: BaseException) -> str:
+    """The error as one line (API errors and kubeconfig problems can span many)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+class _OneLineErrors(click.Group):
+    """Every known failure of a subcommand is `Error: <one line>` and exit 1, never a traceback,
+    also when run as `tierpilot k8s` (where `run()` below is not the entry point)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        from agent.k8s.wiring import KubeconfigError
+
+        try:
+            return super().invoke(ctx)
+        except (ActuationError, ActuationConfigError, KnobError, KubeconfigError) as exc:
+            raise click.ClickException(one_line(exc)) from None
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Kubeconfig file (default: in-cluster service account, else ~/.kube/config).")
-def main(kubeconfig: str | None) -> None:
+              help="Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).")
+@click.pass_context
+def main(ctx: click.Context, kubeconfig: str | None) -> None:
     """Apply tuned KV-cache knobs to a cluster: vLLM Deployment env, LMCache / router / Curvine
     ConfigMaps, HyperPod InferenceEndpointConfig. TARGETS is the actuator's targets YAML (see
     docs/deploy.md). Uses the in-cluster service account, or your kubeconfig."""
+    ctx.ensure_object(dict)["kubeconfig"] = kubeconfig
 
 
 @main.command()
@@ -89,9 +110,6 @@ def rollback(targets: Path) -> None:
 def run() -> int:
     try:
         main.main(standalone_mode=False)
-    except (ActuationError, ActuationConfigError, KnobError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 1
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

@@ -1,8 +1,11 @@
 """Builds the actuator and the leader elector from settings: the one place that makes clients."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -13,17 +16,35 @@ from agent.k8s.metrics import ActuationMetrics
 from agent.k8s.settings import ActuationSettings
 
 
+class KubeconfigError(ValueError):
+    """No usable cluster credentials: one line naming the file and what is wrong with it."""
+
+
 def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     """`kubeconfig` if given; else in-cluster service-account credentials, or the default
-    kubeconfig outside a cluster. Never touches the client's global default configuration."""
+    kubeconfig outside a cluster. Never touches the client's global default configuration.
+    Raises KubeconfigError (one line) when none of them is usable."""
     if kubeconfig:
-        return k8s_config.new_client_from_config(config_file=kubeconfig)
+        return _from_file(kubeconfig)
     try:
         cfg = k8s.Configuration()
         k8s_config.load_incluster_config(client_configuration=cfg)
         return k8s.ApiClient(cfg)
     except k8s_config.ConfigException:
-        return k8s_config.new_client_from_config()
+        return _from_file(None)
+
+
+def _from_file(path: str | None) -> k8s.ApiClient:
+    where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if path is None and not any(Path(p).expanduser().is_file() for p in where.split(os.pathsep) if p):
+        raise KubeconfigError(f"no Kubernetes credentials: not in a cluster, and no kubeconfig at {where} "
+                              f"(pass --kubeconfig or set KUBECONFIG)")
+    try:
+        return k8s_config.new_client_from_config(config_file=path)
+    except (k8s_config.ConfigException, yaml.YAMLError, OSError, TypeError, AttributeError,
+            KeyError, ValueError) as exc:
+        first = " ".join(str(exc).split()) or type(exc).__name__
+        raise KubeconfigError(f"kubeconfig {where}: {first[:300]}") from None
 
 
 def build_elector(api_client: k8s.ApiClient, settings: ActuationSettings, *,

@@ -31,17 +31,25 @@ class _Frozen(BaseModel):
 
 
 class ScrapeSettings(_Frozen):
-    interval_s: float = Field(15.0, gt=0, description="seconds between scrape cycles")
-    timeout_s: float = Field(5.0, gt=0, description="total time allowed per target (connect + body)")
-    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="decompressed body cap per target")
-    concurrency: int = Field(256, gt=0, description="simultaneous connections")
-    backoff_base_s: float = Field(5.0, ge=0, description="first back-off after a failure; doubles each time")
-    backoff_max_s: float = Field(300.0, ge=0, description="back-off ceiling")
+    interval_s: float = Field(15.0, gt=0, le=3600.0, description="seconds between scrape cycles")
+    timeout_s: float = Field(5.0, gt=0, le=300.0, description="total time allowed per target (connect + body)")
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, le=256 * 1024 * 1024,
+                                description="decompressed body cap per target (body_size_limit)")
+    sample_limit: int = Field(50_000, gt=0, le=1_000_000,
+                              description="sample lines per scrape; more marks the target down (sample_limit)")
+    label_limit: int = Field(64, gt=0, le=1024, description="labels per series; more: target down (label_limit)")
+    label_name_length_limit: int = Field(256, gt=0, le=65536,
+                                         description="characters per label name; longer: down (label_length)")
+    label_value_length_limit: int = Field(4096, gt=0, le=1024 * 1024,
+                                          description="characters per label value; longer: down (label_length)")
+    concurrency: int = Field(256, gt=0, le=4096, description="simultaneous connections")
+    backoff_base_s: float = Field(5.0, ge=0, le=86_400.0, description="first back-off after a failure; doubles each time")
+    backoff_max_s: float = Field(300.0, ge=0, le=86_400.0, description="back-off ceiling")
 
 
 class StoreSettings(_Frozen):
-    retention_s: float = Field(900.0, gt=0, description="how long normalised samples are kept")
-    window_s: float = Field(300.0, gt=0, description="window for ratios, rates and quantiles")
+    retention_s: float = Field(900.0, gt=0, le=86_400.0, description="how long normalised samples are kept")
+    window_s: float = Field(300.0, gt=0, le=86_400.0, description="window for ratios, rates and quantiles")
 
 
 class ServerSettings(_Frozen):
@@ -76,7 +84,7 @@ DEFAULT_PORTS: dict[str, tuple[int, str]] = {
 
 class RoleDiscovery(_Frozen):
     selector: str = Field(description="Kubernetes label selector, e.g. app=vllm")
-    port: int | None = Field(None, description="default port when the pod has no annotation")
+    port: int | None = Field(None, ge=1, le=65535, description="default port when the pod has no annotation")
     path: str | None = None
     scheme: Literal["http", "https"] = "http"
 
@@ -86,7 +94,7 @@ class KubernetesSettings(_Frozen):
     namespace: str | None = Field(None, description="namespace to watch; unset = all namespaces")
     roles: dict[Role, RoleDiscovery] = Field(default_factory=dict)
     in_cluster: bool | None = Field(None, description="None: in-cluster config if available, else kubeconfig")
-    watch_timeout_s: int = Field(300, gt=0)
+    watch_timeout_s: int = Field(300, gt=0, le=3600)
 
 
 class TargetSettings(_Frozen):
@@ -97,8 +105,8 @@ class TargetSettings(_Frozen):
 
 class TierSettings(_Frozen):
     kv_bytes_per_token: float | None = Field(
-        131072.0, gt=0, description="2 x layers x KV heads x head dim x dtype bytes (Llama-3.1-8B bf16)")
-    cpu_capacity_gib: float | None = Field(None, gt=0, description="LMCache CPU buffer, for in-process usage")
+        131072.0, gt=0, le=64 * 2**20, description="2 x layers x KV heads x head dim x dtype bytes (Llama-3.1-8B bf16)")
+    cpu_capacity_gib: float | None = Field(None, gt=0, le=65536.0, description="LMCache CPU buffer, for in-process usage")
 
 
 # -- the whole agent: KV events, tuning, actuation (agent/runtime/assembly.py) ------------------------
@@ -108,7 +116,7 @@ class KvEventsSection(KvEventsSettings):
 
     enabled: bool = Field(False, description="subscribe to the vLLM pods' KV-event streams")
     discovery: bool = Field(True, description="read endpoints from pod annotations (needs targets.kubernetes)")
-    discovery_interval_s: float = Field(30.0, gt=0, description="how often discovered pods are re-read")
+    discovery_interval_s: float = Field(30.0, gt=0, le=3600.0, description="how often discovered pods are re-read")
     default_model: str | None = Field(None, description="model of a pod without tierpilot.io/model")
 
     def manager_settings(self) -> KvEventsSettings:
@@ -120,33 +128,33 @@ class KvEventsSection(KvEventsSettings):
 class LimitsSection(_Frozen):
     """`tuner.limits:` what the deployment allows (tuners.space.DeploymentLimits)."""
 
-    pods: int = Field(4, ge=1, description="serving pods (memory cost = cpu_gib x pods)")
-    node_memory_headroom_gib: float = Field(32.0, ge=0, description="host memory free per pod: caps cpu_gib")
-    cpu_budget_gib: float | None = Field(None, ge=0, description="optional fleet-wide cap on cpu_gib x pods")
-    cpu_gib_step: float = Field(1.0, gt=0)
-    l2_pool_gib: float = Field(1024.0, gt=0, description="size of the shared L2 pool (fixed, not a knob)")
+    pods: int = Field(4, ge=1, le=10_000, description="serving pods (memory cost = cpu_gib x pods)")
+    node_memory_headroom_gib: float = Field(32.0, ge=0, le=65536.0, description="host memory free per pod: caps cpu_gib")
+    cpu_budget_gib: float | None = Field(None, ge=0, le=1e7, description="optional fleet-wide cap on cpu_gib x pods")
+    cpu_gib_step: float = Field(1.0, gt=0, le=1024.0)
+    l2_pool_gib: float = Field(1024.0, gt=0, le=1e8, description="size of the shared L2 pool (fixed, not a knob)")
     l2_backend: Literal["curvine", "lmcache", "twin"] = Field("curvine", description="decides L2 policies")
-    l2_threshold_max: int = Field(4096, ge=0, description="largest L2 read threshold tried (tokens)")
+    l2_threshold_max: int = Field(4096, ge=0, le=1 << 20, description="largest L2 read threshold tried (tokens)")
 
 
 class RegressionSection(_Frozen):
     method: Literal["mannwhitney", "bootstrap"] = "mannwhitney"
     alpha: float = Field(0.05, gt=0, lt=1, description="one-sided significance level")
     min_rel_effect: float = Field(0.05, ge=0, description="the quantile must also rise by this fraction")
-    min_samples: int = Field(30, ge=1)
+    min_samples: int = Field(30, ge=1, le=1_000_000)
 
 
 class GuardrailsSection(_Frozen):
-    cooldown_s: float = Field(900.0, ge=0, description="minimum time between two changes")
-    max_changes_per_hour: int = Field(4, ge=1, description="rolling-hour cap on changes")
+    cooldown_s: float = Field(900.0, ge=0, le=7 * 86_400.0, description="minimum time between two changes")
+    max_changes_per_hour: int = Field(4, ge=1, le=3600, description="rolling-hour cap on changes")
     regression: RegressionSection = RegressionSection()
 
 
 class LiveSection(_Frozen):
-    settle_s: float = Field(120.0, ge=0, description="wait after a rollout before measuring")
-    window_s: float = Field(300.0, gt=0, description="evaluation window")
-    min_requests: int = Field(30, ge=1, description="fewer TTFT observations -> extend the window")
-    max_extensions: int = Field(2, ge=0)
+    settle_s: float = Field(120.0, ge=0, le=86_400.0, description="wait after a rollout before measuring")
+    window_s: float = Field(300.0, gt=0, le=86_400.0, description="evaluation window")
+    min_requests: int = Field(30, ge=1, le=10_000_000, description="fewer TTFT observations -> extend the window")
+    max_extensions: int = Field(2, ge=0, le=100)
 
 
 DRIFT_SIGNAL_NAMES = ("reuse_ratio", "prompt_tokens_mean", "long_prompt_fraction", "hit_ratio", "arrival_rate")
@@ -156,25 +164,25 @@ DriftSignal = Literal["reuse_ratio", "prompt_tokens_mean", "long_prompt_fraction
 class DriftSection(_Frozen):
     enabled: bool = True
     method: Literal["page_hinkley", "cusum"] = "page_hinkley"
-    warmup: int = Field(20, ge=3, description="points to learn each signal's level and noise")
+    warmup: int = Field(20, ge=3, le=100_000, description="points to learn each signal's level and noise")
     delta: float = Field(0.5, ge=0, description="drift allowance per point, in noise units")
     threshold: float = Field(16.0, gt=0, description="alarm at this cumulative deviation (noise units)")
     signals: tuple[DriftSignal, ...] = Field(("reuse_ratio", "prompt_tokens_mean"), min_length=1,
                                              description="workload signals watched")
-    window_s: float = Field(300.0, gt=0, description="window the signals are computed over")
-    long_prompt_tokens: int = Field(4096, gt=0, description="prompts from this length count as long")
+    window_s: float = Field(300.0, gt=0, le=86_400.0, description="window the signals are computed over")
+    long_prompt_tokens: int = Field(4096, gt=0, le=10_000_000, description="prompts from this length count as long")
 
 
 class WarmStartSection(_Frozen):
     """`tuner.warm_start:` tune on the digital twin first; its top candidates go first live."""
 
-    trials: int = Field(30, ge=0, description="twin trials per phase (0 disables the warm start)")
-    top_k: int = Field(3, ge=0, description="twin candidates enqueued in the live study")
+    trials: int = Field(30, ge=0, le=10_000, description="twin trials per phase (0 disables the warm start)")
+    top_k: int = Field(3, ge=0, le=100, description="twin candidates enqueued in the live study")
     workload: Literal["synthetic", "trace"] = Field(
         "synthetic", description="synthetic: fitted to the observed signals; trace: replay `trace`")
     trace: Path | None = Field(None, description="Mooncake-format trace (workload: trace)")
-    duration_s: float = Field(300.0, gt=0, description="span of the fitted synthetic workload")
-    max_requests: int = Field(2000, ge=10, description="cap on the replayed requests (twin cost)")
+    duration_s: float = Field(300.0, gt=0, le=7 * 86_400.0, description="span of the fitted synthetic workload")
+    max_requests: int = Field(2000, ge=10, le=10_000_000, description="cap on the replayed requests (twin cost)")
     profile: str | None = Field(None, description="twin hardware profile (default: the twin's)")
     seed: int = 0
 
@@ -194,10 +202,10 @@ class TunerSection(_Frozen):
     sampler: Literal["tpe", "random", "grid"] = "tpe"
     seed: int | None = None
     objective: Literal["ttft_p95", "ttft_p50"] = "ttft_p95"
-    step_interval_s: float = Field(30.0, gt=0, description="seconds between controller steps")
-    trials_per_phase: int = Field(20, ge=1)
+    step_interval_s: float = Field(30.0, gt=0, le=86_400.0, description="seconds between controller steps")
+    trials_per_phase: int = Field(20, ge=1, le=100_000)
     min_improvement: float = Field(0.01, ge=0, description="relative gain to replace the last good config")
-    max_apply_retries: int = Field(5, ge=1)
+    max_apply_retries: int = Field(5, ge=1, le=1000)
     tune_cpu_eviction: bool = Field(False, description="also search LMCache's CPU eviction policy")
     limits: LimitsSection = LimitsSection()
     guardrails: GuardrailsSection = GuardrailsSection()

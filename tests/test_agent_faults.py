@@ -88,8 +88,9 @@ def test_nan_inf_and_counter_reset_are_counted_and_never_go_negative(server):
     agent = Agent(settings(), StaticTargets([Target(url, "vllm", "v"), Target(other, "vllm", "o")]))
     agent.scrape_now()
     # a restart: every counter starts again from small values; one NaN and one +Inf arrive too
-    restarted = GOOD.replace("10000.0", "1000.0").replace("6000.0", "600.0").replace("4000.0", "400.0") \
-        .replace("2000.0", "200.0")
+    # (values only: rewriting `le="2000.0"` too would repeat the `le="200.0"` bucket series)
+    restarted = GOOD.replace("} 10000.0", "} 1000.0").replace("} 6000.0", "} 600.0").replace("} 4000.0", "} 400.0") \
+        .replace("} 2000.0", "} 200.0")
     restarted = restarted.replace('vllm:kv_cache_usage_perc{engine="0"', 'vllm:kv_cache_usage_perc{engine="0"', 1)
     restarted = restarted.replace(f'vllm:num_requests_running{{engine="0",model_name="{M}"}} 3.0',
                                   f'vllm:num_requests_running{{engine="0",model_name="{M}"}} NaN')
@@ -112,8 +113,8 @@ def test_nan_inf_and_counter_reset_are_counted_and_never_go_negative(server):
     rates = [p.prompt_token_rate for p in snap.pods if p.pod == "v"]
     assert all(r is None or r >= 0 for r in rates)
     # the next clean scrape (same post-restart counters, no NaN/Inf) brings it back up
-    clean = GOOD.replace("10000.0", "1000.0").replace("6000.0", "600.0").replace("4000.0", "400.0") \
-        .replace("2000.0", "200.0")
+    clean = GOOD.replace("} 10000.0", "} 1000.0").replace("} 6000.0", "} 600.0").replace("} 4000.0", "} 400.0") \
+        .replace("} 2000.0", "} 200.0")
     server.route("/v", text=clean)
     snap = agent.scrape_now()
     assert {s.target.pod: s.up for s in snap.targets} == {"v": True, "o": True}

@@ -8,7 +8,13 @@ Fault handling per target (the agent never stops for one bad target):
   restart) is counted as `counter_reset` and its increase restarts from the new value. In both
   cases the target is marked down (`tierpilot_target_up 0`, reason = the fault) for that cycle,
   so the fault is visible where operators look first; the payload's valid series are still kept,
-  and the next clean scrape marks it up again.
+  and the next clean scrape marks it up again;
+- a payload over a per-target limit (`scrape.sample_limit`, `label_limit`,
+  `label_name_length_limit`, `label_value_length_limit`) is refused whole, as Prometheus fails such
+  a scrape: the target is down with reason `sample_limit`, `label_limit` or `label_length`;
+- a series repeated in one payload (same name and label set) is a fault, `duplicate_series`:
+  the first occurrence is kept, the repeats are dropped (never summed), the target is down for
+  that cycle.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import aiohttp
 
 from agent.collect.mapping import MappingSet
 from agent.collect.normalise import normalise, resolve
-from agent.collect.parse import ParseError, parse
+from agent.collect.parse import Limits, ParseError, parse
 from agent.collect.scrape import Backoff, FetchFailure, fetch
 from agent.collect.snapshot import build_snapshot
 from agent.collect.store import CounterResetDetector, WindowStore
@@ -48,6 +54,10 @@ class ScrapeCycle:
         self.resets = CounterResetDetector()
         self.errors: dict[str, dict[str, int]] = {}
         self.statuses: dict[str, TargetStatus] = {}
+        sc = settings.scrape
+        self.limits = Limits(samples=sc.sample_limit, labels=sc.label_limit,
+                             label_name_length=sc.label_name_length_limit,
+                             label_value_length=sc.label_value_length_limit)
 
     def _count(self, target: Target, reason: str, n: int = 1) -> dict[str, int]:
         errs = self.errors.setdefault(target.key, {})
@@ -57,11 +67,15 @@ class ScrapeCycle:
     def process(self, target: Target, text: str, duration_s: float) -> TargetOutcome:
         """Parse and normalise one fetched payload (pure apart from the counters)."""
         try:
-            payload = parse(text, self.mappings.wanted.get(target.role))
-        except ParseError as exc:
-            return self._failed(target, "parse_error", str(exc), duration_s)
+            payload = parse(text, self.mappings.wanted.get(target.role), self.limits)
+        except ParseError as exc:  # LimitExceeded too: its reason is sample_limit, label_limit, ...
+            return self._failed(target, exc.reason, str(exc), duration_s)
         result = normalise(target, payload, self.mappings)
         faults: list[tuple[str, str]] = []  # (reason, detail)
+        if payload.duplicates:
+            self._count(target, "duplicate_series", payload.duplicates)
+            faults.append(("duplicate_series",
+                           f"duplicate_series ({payload.duplicates} repeated series dropped, first kept)"))
         for reason, n in result.anomalies.items():
             self._count(target, reason, n)
             faults.append((reason, f"{reason} ({n} series dropped)"))

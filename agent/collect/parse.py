@@ -27,19 +27,26 @@ from dataclasses import dataclass, field
 
 from contracts.tier_model import Sample
 
+# Every pattern below is linear in its input: possessive quantifiers (`*+`, `?+`) never give back
+# what they matched, label values are an unrolled loop (`[^"\\]*+(?:\\.[^"\\]*+)*+`, no
+# alternation inside a repeat, so no per-character backtracking state), and labels need a comma
+# between them (as in Prometheus and prometheus_client), so a run of spaces has one reading only.
+# tests/test_parse_hostile.py counts the regex engine's steps on adversarial lines.
+_VALUE = r'"([^"\\\n]*+(?:\\.[^"\\\n]*+)*+)"'
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
+_BLOCK = (r"[ \t]*+(?:" + _LABEL + r"(?:[ \t]*+,[ \t]*+" + _LABEL + r")*+[ \t]*+,?+[ \t]*+)?+")
 # name, optional label block, value, optional timestamp, optional exemplar
-_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\\n]|\\.)*"'
 _LINE = re.compile(
-    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"
-    r"(?:\{[ \t]*((?:" + _LABEL + r"[ \t]*,?[ \t]*)*)\})?"
-    r"[ \t]+([^ \t#]+)"
-    r"(?:[ \t]+([-+]?[0-9.eE+-]+))?"
-    r"[ \t]*(?:#[ \t]*\{.*)?$"
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*+)"
+    r"(?:\{(" + _BLOCK + r")\})?+"
+    r"[ \t]++([^ \t#]++)"
+    r"(?:[ \t]++([-+]?+[0-9.eE+-]++))?+"
+    r"[ \t]*+(?:#[ \t]*+\{.*+)?+"
 )
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*+")
 _GOOD_NAMES: set[str] = set()
-_LABELS = re.compile(r"[ \t]*(?:" + _LABEL + r"[ \t]*,?[ \t]*)*")
-_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"')
+_LABELS = re.compile(_BLOCK)
+_LABEL_PAIR = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+" + _VALUE)
 _METRIC_TYPES = frozenset(
     {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset", "gaugehistogram"}
 )
@@ -48,13 +55,39 @@ _ESCAPE = re.compile(r'\\[\\"n]')
 
 
 class ParseError(ValueError):
-    """The payload is not valid exposition text. `line` is 1-based."""
+    """The payload is not valid exposition text. `line` is 1-based.
 
-    def __init__(self, line: int, text: str, why: str) -> None:
-        shown = text if len(text) <= 120 else text[:117] + "..."
-        super().__init__(f"line {line}: {why}: {shown!r}")
+    The message names the line number and what is wrong, never the line's text: a payload is
+    untrusted input and errors end up in /snapshot, /metrics labels and logs."""
+
+    reason = "parse_error"
+
+    def __init__(self, line: int, why: str) -> None:
+        super().__init__(f"line {line}: {why}")
         self.line = line
         self.why = why
+
+
+class LimitExceeded(ParseError):
+    """The payload breaks one of the per-target `Limits`; `reason` is the Prometheus-style fault
+    (`sample_limit`, `label_limit`, `label_length`)."""
+
+    def __init__(self, line: int, reason: str, why: str) -> None:
+        super().__init__(line, why)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-target limits, as Prometheus' scrape config has them; 0 means unlimited."""
+
+    samples: int = 0  # sample lines per payload (sample_limit)
+    labels: int = 0  # labels per series (label_limit)
+    label_name_length: int = 0  # characters (label_name_length_limit)
+    label_value_length: int = 0  # characters, after unescaping (label_value_length_limit)
+
+
+NO_LIMITS = Limits()
 
 
 @dataclass(slots=True)
@@ -65,6 +98,7 @@ class Payload:
     types: dict[str, str] = field(default_factory=dict)  # family name -> declared type
     lines: int = 0  # sample lines seen (wanted or not)
     openmetrics: bool = False
+    duplicates: int = 0  # wanted samples whose name and label set were already seen (dropped)
 
     @property
     def samples(self) -> list[Sample]:
@@ -92,15 +126,36 @@ def parse_value(text: str) -> float:
     return float(text)
 
 
-def parse(text: str, wanted: Container[str] | None = None) -> Payload:
+def check_labels(labels: dict[str, str], limits: Limits, lineno: int) -> None:
+    """Raise LimitExceeded when one series' labels break `limits`."""
+    if limits.labels and len(labels) > limits.labels:
+        raise LimitExceeded(lineno, "label_limit", f"{len(labels)} labels > label_limit {limits.labels}")
+    if limits.label_name_length or limits.label_value_length:
+        for key, value in labels.items():
+            if limits.label_name_length and len(key) > limits.label_name_length:
+                raise LimitExceeded(lineno, "label_length",
+                                    f"label name of {len(key)} chars > {limits.label_name_length}")
+            if limits.label_value_length and len(value) > limits.label_value_length:
+                raise LimitExceeded(lineno, "label_length",
+                                    f"label value of {len(value)} chars > {limits.label_value_length}")
+
+
+def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS) -> Payload:
     """Parse exposition text. Only samples whose name is in `wanted` are kept (all if None).
 
-    Raises ParseError on the first malformed line."""
+    Raises ParseError on the first malformed line and LimitExceeded (a ParseError) on the first
+    line over `limits`; every line is held to the limits, wanted or not. A wanted sample whose
+    name and label set were already seen is dropped and counted in `Payload.duplicates`."""
     out = Payload()
     by_name = out.by_name
     good_names = _GOOD_NAMES  # names already checked against the grammar (shared, bounded)
     if len(good_names) > 100_000:
         good_names.clear()
+    max_samples = limits.samples
+    label_limited = bool(limits.labels or limits.label_name_length or limits.label_value_length)
+    # a line shorter than this cannot hold a label name or value over the length limits
+    short_line = min(x for x in (limits.label_name_length, limits.label_value_length, 1 << 62) if x)
+    seen: dict[str, set] = {}
     lines = 0
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line:
@@ -117,6 +172,8 @@ def parse(text: str, wanted: Container[str] | None = None) -> Payload:
             if not line:
                 continue
         lines += 1
+        if max_samples and lines > max_samples:
+            raise LimitExceeded(lineno, "sample_limit", f"more than sample_limit {max_samples} samples")
         brace = line.find("{")
         space = line.find(" ")
         name = line[:brace] if brace != -1 and (space == -1 or brace < space) else line[:space]
@@ -125,35 +182,50 @@ def parse(text: str, wanted: Container[str] | None = None) -> Payload:
                 if not line.strip():
                     lines -= 1
                     continue
-                raise ParseError(lineno, line, f"bad metric name {name!r}" if name else "not a sample line")
+                raise ParseError(lineno, "bad metric name" if name else "not a sample line")
             good_names.add(name)
         if wanted is not None and name not in wanted:
-            # not needed: check it ends in a number (value, timestamp or exemplar value)
+            # not needed: check it ends in a number (value, timestamp or exemplar value) and that
+            # it keeps to the label limits (cheap bounds first; the full grammar only when needed)
+            if label_limited and brace != -1 and (
+                    len(line) > short_line or (limits.labels and line.count("=") > limits.labels)):
+                m = _LINE.fullmatch(line)
+                if m is None:
+                    raise ParseError(lineno, "not a sample line")
+                check_labels(parse_labels(m.group(2) or ""), limits, lineno)
             try:
                 float(line[line.rfind(" ") + 1:])
             except ValueError:
-                m = _LINE.match(line)
+                m = _LINE.fullmatch(line)
                 if m is None:
-                    raise ParseError(lineno, line, "not a sample line") from None
-                _value(m.group(3), lineno, line)
+                    raise ParseError(lineno, "not a sample line") from None
+                _value(m.group(3), lineno)
             continue
         parsed = _split(line)
         if parsed is None:  # unusual spacing, quotes or braces inside values: the full grammar
-            m = _LINE.match(line)
+            m = _LINE.fullmatch(line)
             if m is None:
-                raise ParseError(lineno, line, "not a sample line")
+                raise ParseError(lineno, "not a sample line")
             parsed = (m.group(1), m.group(2) or "", m.group(3), m.group(4))
         name, block, value_text, ts_text = parsed
-        value = _value(value_text, lineno, line)
+        value = _value(value_text, lineno)
         if block and _LABELS.fullmatch(block) is None:
-            raise ParseError(lineno, line, "bad label set")
-        ts = _value(ts_text, lineno, line) if ts_text else None
-        sample = Sample(name, parse_labels(block), value, ts)
-        group = by_name.get(name)
-        if group is None:
-            by_name[name] = [sample]
-        else:
-            group.append(sample)
+            raise ParseError(lineno, "bad label set")
+        ts = _value(ts_text, lineno) if ts_text else None
+        labels = parse_labels(block)
+        if label_limited:
+            check_labels(labels, limits, lineno)
+        names_seen = seen.get(name)
+        if names_seen is None:
+            seen[name] = {frozenset(labels.items())}
+            by_name[name] = [Sample(name, labels, value, ts)]
+            continue
+        ident = frozenset(labels.items())
+        if ident in names_seen:
+            out.duplicates += 1
+            continue
+        names_seen.add(ident)
+        by_name[name].append(Sample(name, labels, value, ts))
     out.lines = lines
     return out
 
@@ -191,18 +263,18 @@ def _split(line: str) -> tuple[str, str, str, str | None] | None:
     return None
 
 
-def _value(text: str, lineno: int, line: str) -> float:
+def _value(text: str, lineno: int) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ParseError(lineno, line, f"bad value {text!r}") from None
+        raise ParseError(lineno, "bad value") from None
 
 
 def _comment(line: str, lineno: int, out: Payload) -> None:
     if line.startswith("# TYPE "):
         parts = line.split()
         if len(parts) != 4 or parts[3] not in _METRIC_TYPES:
-            raise ParseError(lineno, line, "bad TYPE line")
+            raise ParseError(lineno, "bad TYPE line")
         out.types[parts[2]] = parts[3]
     elif line.startswith(("# EOF", "# UNIT ")):
         out.openmetrics = True

@@ -177,8 +177,10 @@ class Twin:
             return self._pods[self._index[pod]]
         return self._pods[pod]
 
-    def restart_pod(self, pod: int | str, at: float) -> None:
-        """A rollout restart at time `at` (s): counters to zero, GPU and CPU cold, L2 survives."""
+    def restart_pod(self, pod: int | str, at: float, down_s: float = 0.0) -> None:
+        """A rollout restart at time `at` (s): counters to zero, GPU and CPU cold, L2 survives.
+        With `down_s` the pod starts no prefill before `at + down_s` (capacity lost while the new
+        engine loads); requests routed to it meanwhile queue."""
         p = self._pod(pod)
         self._now = max(self._now, at)
         for tier in (p.gpu, p.cpu):
@@ -190,7 +192,7 @@ class Twin:
         self._heap = [e for e in self._heap if e[2] != idx]
         heapify(self._heap)
         self._loads[idx] = 0
-        p.free_at = at
+        p.free_at = at + max(down_s, 0.0)
         if self._sink:
             self._sink(AllBlocksCleared(at, p.name))
 

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import optuna
 from rich.console import Console, Group
 from rich.live import Live
 
@@ -38,19 +37,16 @@ from emulator.demo.console import render_view
 from emulator.demo.probe import probe_agent
 from emulator.demo.report import verdict_lines, write_report
 from emulator.demo.settings import DemoSettings
-from emulator.demo.workload import DemoWorkload, WarmReplay, build_workload, phase_verdicts
+from emulator.demo.tuning_setup import DRIFT_SIGNALS_WINDOW_S, build_tuning
+from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
 from simulator.twin import Twin
-from tuners.controller import ControllerSettings, StepReport, TuningController
-from tuners.drift import DriftDetector, DriftSettings
+from tuners.controller import StepReport
 from tuners.evaluators import TwinEvaluator
-from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.live import LiveEvaluator, LiveSettings
 from tuners.metrics import TunerMetrics
-from tuners.objective import Evaluation, ObjectiveSpec
-from tuners.space import DeploymentLimits, SearchSpace
-from tuners.warmstart import TwinWarmStart
+from tuners.objective import Evaluation
+from tuners.warmstart import WarmStart
 
 log = logging.getLogger("tierpilot.demo")
 
@@ -58,20 +54,8 @@ DEFAULT_TIME_SCALE = 20.0  # trace-seconds per wall-second
 SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the verdict
 CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
-DRIFT_SIGNALS_WINDOW_S = 60.0  # trace seconds
-RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
-WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
 WARMUP_TRACE_S = 120.0  # the controller starts once caches are warm and the agent has a window
-WARM_START_TRIALS = 30
-SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
-# One-knob neighbours of the defaults the twin always scores (router changes are hot: no restart).
-ROUTER_NEIGHBOURS = tuple(DEFAULT_KNOBS.replace(router=r) for r in ("session", "prefixaware", "kvaware"))
-# The drift detector watches workload signals only (never the config-dependent hit ratio). Left
-# out: the long-prompt fraction (multi-turn sessions ramp it up turn after turn) and the arrival
-# rate (a rolling restart makes the agent's request rate dip and recover); both re-opened phases
-# mid-trial in longer runs.
-DRIFT_SIGNALS = ("reuse_ratio", "prompt_tokens_mean")
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
 DEMO_TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
@@ -116,7 +100,7 @@ class _RecordingEvaluator:
 class _InjectingWarmStart:
     """The twin warm start, with a known-bad configuration put first once (shows the rollback)."""
 
-    def __init__(self, inner: TwinWarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None],
+    def __init__(self, inner: WarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None],
                  on_start: Callable[[], None]) -> None:
         self.on_start = on_start
         self.inner = inner
@@ -181,33 +165,15 @@ class Demo:
         self.agent = DemoAgent(targets, clock=self.driver.trace_now, port=s.agent_port, kv_endpoints=kv_endpoints,
                                kv_bytes_per_token=caps.kv_bytes_per_token, window_s=DRIFT_SIGNALS_WINDOW_S,
                                extra_collectors=(self.tuner_metrics,))
-        limits = DeploymentLimits(pods=s.pods, node_memory_headroom_gib=32.0, l2_pool_gib=2048.0,
-                                  l2_backend="curvine")
-        self.space = SearchSpace.from_limits(limits)
-        objective = ObjectiveSpec()
-        self.guardrails = Guardrails(self.actuator, self.space, self.tuner_metrics,
-                                     GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=s.dry_run),
-                                     clock=self.driver.trace_now)
-        live = LiveEvaluator(self.guardrails, self.agent.window_source,
-                             LiveSettings(settle_s=SETTLE_S, window_s=90.0, min_requests=30, max_extensions=2))
-
-        def twin_evaluator() -> _RecordingEvaluator:
-            now = self.driver.trace_now()
-            history = self.workload.recent(now, RECENT_WORKLOAD_S + WARM_HISTORY_S)
-            return _RecordingEvaluator(TwinEvaluator(history, self.twin_cluster, limits,
-                                                     replay_fn=WarmReplay(now - RECENT_WORKLOAD_S)),
-                                       self._twin_trial)
-
-        warm = _InjectingWarmStart(TwinWarmStart(twin_evaluator, self.space, objective, trials=WARM_START_TRIALS, seed=s.seed,
-                                                 include=ROUTER_NEIGHBOURS),
-                                   REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates,
-                                   self._new_study)
-        self.controller = TuningController(
-            space=self.space, objective=objective, storage=optuna.storages.InMemoryStorage(),
-            guardrails=self.guardrails, evaluator=live, metrics=self.tuner_metrics,
-            settings=ControllerSettings(study="demo", seed=s.seed, trials_per_phase=6, warm_start_k=3,
-                                        min_improvement=0.02),
-            warm_start=warm, drift=DriftDetector(DriftSettings(warmup=20, threshold=15.0), signals=DRIFT_SIGNALS))
+        tuning = build_tuning(
+            actuator=self.actuator, window_source=self.agent.window_source, clock=self.driver.trace_now,
+            twin_cluster=self.twin_cluster, history=self.workload.recent, metrics=self.tuner_metrics, seed=s.seed,
+            dry_run=s.dry_run, wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
+            wrap_warm_start=lambda warm: _InjectingWarmStart(
+                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study))
+        self.space = tuning.space
+        self.guardrails = tuning.guardrails
+        self.controller = tuning.controller
 
     def _restart_publisher(self, pod: str) -> None:
         """A restarted engine publishes from sequence 0; its first batch says the cache is empty."""

@@ -1,0 +1,94 @@
+"""How the demo wires the tuner, shared by the live demo (`emulator.demo.loop`) and the
+simulated-clock run (`emulator.demo.sim_run`, `bench/live_tuning.py`), so the benchmark measures
+exactly the tuner the demo runs.
+
+`build_tuning(...)` returns the controller with its guardrails, live evaluator, drift detector and
+the twin warm start over the recent requests (`history(now, seconds)`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+import polars as pl
+
+from contracts.actuator import Actuator
+from contracts.knobs import DEFAULT_KNOBS
+from emulator.demo.workload import WarmReplay
+from simulator.cluster import ClusterSpec as TwinClusterSpec
+from tuners.controller import ControllerSettings, TuningController
+from tuners.drift import DriftDetector, DriftSettings
+from tuners.evaluators import TwinEvaluator
+from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.live import LiveEvaluator, LiveSettings, WindowSource
+from tuners.metrics import TunerMetrics
+from tuners.objective import ObjectiveSpec
+from tuners.space import DeploymentLimits, SearchSpace
+from tuners.warmstart import TwinWarmStart, WarmStart
+
+RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
+WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
+WARM_START_TRIALS = 30
+SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
+WINDOW_S = 90.0
+DRIFT_SIGNALS_WINDOW_S = 60.0
+# One-knob neighbours of the defaults the twin always scores (router changes are hot: no restart).
+ROUTER_NEIGHBOURS = tuple(DEFAULT_KNOBS.replace(router=r) for r in ("session", "prefixaware", "kvaware"))
+# The drift detector watches workload signals only (never the config-dependent hit ratio). Left
+# out: the long-prompt fraction (multi-turn sessions ramp it up turn after turn) and the arrival
+# rate (a rolling restart makes the agent's request rate dip and recover).
+DRIFT_SIGNALS = ("reuse_ratio", "prompt_tokens_mean")
+
+History = Callable[[float, float], pl.DataFrame]
+
+
+@dataclasses.dataclass
+class Tuning:
+    controller: TuningController
+    guardrails: Guardrails
+    space: SearchSpace
+    limits: DeploymentLimits
+
+
+def demo_limits(pods: int) -> DeploymentLimits:
+    return DeploymentLimits(pods=pods, node_memory_headroom_gib=32.0, l2_pool_gib=2048.0, l2_backend="curvine")
+
+
+def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Callable[[], float],
+                 twin_cluster: TwinClusterSpec, history: History, metrics: TunerMetrics, seed: int,
+                 dry_run: bool = False, wrap_evaluator: Callable[[Any], Any] | None = None,
+                 wrap_warm_start: Callable[[WarmStart], WarmStart] | None = None) -> Tuning:
+    limits = demo_limits(twin_cluster.pods)
+    space = SearchSpace.from_limits(limits)
+    objective = ObjectiveSpec()
+    guardrails = Guardrails(actuator, space, metrics,
+                            GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=dry_run),
+                            clock=clock)
+    live = LiveEvaluator(guardrails, window_source,
+                         LiveSettings(settle_s=SETTLE_S, window_s=WINDOW_S, min_requests=30, max_extensions=2))
+
+    def twin_evaluator() -> Any:
+        now = clock()
+        ev = TwinEvaluator(history(now, RECENT_WORKLOAD_S + WARM_HISTORY_S), twin_cluster, limits,
+                           replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
+        return wrap_evaluator(ev) if wrap_evaluator else ev
+
+    warm: WarmStart = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed,
+                                    include=ROUTER_NEIGHBOURS)
+    if wrap_warm_start is not None:
+        warm = wrap_warm_start(warm)
+    controller = TuningController(
+        space=space, objective=objective, storage=optuna.storages.InMemoryStorage(),
+        guardrails=guardrails, evaluator=live, metrics=metrics,
+        settings=ControllerSettings(study="demo", seed=seed, trials_per_phase=6, warm_start_k=3,
+                                    min_improvement=0.02),
+        warm_start=warm, drift=DriftDetector(DriftSettings(warmup=20, threshold=15.0), signals=DRIFT_SIGNALS))
+    return Tuning(controller, guardrails, space, limits)
+
+
+__all__ = ["DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "ROUTER_NEIGHBOURS", "SETTLE_S", "Tuning", "build_tuning",
+           "demo_limits"]
+
+

@@ -17,7 +17,6 @@ from agent.kvevents.wire import (
     normalize_medium,
 )
 from emulator.cluster.kv_publisher import (
-    KVEventBatch,
     cleared_event,
     offset_endpoint,
     removed_event,
@@ -27,6 +26,14 @@ from emulator.cluster.kv_publisher import (
 
 enc = msgspec.msgpack.encode
 raw = msgspec.msgpack.decode
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """vLLM's batch struct (`vllm/distributed/kv_events.py`, 0.9.1 to 0.33.0)."""
+
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
 
 
 def test_map_encoding_matches_vllm_033_shape() -> None:

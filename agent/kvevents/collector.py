@@ -29,7 +29,8 @@ METRICS: dict[str, tuple[str, str, list[str]]] = {
                             ["op", "medium"]),
     "tierpilot_kv_sequence_gaps": ("counter", "Sequence jumps detected (messages missing).", []),
     "tierpilot_kv_missed_messages": ("counter", ("Messages missing in sequence jumps, by outcome "
-                                     "(replayed via the replay socket, or lost)."), ["outcome"]),
+                                     "(replayed via the replay socket, lost, or unbuffered: older than the engine's replay "
+                                     "buffer at a late join)."), ["outcome"]),
     "tierpilot_kv_restarts": ("counter", ("Engine restarts detected (sequence dropped); the pod's index "
                               "was cleared."), []),
     "tierpilot_kv_rejected": ("counter", "Frames, payloads or events counted and skipped, by reason.",
@@ -95,6 +96,7 @@ def build_families(snap: KvSnapshot) -> list[Metric]:
         add("tierpilot_kv_sequence_gaps", base, s.gaps)
         add("tierpilot_kv_missed_messages", [*base, "replayed"], s.replayed_messages)
         add("tierpilot_kv_missed_messages", [*base, "lost"], s.lost_messages)
+        add("tierpilot_kv_missed_messages", [*base, "unbuffered"], s.unbuffered_messages)
         add("tierpilot_kv_restarts", base, s.restarts)
         for reason, n in sorted(s.rejected.items()):
             add("tierpilot_kv_rejected", [*base, reason], n)

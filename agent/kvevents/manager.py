@@ -26,10 +26,17 @@ import zmq
 from agent.kvevents.merge import EventTimeMerger
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
-from agent.kvevents.wire import FrameError, PayloadError, decode_payload, split_frames
+from agent.kvevents.wire import (
+    END_SEQ_BYTES,
+    FrameError,
+    PayloadError,
+    decode_payload,
+    split_frames,
+    split_replay,
+)
 from agent.kvevents.workload import PodCounters
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
+END_SEQ = END_SEQ_BYTES
 _DRAIN = 256  # messages read from one socket before looking at the others
 _MAX_PENDING = 50_000  # live messages queued behind a replay before it is abandoned
 
@@ -43,6 +50,7 @@ class _Replay:
     pending: list[tuple[bytes, int, bytes]]
     next_seq: int = 0
     recovered: int = 0
+    first_seq: int | None = None  # first batch the engine still had
 
 
 @dataclasses.dataclass
@@ -204,6 +212,7 @@ class KvEventManager:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self.settings.rcvhwm)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.IPV6, 1)  # without it tcp://[::1]:port connects to nothing, silently
         sub.setsockopt(zmq.SUBSCRIBE, st.topic)
         sub.connect(st.endpoint)
         st.sub = sub
@@ -212,6 +221,7 @@ class KvEventManager:
     def _open_dealer(self, st: _Stream) -> zmq.Socket:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(st.replay_endpoint)
         st.dealer = dealer
         self._poller.register(dealer, zmq.POLLIN)
@@ -321,11 +331,12 @@ class KvEventManager:
             rep = st.replay
             if rep is None:
                 continue  # a late answer to an abandoned request
-            if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
+            reply = split_replay(frames, st.topic)
+            if reply is None:
                 with self._lock:
                     self.signals.reject(st.engine, "malformed_replay")
                 continue
-            _, topic, seq_raw, payload = frames
+            topic, seq_raw, payload = reply
             if seq_raw == END_SEQ and not payload:
                 self._finish_replay(st, timed_out=False)
                 return
@@ -333,6 +344,8 @@ class KvEventManager:
             if rep.next_seq <= seq < rep.stop:
                 rep.next_seq = seq + 1
                 rep.recovered += 1
+                if rep.first_seq is None:
+                    rep.first_seq = seq
                 self._decode_push(st, topic, seq, payload)
 
     def _finish_replay(self, st: _Stream, timed_out: bool) -> None:
@@ -341,9 +354,14 @@ class KvEventManager:
             return
         if timed_out:
             self._close_dealer(st)  # drop whatever answer is still in flight
+        missing = rep.stop - rep.start - rep.recovered
+        unbuffered = 0
+        if not rep.count_lost and not timed_out:
+            # a late join the engine answered: what precedes its buffer is history it no longer
+            # keeps, not a loss; a join whose replay failed loses everything it asked for
+            unbuffered = (rep.stop if rep.first_seq is None else rep.first_seq) - rep.start
         with self._lock:
-            lost = (rep.stop - rep.start - rep.recovered) if rep.count_lost else 0
-            self.signals.replay_result(st.engine, rep.recovered if rep.count_lost else 0, lost)
+            self.signals.replay_result(st.engine, rep.recovered, missing - unbuffered, unbuffered)
         st.last = rep.stop - 1
         for topic, seq, payload in rep.pending:
             if st.replay is not None:  # a new gap inside the queued messages started a replay

@@ -44,6 +44,7 @@ class StreamStats:
     missed_messages: int = 0  # messages in those jumps
     replayed_messages: int = 0  # of which recovered through the replay socket
     lost_messages: int = 0  # of which never recovered
+    unbuffered_messages: int = 0  # before a late join, older than the engine's replay buffer
     restarts: int = 0
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)
     last_seq: int | None = None
@@ -147,10 +148,11 @@ class KvSignals:
         st.gaps += 1
         st.missed_messages += missed
 
-    def replay_result(self, engine: EngineId, recovered: int, lost: int) -> None:
+    def replay_result(self, engine: EngineId, recovered: int, lost: int, unbuffered: int = 0) -> None:
         st = self.stream(engine)
         st.replayed_messages += recovered
         st.lost_messages += lost
+        st.unbuffered_messages += unbuffered
 
     def forget(self, engine: EngineId) -> None:
         """The pod left the fleet: drop its residency (its counters go with it)."""

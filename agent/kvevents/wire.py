@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import msgspec
 
 MASK64 = (1 << 64) - 1
+END_SEQ_BYTES = (-1).to_bytes(8, "big", signed=True)  # the replay ROUTER's end marker
 U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgspec ints top out at 2**64 - 1
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
@@ -157,9 +158,18 @@ class _RawBatch(msgspec.Struct, array_like=True):
     data_parallel_rank: Any = None
 
 
+class _RawMapBatch(msgspec.Struct):
+    """The batch as a map (one vLLM commit declares `EventBatch` without `array_like`)."""
+
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: Any = None
+
+
 _MAP_DECODER = msgspec.msgpack.Decoder(_MapBatch)
 _ARR_DECODER = msgspec.msgpack.Decoder(_ArrBatch)
 _RAW_DECODER = msgspec.msgpack.Decoder(_RawBatch)
+_RAW_MAP_DECODER = msgspec.msgpack.Decoder(_RawMapBatch)
 _ANY_DECODER = msgspec.msgpack.Decoder()
 
 
@@ -238,7 +248,12 @@ def _event_from_generic(obj: Any) -> Event:
 def _decode_slow(payload: bytes, topic: bytes, seq: int) -> Batch:
     try:
         raw = _RAW_DECODER.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except msgspec.ValidationError as exc:
+        try:
+            raw = _RAW_MAP_DECODER.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise PayloadError(str(exc)) from exc
+    except msgspec.DecodeError as exc:
         raise PayloadError(str(exc)) from exc
     dp = raw.data_parallel_rank if isinstance(raw.data_parallel_rank, int) else None
     events: list[Event] = []
@@ -266,6 +281,18 @@ def decode_payload(payload: bytes, topic: bytes = b"", seq: int = 0) -> Batch:
             raise PayloadError(str(exc)) from exc
         return Batch(topic, seq, b.ts, b.data_parallel_rank, [_from_struct(e) for e in b.events], {})
     return _decode_slow(payload, topic, seq)
+
+
+def split_replay(frames: Sequence[bytes], topic: bytes = b"") -> tuple[bytes, bytes, bytes] | None:
+    """One reply read on a DEALER from vLLM's replay ROUTER -> (topic, seq frame, payload), or None
+    when it has neither shape. vLLM >= 0.26 sends `[b"", topic, seq, payload]`; releases up to
+    0.25.x send `[b"", seq, payload]` (no topic frame: `topic` is used). The end marker is the
+    same in both with seq = -1 (signed) and an empty payload (and an empty topic from 0.26)."""
+    if len(frames) == 4 and frames[0] == b"" and len(frames[2]) == 8:
+        return bytes(frames[1]), bytes(frames[2]), bytes(frames[3])
+    if len(frames) == 3 and frames[0] == b"" and len(frames[1]) == 8:
+        return topic, bytes(frames[1]), bytes(frames[2])
+    return None
 
 
 def split_frames(frames: Sequence[bytes]) -> tuple[bytes, int, bytes]:

@@ -1,15 +1,18 @@
-"""A faithful emulation of vLLM 0.33's ZMQ KV-event publisher, for tests, the benchmark and the
-demo's emulated pods (which feed it the twin's `contracts.events` records).
+"""A faithful emulation of vLLM's ZMQ KV-event publisher, release by release (0.9.0 to 0.33.0,
+`kv_wire_formats.py`), for tests, the benchmark and the demo's emulated pods (which feed it the
+twin's `contracts.events` records).
 
 Wire format (reference `kv-events.md`, sections 1.2-1.6):
 - PUB socket, one multipart message per batch: `[topic, seq (uint64 big-endian), payload]`,
   seq from 0 per publisher, +1 per batch; a restart resets it to 0.
-- payload = msgspec msgpack of `KVEventBatch` = array `[ts, events, data_parallel_rank]`.
-- events: `encoding="map"` (vLLM >= 0.24, default): msgpack maps with a `"type"` tag, required
-  fields always present, defaulted fields omitted; `encoding="array"` (vLLM <= 0.23): positional
-  arrays `["BlockStored", ...]` with every declared 0.23 field written.
+- payload = msgspec msgpack of `KVEventBatch` = array `[ts, events, data_parallel_rank]`
+  (`[ts, events]` in 0.9.0).
+- events: msgpack maps with a `"type"` tag (vLLM >= 0.24, `release="0.33.0"` by default;
+  `encoding="map"`), or positional arrays `["BlockStored", ...]` (<= 0.23; `encoding="array"` is
+  0.23.0), with the fields of the chosen release; hashes unsigned, signed or bytes (`hashes=`).
 - optional ROUTER replay socket: request `[id, b"", start_seq]` -> every buffered batch with
-  seq >= start_seq as `[id, b"", topic, seq, payload]`, then `[id, b"", b"", -1 (signed), b""]`.
+  seq >= start_seq as `[id, b"", topic, seq, payload]`, then `[id, b"", b"", -1 (signed), b""]`
+  (0.26+); up to 0.25.x without the topic frames: `[id, b"", seq, payload]`, `[id, b"", -1, b""]`.
   The buffer keeps the last `buffer_steps` batches, including ones lost on the PUB side.
 
 Deviation: vLLM binds only when the endpoint contains `*`/`::` or is ipc/inproc, and connects
@@ -28,81 +31,12 @@ import msgspec
 import zmq
 
 from contracts import events as twin
+from emulator.cluster.kv_wire_formats import HashKind, WireFormat, wire_format
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
 Encoding = Literal["map", "array"]
-
-
-# -- vLLM 0.33 structs (events are maps) ------------------------------------------------------
-class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the 0.33 events: tagged maps (`"type"` = class name)."""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-# -- vLLM 0.23 structs (events are positional arrays, tag first) ------------------------------
-class LegacyKVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    """Base of the <= 0.23 events: positional arrays; element 0 is the class name."""
-
-
-class LegacyBlockStored(LegacyKVCacheEvent, tag="BlockStored"):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class LegacyBlockRemoved(LegacyKVCacheEvent, tag="BlockRemoved"):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
-
-
-class LegacyAllBlocksCleared(LegacyKVCacheEvent, tag="AllBlocksCleared"):
-    pass
 
 
 def vllm_binds(endpoint: str) -> bool:
@@ -126,27 +60,27 @@ def offset_endpoint(endpoint: str, dp_rank: int) -> str:
     return endpoint
 
 
+def _legacy(encoding: Encoding) -> WireFormat:
+    return wire_format("0.33.0" if encoding == "map" else "0.23.0")
+
+
 def stored_event(hashes: Sequence[int | bytes], parent: int | bytes | None, block_size: int,
                  medium: str | None = MEDIUM_GPU, *, encoding: Encoding = "map",
                  token_ids: list[int] | None = None, group_idx: int | None = 0,
                  spec_kind: str | None = "full_attention") -> Any:
-    """A BlockStored in the chosen encoding; synthetic token ids (len = blocks x block_size) when
-    none are given, since the twin has hashes but no tokens."""
-    if token_ids is None:
-        token_ids = [(h if isinstance(h, int) else len(h)) & 0x7FFF for h in hashes for _ in range(block_size)]
-    cls = BlockStored if encoding == "map" else LegacyBlockStored
-    return cls(list(hashes), parent, token_ids, block_size, None, medium, None,
-               group_idx=group_idx, kv_cache_spec_kind=spec_kind)
+    """A BlockStored as vLLM 0.33 (`encoding="map"`) or 0.23 (`"array"`) encodes it; synthetic
+    token ids (len = blocks x block_size) when none are given. `WireFormat.stored` for others."""
+    return _legacy(encoding).stored(hashes, parent, block_size, medium, token_ids=token_ids,
+                                    group_idx=group_idx, spec_kind=spec_kind)
 
 
 def removed_event(hashes: Sequence[int | bytes], medium: str | None = MEDIUM_GPU, *,
                   encoding: Encoding = "map", group_idx: int | None = 0) -> Any:
-    cls = BlockRemoved if encoding == "map" else LegacyBlockRemoved
-    return cls(list(hashes), medium, group_idx=group_idx)
+    return _legacy(encoding).removed(hashes, medium, group_idx=group_idx)
 
 
 def cleared_event(encoding: Encoding = "map") -> Any:
-    return AllBlocksCleared() if encoding == "map" else LegacyAllBlocksCleared()
+    return _legacy(encoding).cleared()
 
 
 class KvEventPublisher:
@@ -154,12 +88,16 @@ class KvEventPublisher:
     public methods are thread-safe and only enqueue work. Use as a context manager or `close()`."""
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:0", *, replay_endpoint: str | None = None,
-                 topic: str = "", encoding: Encoding = "map", buffer_steps: int = 10_000,
+                 topic: str = "", encoding: Encoding | None = None, release: str | None = None,
+                 hashes: HashKind | None = None, buffer_steps: int = 10_000,
                  hwm: int = 100_000, data_parallel_rank: int = 0, bind: bool | None = None,
                  context: zmq.Context | None = None) -> None:
-        if encoding not in ("map", "array"):
+        if encoding not in (None, "map", "array"):
             raise ValueError(f"encoding must be 'map' (vLLM >= 0.24) or 'array' (<= 0.23), got {encoding!r}")
-        self.encoding: Encoding = encoding
+        if release is None:
+            release = "0.23.0" if encoding == "array" else "0.33.0"
+        self.format: WireFormat = wire_format(release, hashes)
+        self.encoding: Encoding = self.format.events
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
         self._ctx = context or zmq.Context.instance()
@@ -174,6 +112,8 @@ class KvEventPublisher:
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         addr = offset_endpoint(endpoint, data_parallel_rank)
+        if "[" in addr:  # an IPv6 literal: vLLM enables IPv6 on its sockets for an IPv6 host IP
+            self._pub.setsockopt(zmq.IPV6, 1)
         if vllm_binds(addr) if bind is None else bind:
             self._pub.bind(addr)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -186,6 +126,7 @@ class KvEventPublisher:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
             self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.setsockopt(zmq.IPV6, int("[" in replay_endpoint))
             self._replay.bind(offset_endpoint(replay_endpoint, data_parallel_rank))
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._running = True
@@ -195,7 +136,7 @@ class KvEventPublisher:
     # -- public API (any thread) -----------------------------------------------------------
     def publish(self, events: Sequence[Any], ts: float | None = None) -> None:
         """Queue one batch (one scheduler step's events); `ts` defaults to wall-clock now."""
-        batch = KVEventBatch(time.time() if ts is None else ts, list(events), self.data_parallel_rank)
+        batch = self.format.batch(time.time() if ts is None else ts, list(events), self.data_parallel_rank)
         self._queue.put(("batch", batch))
 
     def send_raw(self, frames: Sequence[bytes]) -> None:
@@ -277,10 +218,12 @@ class KvEventPublisher:
         if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
             return  # vLLM logs and ignores anything else
         client, start = frames[0], int.from_bytes(frames[2], "big")
+        head: tuple[bytes, ...] = (client, b"", self.topic) if self.format.replay_topic else (client, b"")
         for seq, payload in self._buffer:
             if seq >= start:
-                self._replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+                self._replay.send_multipart((*head, seq.to_bytes(8, "big"), payload))
+        end = (client, b"", b"") if self.format.replay_topic else (client, b"")
+        self._replay.send_multipart((*end, END_SEQ, b""))
         self.replays_served += 1
 
 
@@ -308,18 +251,17 @@ class TwinEventPublisher:
         if pub is None:
             self.unknown_pods.add(event.pod)
             return
-        enc = pub.encoding
+        fmt = pub.format
         if isinstance(event, twin.BlockStored):
             tokens = [] if self.tokens == "empty" else None
             gpu = event.medium == MEDIUM_GPU
-            ev = stored_event(event.block_hashes, event.parent_block_hash, event.block_size, event.medium,
-                              encoding=enc, token_ids=tokens, group_idx=0 if gpu else None,
-                              spec_kind="full_attention" if gpu else None)
+            ev = fmt.stored(event.block_hashes, event.parent_block_hash, event.block_size, event.medium,
+                            token_ids=tokens, group_idx=0 if gpu else None,
+                            spec_kind="full_attention" if gpu else None)
         elif isinstance(event, twin.BlockRemoved):
-            ev = removed_event(event.block_hashes, event.medium, encoding=enc,
-                               group_idx=0 if event.medium == MEDIUM_GPU else None)
+            ev = fmt.removed(event.block_hashes, event.medium, group_idx=0 if event.medium == MEDIUM_GPU else None)
         else:
-            ev = cleared_event(enc)
+            ev = fmt.cleared()
         self._pending.setdefault(event.pod, []).append(ev)
 
     def flush_step(self) -> None:
@@ -334,7 +276,7 @@ class TwinEventPublisher:
             pub.flush(timeout)
 
 
-def open_pod_publishers(pods: Sequence[str], *, encoding: Encoding = "map", host: str = "127.0.0.1",
+def open_pod_publishers(pods: Sequence[str], *, encoding: Encoding | None = None, host: str = "127.0.0.1",
                         replay: bool = True, model: str = "model", **kwargs: Any) -> dict[str, KvEventPublisher]:
     """One bound publisher per pod on free loopback ports, topic `kv@<pod>@<model>` (llm-d's)."""
     return {

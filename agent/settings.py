@@ -59,7 +59,7 @@ class ServerSettings(_Frozen):
 
 class StaticTarget(_Frozen):
     url: str
-    role: Role
+    role: Literal[Role, "auto"] = Field("auto", description="omitted or auto: detected from the payload")
     pod: str
     namespace: str = ""
     node: str = ""

@@ -11,6 +11,8 @@ from typing import Literal, NamedTuple
 
 Role = Literal["vllm", "lmcache", "curvine-master", "curvine-worker", "curvine-fuse", "router"]
 ROLES: tuple[Role, ...] = ("vllm", "lmcache", "curvine-master", "curvine-worker", "curvine-fuse", "router")
+# A target given without a role: the scrape detects it from the payload (agent/collect/roles.py).
+AUTO_ROLE = "auto"
 
 Tier = Literal["gpu", "cpu", "l2"]
 TIERS: tuple[Tier, ...] = ("gpu", "cpu", "l2")
@@ -24,7 +26,7 @@ class Target:
     sidecar, a Curvine FUSE client); `node` lets a per-node FUSE client be matched to a pod."""
 
     url: str
-    role: Role
+    role: Role  # or AUTO_ROLE until the first scrape detects it
     pod: str
     namespace: str = ""
     node: str = ""
@@ -131,6 +133,9 @@ class TargetStatus:
     samples: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # lifetime count per reason
     skipped: bool = False  # not attempted this cycle (back-off)
+    # (reason, detail) pairs that do not mark the target down: `no_mapped_series` (the payload fed
+    # no signal: what was seen is named), `lmcache_series_missing` (see docs/runbooks.md)
+    warnings: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

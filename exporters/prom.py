@@ -108,6 +108,10 @@ def health_families(snap: Snapshot) -> Iterator[Metric]:
                                  labels=["target", "role", "pod", "reason"])
     samples = GaugeMetricFamily("tierpilot_scrape_samples", "Sample lines in the last successful payload.",
                                 labels=["target", "role", "pod"])
+    warning = GaugeMetricFamily(
+        "tierpilot_target_warning",
+        "1 while the last scrape of the target raised this warning (no_mapped_series, lmcache_series_missing; "
+        "see docs/runbooks.md). The target stays up.", labels=["target", "role", "pod", "reason"])
     targets_by_role: dict[str, int] = {}
     for st in snap.targets:
         t = st.target
@@ -117,6 +121,8 @@ def health_families(snap: Snapshot) -> Iterator[Metric]:
         samples.add_metric(labels, float(st.samples))
         for reason, n in sorted(st.errors.items()):
             errors.add_metric([*labels, reason], float(n))
+        for reason, _detail in st.warnings:
+            warning.add_metric([*labels, reason], 1.0)
         targets_by_role[t.role] = targets_by_role.get(t.role, 0) + 1
     targets = GaugeMetricFamily("tierpilot_targets", "Targets currently discovered, by role.", labels=["role"])
     for role, n in sorted(targets_by_role.items()):
@@ -129,7 +135,7 @@ def health_families(snap: Snapshot) -> Iterator[Metric]:
     taken = GaugeMetricFamily("tierpilot_snapshot_timestamp_seconds",
                               "Unix time the served snapshot was computed (0 before the first cycle).")
     taken.add_metric([], snap.taken_at)
-    yield from (up, duration, errors, samples, targets, cycle, rows, taken)
+    yield from (up, duration, errors, samples, warning, targets, cycle, rows, taken)
 
 
 def build_registry(get_snapshot: Callable[[], Snapshot], extra: tuple[Collector, ...] = ()) -> CollectorRegistry:

@@ -230,5 +230,5 @@ def test_mapping_files_are_validated_with_the_key_named(tmp_path):
 def test_every_builtin_mapping_loads_and_names_are_unique():
     sources = [m.source for m in MAPPINGS.mappings]
     assert sorted(sources) == ["curvine_fuse", "curvine_master", "curvine_worker", "lmcache_inprocess",
-                               "lmcache_mp", "router", "sglang", "vllm_v0", "vllm_v1"]
+                               "lmcache_mp", "router", "sglang", "vllm_router", "vllm_v0", "vllm_v1"]
     assert all(not math.isnan(m.preference) for m in MAPPINGS.mappings)

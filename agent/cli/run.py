@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import click
 
 from agent.settings import SettingsError, load_settings
-from contracts.tier_model import ROLES, Snapshot, Target
+from contracts.tier_model import AUTO_ROLE, ROLES, Snapshot, Target
 
 
 def _settings(config: Path | None, **overrides):
@@ -83,14 +83,15 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) 
 
 
 def parse_target(spec: str) -> Target:
-    """`URL`, `ROLE=URL` or `ROLE/POD=URL`; the pod defaults to the URL's host:port."""
-    role, pod, url = "vllm", "", spec
+    """`URL`, `ROLE=URL` or `ROLE/POD=URL`; the pod defaults to the URL's host:port. Without a
+    role (or with `auto`) the first scrape detects it from the payload."""
+    role, pod, url = AUTO_ROLE, "", spec
     head, sep, tail = spec.partition("=")
     if sep and "://" not in head:
         url = tail
         role, _, pod = head.partition("/")
-    if role not in ROLES:
-        raise click.BadParameter(f"unknown role {role!r} in {spec!r}; valid: {', '.join(ROLES)}")
+    if role not in (*ROLES, AUTO_ROLE):
+        raise click.BadParameter(f"unknown role {role!r} in {spec!r}; valid: {', '.join((*ROLES, AUTO_ROLE))}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise click.BadParameter(f"{url!r} is not an http(s) URL")
@@ -102,8 +103,8 @@ def parse_target(spec: str) -> Target:
 @click.command("scrape-once")
 @click.option("--target", "-t", "targets", multiple=True, required=True, metavar="[ROLE[/POD]=]URL",
               help="A /metrics URL; repeat for several. Prefix with a role (vllm, lmcache, curvine-master, "
-                   "curvine-worker, curvine-fuse, router; default vllm) and optionally a pod name, e.g. "
-                   "curvine-fuse/vllm-0=http://10.0.0.5:9003/metrics.")
+                   "curvine-worker, curvine-fuse, router; default: detected from the payload) and optionally a "
+                   "pod name, e.g. curvine-fuse/vllm-0=http://10.0.0.5:9003/metrics.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table",
               show_default=True, help="prometheus prints exactly what the agent's /metrics would serve.")
 @click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -112,8 +113,10 @@ def parse_target(spec: str) -> Target:
 def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout: float | None) -> None:
     """Scrape the targets once and print the unified tier view.
 
-    With a single scrape, ratios come from the counters' lifetime totals. Exits 1 when no target
-    answered.
+    With a single scrape, ratios come from the counters' lifetime totals. A target given without a
+    role gets the one its payload shows (vLLM, LMCache in-process or MP, Curvine master/worker/FUSE,
+    production-stack or vllm-project router); a target that yields no mapped series is reported
+    with a warning on stderr naming what was seen. Exits 1 when no target answered.
     """
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent, snapshot_json
@@ -130,6 +133,9 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
         click.echo(agent.metrics_text(), nl=False)
     else:
         render_table(snap)
+    for st in snap.targets:
+        for reason, detail in st.warnings:
+            click.echo(f"warning: {st.target.url} ({st.target.role}): {reason}: {detail}", err=True)
     if not any(st.up for st in snap.targets):
         sys.exit(1)
 
@@ -149,8 +155,10 @@ def render_table(snap: Snapshot) -> None:
     for col in ("target", "role", "pod", "up", "seconds", "reason"):
         targets.add_column(col)
     for st in snap.targets:
+        note = st.reason + (f" ({st.detail})" if st.detail else "")
+        note = "; ".join([note] * bool(note) + [reason for reason, _ in st.warnings])
         targets.add_row(st.target.url, st.target.role, st.target.pod, "yes" if st.up else "NO",
-                        f"{st.duration_s:.3f}", st.reason + (f" ({st.detail})" if st.detail else ""))
+                        f"{st.duration_s:.3f}", note)
     console.print(targets)
     tiers = Table(title="Tiers (lifetime totals; ratios over the window)")
     for col in ("pod", "model", "tier", "source", "lookup tok", "hit tok", "hit ratio", "cumulative",

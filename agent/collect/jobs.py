@@ -19,6 +19,7 @@ Fault handling per target (the agent never stops for one bad target):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,18 +28,34 @@ import aiohttp
 
 from agent.collect.mapping import MappingSet
 from agent.collect.normalise import normalise, resolve
-from agent.collect.parse import Limits, ParseError, parse
+from agent.collect.parse import Limits, ParseError, Payload, parse
+from agent.collect.roles import KIND_NAMES, KIND_ROLES, detect_kind, detect_role, seen_summary
 from agent.collect.scrape import Backoff, FetchFailure, fetch
 from agent.collect.snapshot import build_snapshot
 from agent.collect.store import CounterResetDetector, WindowStore
 from agent.settings import AgentSettings
-from contracts.tier_model import Signal, Snapshot, Target, TargetStatus
+from contracts.tier_model import AUTO_ROLE, Signal, Snapshot, Target, TargetStatus
 
 
 @dataclass(frozen=True, slots=True)
 class TargetOutcome:
     status: TargetStatus
     signals: tuple[Signal, ...]
+
+
+def _unmapped_detail(role: str, text: str, payload: Payload) -> str:
+    """What a payload that fed no signal held (it is parsed again in full: a rare, misconfigured case)."""
+    try:
+        full = parse(text).by_name
+    except ParseError:
+        full = {name: [] for name in payload.types}
+    kind = detect_kind(full)
+    looks = ""
+    if kind and KIND_ROLES[kind] != role:
+        looks = f" (it looks like {KIND_NAMES[kind]}: give role {KIND_ROLES[kind]})"
+    elif kind:
+        looks = f" ({KIND_NAMES[kind]}, but none of the names the mappings read)"
+    return f"no {role} mapping matched{looks}; " + seen_summary(full, payload.lines)
 
 
 class ScrapeCycle:
@@ -58,6 +75,7 @@ class ScrapeCycle:
         self.limits = Limits(samples=sc.sample_limit, labels=sc.label_limit,
                              label_name_length=sc.label_name_length_limit,
                              label_value_length=sc.label_value_length_limit)
+        self.detected: dict[str, str] = {}  # URL of a target given without a role -> detected role
 
     def _count(self, target: Target, reason: str, n: int = 1) -> dict[str, int]:
         errs = self.errors.setdefault(target.key, {})
@@ -66,11 +84,25 @@ class ScrapeCycle:
 
     def process(self, target: Target, text: str, duration_s: float) -> TargetOutcome:
         """Parse and normalise one fetched payload (pure apart from the counters)."""
+        warnings: list[tuple[str, str]] = []
+        if target.role == AUTO_ROLE and target.url in self.detected:
+            target = dataclasses.replace(target, role=self.detected[target.url])  # type: ignore[arg-type]
         try:
-            payload = parse(text, self.mappings.wanted.get(target.role), self.limits)
+            wanted = None if target.role == AUTO_ROLE else self.mappings.wanted.get(target.role)
+            payload = parse(text, wanted, self.limits)
         except ParseError as exc:  # LimitExceeded too: its reason is sample_limit, label_limit, ...
             return self._failed(target, exc.reason, str(exc), duration_s)
+        if target.role == AUTO_ROLE:
+            role = detect_role(payload.by_name)
+            if role is None:
+                warnings.append(("no_mapped_series", "role not detected from the payload; "
+                                 + seen_summary(payload.by_name, payload.lines)))
+            else:
+                self.detected[target.url] = role
+                target = dataclasses.replace(target, role=role)
         result = normalise(target, payload, self.mappings)
+        if not result.signals and not warnings:
+            warnings.append(("no_mapped_series", _unmapped_detail(target.role, text, payload)))
         faults: list[tuple[str, str]] = []  # (reason, detail)
         if payload.duplicates:
             self._count(target, "duplicate_series", payload.duplicates)
@@ -85,7 +117,7 @@ class ScrapeCycle:
         self.backoff.succeeded(target.key)
         status = TargetStatus(target, not faults, duration_s, faults[0][0] if faults else "",
                               "; ".join(detail for _, detail in faults), samples=payload.lines,
-                              errors=dict(self.errors.get(target.key, {})))
+                              errors=dict(self.errors.get(target.key, {})), warnings=tuple(warnings))
         return TargetOutcome(status, tuple(result.signals))
 
     def _failed(self, target: Target, reason: str, detail: str, duration_s: float) -> TargetOutcome:

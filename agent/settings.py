@@ -103,6 +103,72 @@ class TargetSettings(_Frozen):
     kubernetes: KubernetesSettings = KubernetesSettings()
 
 
+class BasicAuth(_Frozen):
+    username: str
+    password_file: Path = Field(description="file holding the password (re-read each cycle)")
+
+
+class TlsSettings(_Frozen):
+    ca_file: Path | None = Field(None, description="CA bundle that signed the server certificate")
+    cert_file: Path | None = Field(None, description="client certificate (mutual TLS)")
+    key_file: Path | None = Field(None, description="client key (mutual TLS)")
+    insecure_skip_verify: bool = Field(False, description="do not verify the server certificate")
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class PrometheusSourceSettings(_Frozen):
+    """`prometheus:` read the fleet's series from a Prometheus-compatible query API
+    (agent/collect/promsource.py) instead of scraping every pod (`source: prometheus`)."""
+
+    url: str | None = Field(None, description="base URL of the query API, e.g. http://prometheus:9090 "
+                                              "(Thanos, Mimir: the prefix before /api/v1)")
+    bearer_token_file: Path | None = Field(None, description="file holding a bearer token (re-read each cycle)")
+    basic_auth: BasicAuth | None = None
+    tls: TlsSettings = TlsSettings()
+    timeout_s: float = Field(10.0, gt=0, description="total time allowed per query")
+    concurrency: int = Field(16, gt=0, description="queries in flight at once")
+    roles: dict[Role, str] = Field(
+        default_factory=dict,
+        description='per role, a series selector without braces, e.g. vllm: \'job="vllm"\'; '
+                    "empty: every series, role from the `job` label or the metric name")
+    pod_label: str = Field("pod", description="label naming the pod (else `instance` is used)")
+    namespace_label: str = Field("namespace", description="label naming the namespace")
+    backfill: bool = Field(True, description="at start, fill the window with one range query per series")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/") if v else v
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> PrometheusSourceSettings:
+        if self.bearer_token_file is not None and self.basic_auth is not None:
+            raise ValueError("give bearer_token_file or basic_auth, not both")
+        return self
+
+
+class ShardSettings(_Frozen):
+    """`shard:` this replica scrapes (and follows the KV events of) only the targets whose
+    rendezvous hash falls in its shard (agent/collect/shard.py)."""
+
+    count: int = Field(1, ge=1, description="replicas sharing the direct scrape")
+    index: int | None = Field(None, ge=0, description="this replica's shard; unset: the ordinal at the end "
+                                                      "of $POD_NAME (StatefulSet), else 0")
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ShardSettings:
+        if self.index is not None and self.index >= self.count:
+            raise ValueError(f"index {self.index} must be below count {self.count}")
+        return self
+
+
 class TierSettings(_Frozen):
     kv_bytes_per_token: float | None = Field(
         131072.0, gt=0, le=64 * 2**20, description="2 x layers x KV heads x head dim x dtype bytes (Llama-3.1-8B bf16)")
@@ -248,6 +314,10 @@ class AgentSettings(BaseSettings):
     targets: TargetSettings = TargetSettings()
     tiers: TierSettings = TierSettings()
     mappings: tuple[Path, ...] = Field((), description="extra mapping files (added to the built-in ones)")
+    source: Literal["scrape", "prometheus"] = Field(
+        "scrape", description="scrape: fetch every target's /metrics; prometheus: query `prometheus.url`")
+    prometheus: PrometheusSourceSettings = PrometheusSourceSettings()
+    shard: ShardSettings = ShardSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     kv_events: KvEventsSection = KvEventsSection()
     tuner: TunerSection = TunerSection()
@@ -261,6 +331,12 @@ class AgentSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (env_settings, init_settings)  # environment wins over the file
+
+    @model_validator(mode="after")
+    def _source_has_url(self) -> AgentSettings:
+        if self.source == "prometheus" and not self.prometheus.url:
+            raise ValueError("source 'prometheus' needs prometheus.url")
+        return self
 
     @property
     def cpu_capacity_bytes(self) -> float | None:

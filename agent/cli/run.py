@@ -100,8 +100,21 @@ def parse_target(spec: str) -> Target:
     return Target(url=url, role=role, pod=pod or parts.netloc)  # type: ignore[arg-type]
 
 
+def parse_selectors(specs: tuple[str, ...]) -> dict[str, str]:
+    """`ROLE=MATCHER` (repeatable) -> {role: matcher}."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        role, sep, matcher = spec.partition("=")
+        if not sep or not matcher.strip():
+            raise click.BadParameter(f"{spec!r}: expected ROLE=MATCHER, e.g. vllm='job=\"vllm\"'")
+        if role not in ROLES:
+            raise click.BadParameter(f"unknown role {role!r} in {spec!r}; valid: {', '.join(ROLES)}")
+        out[role] = matcher.strip()
+    return out
+
+
 @click.command("scrape-once")
-@click.option("--target", "-t", "targets", multiple=True, required=True, metavar="[ROLE[/POD]=]URL",
+@click.option("--target", "-t", "targets", multiple=True, metavar="[ROLE[/POD]=]URL",
               help="A /metrics URL; repeat for several. Prefix with a role (vllm, lmcache, curvine-master, "
                    "curvine-worker, curvine-fuse, router; default: detected from the payload) and optionally a "
                    "pod name, e.g. curvine-fuse/vllm-0=http://10.0.0.5:9003/metrics.")
@@ -109,9 +122,17 @@ def parse_target(spec: str) -> Target:
               show_default=True, help="prometheus prints exactly what the agent's /metrics would serve.")
 @click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Optional agent config (timeouts, KV bytes per token, extra mappings).")
-@click.option("--timeout", type=float, default=None, help="Per-target timeout in seconds.")
-def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout: float | None) -> None:
-    """Scrape the targets once and print the unified tier view.
+@click.option("--timeout", type=float, default=None, help="Per-target (or per-query) timeout in seconds.")
+@click.option("--from-prometheus", "prom_url", metavar="URL", default=None,
+              help="Read the series from this Prometheus-compatible query API (Prometheus, Thanos, Mimir, "
+                   "VictoriaMetrics) instead of scraping: lifetime totals, and ratios and quantiles over the "
+                   "config's store.window_s. Pods come from the `pod` label (else `instance`).")
+@click.option("--selector", "selectors", multiple=True, metavar="ROLE=MATCHER",
+              help='With --from-prometheus: the series of ROLE, e.g. vllm=\'job="vllm"\'; repeat per role. '
+                   "Default: every series, role from the `job` label or the metric name.")
+def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout: float | None,
+                prom_url: str | None, selectors: tuple[str, ...]) -> None:
+    """Scrape the targets once (or read them from Prometheus) and print the unified tier view.
 
     With a single scrape, ratios come from the counters' lifetime totals. A target given without a
     role gets the one its payload shows (vLLM, LMCache in-process or MP, Curvine master/worker/FUSE,
@@ -121,10 +142,22 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent, snapshot_json
 
+    if not targets and not prom_url:
+        raise click.UsageError("give --target URL (repeatable) or --from-prometheus URL")
+    if targets and prom_url:
+        raise click.UsageError("--target and --from-prometheus exclude each other")
+    if selectors and not prom_url:
+        raise click.UsageError("--selector needs --from-prometheus")
     parsed = [parse_target(t) for t in targets]
     settings = _settings(config)
     if timeout is not None:
         settings = _settings(config, scrape={**settings.scrape.model_dump(), "timeout_s": timeout})
+    if prom_url:
+        prom = {**settings.prometheus.model_dump(exclude_none=True), "url": prom_url, "backfill": False,
+                "roles": parse_selectors(selectors)}
+        if timeout is not None:
+            prom["timeout_s"] = timeout
+        settings = _settings(config, scrape=settings.scrape.model_dump(), source="prometheus", prometheus=prom)
     agent = Agent(settings, StaticTargets(parsed))
     snap = agent.scrape_now()
     if fmt == "json":

@@ -83,6 +83,22 @@ def targets_from_settings(settings: AgentSettings) -> TargetSource:
     return CombinedTargets(sources)
 
 
+def make_cycle(settings: AgentSettings, mappings: MappingSet, store: WindowStore,
+               clock: Callable[[], float]) -> Any:
+    """The cycle `settings.source` asks for: direct scraping, or a Prometheus query API."""
+    if settings.source == "prometheus":
+        from agent.collect.promsource import PrometheusCycle
+
+        return PrometheusCycle(settings, mappings, store, clock)
+    return ScrapeCycle(settings, mappings, store, clock)
+
+
+async def _close_cycle(cycle: Any) -> None:
+    close = getattr(cycle, "aclose", None)
+    if close is not None:
+        await close()
+
+
 class Agent:
     """Builds and runs the agent. Not started by the constructor."""
 
@@ -103,7 +119,7 @@ class Agent:
         self.mappings = mappings or load_mappings([*builtin_mapping_paths(), *settings.mappings])
         self.clock = clock
         self.store = WindowStore(settings.store.retention_s, settings.store.window_s, clock)
-        self.cycle = ScrapeCycle(settings, self.mappings, self.store, clock)
+        self.cycle = make_cycle(settings, self.mappings, self.store, clock)
         self._snapshot = Snapshot.empty()
         self.job_stats = JobStats()
         self.registry = build_registry(lambda: self._snapshot, (self.job_stats, *collectors))
@@ -172,6 +188,7 @@ class Agent:
                     return await self._scrape()
                 finally:
                     self._session = None
+                    await _close_cycle(self.cycle)
         return asyncio.run(once())
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -236,6 +253,7 @@ class Agent:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        await _close_cycle(self.cycle)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()

@@ -143,7 +143,10 @@ def write_config(
     job: str = "tierpilot",
     rule_files: Sequence[Path] = (),
     metrics_path: str = "/metrics",
+    static_configs: Sequence[dict] | None = None,
 ) -> None:
+    """`static_configs` (each {"targets": [...], "labels": {...}}) replaces the plain target list,
+    e.g. to attach the `pod` label Kubernetes service discovery would."""
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [
@@ -151,7 +154,8 @@ def write_config(
                 "job_name": job,
                 "metrics_path": metrics_path,
                 "scrape_timeout": scrape_interval,
-                "static_configs": [{"targets": list(targets)}],
+                "static_configs": list(static_configs) if static_configs is not None
+                else [{"targets": list(targets)}],
             }
         ],
     }
@@ -169,13 +173,14 @@ def start_prometheus(
     rule_files: Sequence[Path] = (),
     wait_for_first_scrape: bool = True,
     timeout: float = 30.0,
+    static_configs: Sequence[dict] | None = None,
 ) -> PrometheusServer:
     """Start Prometheus scraping `targets` ("host:port"); wait for readiness and first samples."""
     if not Path(PROMETHEUS_BIN).exists():
         pytest.skip(f"prometheus binary not found at {PROMETHEUS_BIN}; run `make setup`")
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
-    write_config(config, targets, scrape_interval, job, rule_files)
+    write_config(config, targets, scrape_interval, job, rule_files, static_configs=static_configs)
     last_error = ""
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = free_port()

@@ -1,0 +1,189 @@
+"""`source: prometheus` units and faults: settings, query shapes, auth headers, and a query API
+that is down, slow, erroring or reporting `up == 0` (reasoned status, nothing else lost)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+
+from agent.collect.discovery import StaticTargets
+from agent.collect.mapping import load_mappings
+from agent.collect.promframe import Labelling, RoleGroup, plan, split_vector
+from agent.runtime.app import Agent
+from agent.settings import SettingsError, load_settings
+from tests.support.prometheus import free_port
+
+VLLM = {"__name__": "vllm:prefix_cache_queries_total", "pod": "vllm-0", "namespace": "llm",
+        "model_name": "m", "engine": "0", "job": "vllm", "instance": "10.0.0.1:8000"}
+
+
+def _vector(*series: tuple[dict, float]) -> dict:
+    return {"status": "success", "data": {"resultType": "vector",
+                                          "result": [{"metric": m, "value": [time.time(), str(v)]} for m, v in series]}}
+
+
+class FakeQueryApi:
+    """A loopback server speaking the query API's wire format with canned answers; `mode` makes it
+    slow, fail with HTTP 503, or answer `status: error`. Records the requests' headers and forms."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.up = 1.0
+        self.requests: list[tuple[dict, dict]] = []
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        form = dict(await request.post())
+        self.requests.append((dict(request.headers), form))
+        if self.mode == "slow":
+            await asyncio.sleep(3)
+        if self.mode == "503":
+            return web.Response(status=503, text="unavailable")
+        if self.mode == "error":
+            return web.json_response({"status": "error", "errorType": "timeout", "error": "query timed out"},
+                                     status=503)
+        q = form["query"]
+        if q.startswith("up"):
+            return web.json_response(_vector(({k: v for k, v in VLLM.items() if k != "__name__"}
+                                               | {"__name__": "up"}, self.up)))
+        hits = {**VLLM, "__name__": "vllm:prefix_cache_hits_total"}
+        if q.startswith("("):  # an increase query: no __name__ on increase()'s part
+            name = q[1:].split("{", 1)[0]
+            labels = {k: v for k, v in VLLM.items() if k != "__name__"}
+            return web.json_response(_vector((labels, 100.0 if "queries" in name else 25.0)))
+        return web.json_response(_vector((VLLM, 1000.0), (hits, 500.0)))
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/api/v1/query", self._handle)
+        app.router.add_post("/api/v1/query_range", self._handle)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(5)
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+@pytest.fixture()
+def api() -> Iterator[FakeQueryApi]:
+    server = FakeQueryApi()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _agent(url: str, **prom) -> Agent:
+    settings = load_settings(env={}, source="prometheus", prometheus={"url": url, "timeout_s": 1.0,
+                                                                     "backfill": False, **prom})
+    return Agent(settings, StaticTargets(()))
+
+
+def test_settings_need_a_url_and_one_kind_of_auth(tmp_path):
+    with pytest.raises(SettingsError, match="prometheus.url"):
+        load_settings(env={}, source="prometheus")
+    with pytest.raises(SettingsError, match="not both"):
+        load_settings(env={}, prometheus={"url": "http://p:9090", "bearer_token_file": str(tmp_path / "t"),
+                                          "basic_auth": {"username": "u", "password_file": str(tmp_path / "p")}})
+    with pytest.raises(SettingsError, match="cert_file and key_file"):
+        load_settings(env={}, prometheus={"url": "http://p:9090", "tls": {"cert_file": str(tmp_path / "c")}})
+    env = {"TIERPILOT_SOURCE": "prometheus", "TIERPILOT_PROMETHEUS__URL": "https://thanos:10902/"}
+    s = load_settings(env=env)
+    assert s.source == "prometheus" and s.prometheus.url == "https://thanos:10902"
+
+
+def test_query_plan_reads_only_mapped_names_and_keeps_series_born_in_the_window():
+    mappings = load_mappings()
+    (everything,) = plan(mappings, {})
+    assert everything.role is None and "vllm:prefix_cache_hits_total" in everything.names
+    assert "vllm:kv_cache_usage_perc" in everything.names and "vllm:kv_cache_usage_perc" not in everything.counters
+    groups = plan(mappings, {"vllm": '{job="vllm"}', "curvine-fuse": 'job="fuse"'})
+    assert [g.role for g in groups] == ["vllm", "curvine-fuse"]
+    assert groups[0].last_query().endswith(',job="vllm"}') and groups[0].up_query() == 'up{job="vllm"}'
+    q = groups[0].increase_query("vllm:prompt_tokens_total", 300)
+    assert q == ('(vllm:prompt_tokens_total{job="vllm"} unless vllm:prompt_tokens_total{job="vllm"} offset 300s)'
+                 ' or increase(vllm:prompt_tokens_total{job="vllm"}[300s])')
+    # pods from `pod`, else `instance`; roles from `job`, else from the metric name
+    into: dict = {}
+    split_vector([{"metric": {"__name__": "curvine_fuse_io_bytes_total", "instance": "n1:9003"}, "value": [0, "5"]},
+                  {"metric": {"__name__": "vllm:prompt_tokens_total", "pod": "a", "job": "router"},
+                   "value": [0, "7"]}],
+                 RoleGroup(None, "", (), frozenset()), Labelling(), {"curvine_fuse_io_bytes_total": "curvine-fuse"},
+                 into)
+    assert set(into) == {("curvine-fuse", "n1:9003", ""), ("router", "a", "")}
+
+
+def test_bearer_token_and_basic_auth_are_read_from_files_each_cycle(api, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    agent = _agent(api.url, bearer_token_file=str(token))
+    snap = agent.scrape_now()
+    assert all(h["Authorization"] == "Bearer s3cret" for h, _ in api.requests)
+    assert [t.tier for t in snap.tiers] == ["gpu"] and snap.tiers[0].hit_ratio == 0.25
+    token.write_text("rotated")
+    api.requests.clear()
+    agent.scrape_now()
+    assert api.requests and all(h["Authorization"] == "Bearer rotated" for h, _ in api.requests)
+    pw = tmp_path / "pw"
+    pw.write_text("hunter2\n")
+    api.requests.clear()
+    _agent(api.url, basic_auth={"username": "agent", "password_file": str(pw)}).scrape_now()
+    assert api.requests[0][0]["Authorization"] == "Basic " + base64.b64encode(b"agent:hunter2").decode()
+    # the server-side timeout travels with every query, below the client's
+    assert float(api.requests[0][1]["timeout"]) < 1.0
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("slow", "timeout"), ("503", "http_5xx"), ("error", "query_error")])
+def test_failing_query_api_marks_targets_down_and_keeps_the_last_answer(api, mode, reason):
+    agent = _agent(api.url)
+    good = agent.scrape_now()
+    rows = agent.store.rows
+    assert good.targets[0].up and good.tiers
+    api.mode = mode
+    bad = agent.scrape_now()
+    (status,) = bad.targets
+    assert not status.up and status.reason == reason and "Prometheus query failed" in status.detail
+    assert status.errors == {reason: 1}
+    assert bad.tiers == good.tiers  # the previous answer, not a gap
+    assert agent.store.rows == rows  # nothing stale written to the window
+    api.mode = "ok"
+    again = agent.scrape_now()
+    assert again.targets[0].up and again.targets[0].errors == {reason: 1}
+
+
+def test_unreachable_query_api_is_one_reasoned_status():
+    snap = _agent(f"http://127.0.0.1:{free_port()}").scrape_now()
+    (status,) = snap.targets
+    assert not status.up and status.reason == "connection_refused" and status.target.pod == "prometheus"
+    assert not snap.tiers
+
+
+def test_target_prometheus_cannot_scrape_is_down_with_reason(api):
+    api.up = 0.0
+    snap = _agent(api.url).scrape_now()
+    (status,) = snap.targets
+    assert not status.up and status.reason == "target_down" and "10.0.0.1:8000" in status.detail
+    text = json.dumps([t.pod for t in snap.tiers])
+    assert "vllm-0" in text  # its last series Prometheus still has are kept

@@ -98,10 +98,13 @@ def test_direct_scrape_and_prometheus_source_agree(scraped_cluster):
         time.sleep(1.1)
     time.sleep(2.5)  # Prometheus has scraped the final state
     d_snap = direct.scrape_now()
-    via_prom = Agent(load_settings(env={}, source="prometheus", prometheus={"url": prom.url}, **store),
-                     StaticTargets(()))
+    via_prom = Agent(load_settings(env={}, source="prometheus", prometheus={"url": prom.url},
+                                   scrape={"interval_s": 1.0}, **store), StaticTargets(()))
     p_snap = via_prom.scrape_now()
     assert_equivalent(d_snap, p_snap)
+    # the range-query backfill gave the store the window's history at once (the tuner's read API)
+    assert via_prom.store.frame()["ts"].n_unique() > 3
+    assert via_prom.store.request_rate(pod="vllm-0") > 0
     # the same tierpilot_* series (by name and labels other than `target`) on /metrics
     assert _series_names(direct.metrics_text()) == _series_names(via_prom.metrics_text())
 

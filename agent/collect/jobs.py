@@ -143,6 +143,7 @@ class ScrapeCycle:
     async def run(self, session: aiohttp.ClientSession, targets: Sequence[Target]) -> Snapshot:
         """One full cycle over `targets`; returns the new snapshot."""
         start = time.perf_counter()
+        fetched_at = self.clock()  # the payloads are rendered as the fetches start, not when the last ends
         self.forget_gone(targets)
         due = [t for t in targets if self.backoff.ready(t.key)]
         outcomes = await asyncio.gather(*(self.scrape_target(session, t) for t in due))
@@ -156,7 +157,7 @@ class ScrapeCycle:
                 self.statuses[t.key] = TargetStatus(
                     t, False, 0.0, prev.reason if prev else "backoff", "skipped: backing off",
                     errors=dict(self.errors.get(t.key, {})), skipped=True)
-        now = self.clock()
+        now = fetched_at
         self.store.ingest(resolve(signals, self.mappings), ts=now)
         statuses = [self.statuses[t.key] for t in targets]
         return build_snapshot(

@@ -171,6 +171,20 @@ def resolve(signals: Iterable[Signal], mappings: MappingSet) -> list[Signal]:
         cur = best.get(key)
         if cur is None or rank < cur:
             best[key] = rank
+    # A model-less signal (Curvine FUSE I/O on the pod) belongs to every model of its pod, so it
+    # competes with the models' own sources too: a fallback-only rule of a model (LMCache
+    # `remote_time_to_get`) yields to the pod's preferred model-less source.
+    models: dict[str, set[str]] = {}
+    for s in signals:
+        if s.model:
+            models.setdefault(s.pod, set()).add(s.model)
+    for (pod, model, base), rank in list(best.items()):
+        if model:
+            continue
+        for m in models.get(pod, ()):
+            cur = best.get((pod, m, base))
+            if cur is not None and rank < cur:
+                best[(pod, m, base)] = rank
     seen: set[tuple[str, str, str, float | None]] = set()
     out: list[Signal] = []
     for s, base in zip(signals, bases, strict=True):

@@ -9,7 +9,10 @@ Window semantics (used by the snapshot, the tuner's live evaluator and the drift
 - a counter's increase over a window is the sum of its deltas inside the window; if the series
   has no delta there (one single scrape so far), its latest value, i.e. the lifetime total;
 - a gauge's value is its latest one;
-- a rate is increase / covered seconds (None when only lifetime totals exist).
+- a rate is increase / covered seconds (None when only lifetime totals exist);
+- the first delta inside the window usually covers time before it (since the scrape before the
+  window's start): only its share inside the window counts, as if the increase were spread evenly
+  over its interval (Prometheus extrapolates `increase()` to the window's edges likewise).
 
 The read API (all pure functions over `window()`; pod/model None means all of them, summed):
 `ttft_bucket_deltas`, `ttft_quantiles`, `hit_ratios`, `cumulative_hit_ratios`,
@@ -174,7 +177,7 @@ class WindowStore:
             key = (window_s, newest, len(self._frames))
             if self._cache is not None and self._cache[0] == key and now >= newest:
                 return self._cache[1]
-        out = window_aggregate(self.frame(since=now - window_s))
+        out = window_aggregate(self.frame(since=now - window_s), since=now - window_s)
         with self._lock:
             self._cache = (key, out)
         return out
@@ -226,10 +229,18 @@ class WindowStore:
 
 
 # -- pure helpers over frames ---------------------------------------------------------------
-def window_aggregate(frame: pl.DataFrame) -> pl.DataFrame:
-    """Rows of one window -> one row per series (see module doc for the semantics)."""
+def window_aggregate(frame: pl.DataFrame, since: float | None = None) -> pl.DataFrame:
+    """Rows of one window -> one row per series (see module doc for the semantics).
+
+    With `since` (the window's start), a delta whose interval straddles the start counts only
+    the share of it inside the window (its increase spread evenly over its interval), so the
+    window covers `since`..now rather than reaching back to the scrape before it."""
     if frame.height == 0:
         return pl.DataFrame(schema=WINDOW_SCHEMA)
+    if since is not None:
+        inside = (pl.col("ts") - since) / pl.col("dt")
+        share = pl.when(pl.col("dt") > 0).then(pl.min_horizontal(inside, pl.lit(1.0))).otherwise(1.0)
+        frame = frame.with_columns((pl.col("delta") * share).alias("delta"), (pl.col("dt") * share).alias("dt"))
     agg = frame.group_by(KEYS).agg(
         pl.col("delta").sum().alias("inc"),
         pl.col("delta").count().alias("n"),

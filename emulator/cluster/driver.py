@@ -49,6 +49,7 @@ class ServedRequest:
     outcome: RequestOutcome
     l2_chunk_latencies_us: tuple[float, ...] = ()
     l2_written_bytes: int = 0
+    miss_tokens: tuple[int, int, int, int] = (0, 0, 0, 0)  # truth: cold, capacity, routing, tail
 
 
 class TwinPort(Protocol):
@@ -131,7 +132,7 @@ class ScaledRealtimeDriver:
                 self._serve(self._next)
                 self._next += 1
                 n += 1
-            self._refresh_gauges()
+            self._refresh_gauges(now)
             if self._on_step is not None:
                 self._on_step()
         self.served += n
@@ -142,7 +143,7 @@ class ScaledRealtimeDriver:
         pod = self.cluster.pods.get(r.pod)
         if pod is None:
             raise KeyError(f"twin served request {index} on unknown pod {r.pod!r}")
-        pod.metrics.record(r.outcome)
+        pod.record(r.outcome)
         if r.l2_chunk_latencies_us:
             pod.fuse.record_io("read", r.outcome.l2_hit_tokens * pod.identity.kv_bytes_per_token,
                                r.l2_chunk_latencies_us)
@@ -151,19 +152,24 @@ class ScaledRealtimeDriver:
             per_chunk = r.l2_written_bytes / chunks
             pod.fuse.record_io("write", r.l2_written_bytes, [per_chunk / 2e9 * 1e6 + 200.0] * chunks)
         o = r.outcome
+        lat = r.l2_chunk_latencies_us
+        cold, capacity, routing, tail = r.miss_tokens
         self.recorder.add_served(Served(r.trace_ts, r.pod, o.prompt_tokens, o.gpu_hit_tokens, o.cpu_hit_tokens,
-                                        o.l2_hit_tokens, o.ttft_s, self.phase_of(r.trace_ts)))
+                                        o.l2_hit_tokens, o.ttft_s, self.phase_of(r.trace_ts), len(lat),
+                                        (sum(lat) / len(lat) / 1e6) if lat else 0.0, cold, capacity, routing, tail))
 
-    def _refresh_gauges(self) -> None:
+    def _refresh_gauges(self, now: float) -> None:
         l2 = self.port.l2_load()
         for name, pod in self.cluster.pods.items():
             load = self.port.pod_load(name)
             pod.metrics.set_load(running=load.running, waiting=load.waiting, gpu_usage=load.gpu_usage,
                                  cpu_bytes=load.cpu_bytes, l2_bytes=l2.status.used_bytes)
-            pod.metrics.record_cpu_evictions(load.cpu_evicted_chunks)
+            pod.record_cpu_evictions(load.cpu_evicted_chunks)
+            self.recorder.add_evictions("cpu", name, load.cpu_evicted_chunks, now)
             pod.fuse.set_files(l2.status.tracked_files)
         self.cluster.master.set_usage(l2.status)
         self.cluster.master.record_eviction(l2.evicted_files, l2.evicted_bytes)
+        self.recorder.add_evictions("l2", "curvine-master", l2.evicted_files, now)
 
     def _run(self) -> None:
         try:

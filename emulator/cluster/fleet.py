@@ -5,6 +5,11 @@ Restarts behave like a Kubernetes rollout replacing a pod: the pod's endpoints c
 "connection refused"), its metric state is replaced by a fresh one (counters at zero, `_created`
 at the new start time) and, through the `on_restart` hooks, the twin drops the pod's private
 caches and the KV-event publisher resets its sequence and announces `AllBlocksCleared`.
+
+The twin has no notion of a pod being down, so it keeps serving the restarting pod's share of the
+requests (with the caches it just dropped). Those requests belong to the new process: while the
+pod is down they are held back and recorded by the fresh metric state when it starts, so every
+request the twin served is in exactly one process's counters (the ground truth stays complete).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from emulator.cluster.pod_metrics import (
     CurvineFuseMetrics,
     CurvineMasterMetrics,
     PodIdentity,
+    RequestOutcome,
     VllmPodMetrics,
 )
 
@@ -40,6 +46,9 @@ class EmulatedPod:
         self.identity = identity
         self._clock = clock
         self.restarts = 0
+        self._lock = threading.Lock()
+        self._held: list[RequestOutcome] | None = None  # requests served while the pod is down
+        self._held_evictions = 0
         self.metrics = VllmPodMetrics(identity, clock())
         self.fuse = CurvineFuseMetrics(clock())
         self.vllm_endpoint = MetricsEndpoint(lambda: render_python_client(self.metrics.snapshot()))
@@ -57,11 +66,39 @@ class EmulatedPod:
         self.vllm_endpoint.stop()
         self.fuse_endpoint.stop()
 
+    def record(self, outcome: RequestOutcome) -> None:
+        with self._lock:
+            if self._held is not None:
+                self._held.append(outcome)
+            else:
+                self.metrics.record(outcome)
+
+    def record_cpu_evictions(self, chunks: int) -> None:
+        with self._lock:
+            if self._held is not None:
+                self._held_evictions += max(chunks, 0)
+            else:
+                self.metrics.record_cpu_evictions(chunks)
+
+    def go_down(self) -> None:
+        """The old process is gone: its counters are no longer updated."""
+        with self._lock:
+            self._held = []
+            self._held_evictions = 0
+        self.vllm_endpoint.stop()
+
     def reset_state(self) -> None:
-        """A new process: fresh counters whose `_created` is now. The FUSE daemon is per node
-        and survives a pod restart, so its counters carry on."""
-        self.metrics = VllmPodMetrics(self.identity, self._clock())
-        self.restarts += 1
+        """A new process: fresh counters whose `_created` is now, with the requests served while
+        the pod was down. The FUSE daemon is per node and survives a pod restart, so its counters
+        carry on."""
+        with self._lock:
+            self.metrics = VllmPodMetrics(self.identity, self._clock())
+            for o in self._held or ():
+                self.metrics.record(o)
+            self.metrics.record_cpu_evictions(self._held_evictions)
+            self._held = None
+            self._held_evictions = 0
+            self.restarts += 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +157,7 @@ class EmulatedCluster:
             raise KeyError(f"no emulated pod {', '.join(unknown)}; pods: {', '.join(self.pods)}")
         with self._lock:
             for name in names:
-                self.pods[name].vllm_endpoint.stop()
+                self.pods[name].go_down()
                 for hook in self._restart_hooks:
                     hook(name)
             self._sleep(self.spec.restart_downtime_s if downtime_s is None else downtime_s)

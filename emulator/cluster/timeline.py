@@ -3,6 +3,7 @@ per-phase verdict. Plain frozen records plus pure window statistics, shared by t
 view and the report writer."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import threading
@@ -25,6 +26,21 @@ class Served:
     l2_hit_tokens: int
     ttft_s: float
     phase: int
+    l2_chunks: int = 0  # L2 reads of this request (one per chunk), each taking `l2_chunk_s`
+    l2_chunk_s: float = 0.0
+    cold_tokens: int = 0  # the twin's miss attribution (docs/twin.md, "Truth signals")
+    capacity_tokens: int = 0
+    routing_tokens: int = 0
+    tail_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Disturbance:
+    """A moment the fleet changed under the agent: a pod restart or a configuration change."""
+
+    trace_s: float
+    kind: str  # "restart" | "config"
+    target: str  # pod name, or "" for a fleet-wide configuration change
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +135,45 @@ class Recorder:
         self.verdicts: list[PhaseVerdict] = []
         self.trials: list[tuple[int, float | None, str]] = []  # (number, value, state)
         self.study_marks: list[tuple[int, str]] = []  # (first trial number, label) of a new study
+        self.disturbances: list[Disturbance] = []
+        self._evictions: dict[tuple[str, str], tuple[list[float], list[float]]] = {}  # key -> (ts, cumulative)
+
+    def add_disturbance(self, d: Disturbance) -> None:
+        with self._lock:
+            self.disturbances.append(d)
+
+    def add_evictions(self, tier: str, pod: str, n: float, trace_s: float) -> None:
+        """Truth tally of evictions (LMCache chunks per pod; Curvine files on the master)."""
+        if n <= 0:
+            return
+        with self._lock:
+            ts, cum = self._evictions.setdefault((tier, pod), ([], []))
+            ts.append(trace_s)
+            cum.append((cum[-1] if cum else 0.0) + n)
+
+    def evictions_at(self, trace_s: float) -> dict[tuple[str, str], float]:
+        """(tier, pod) -> entries evicted up to cluster time `trace_s`."""
+        out = {}
+        with self._lock:
+            for key, (ts, cum) in self._evictions.items():
+                i = bisect.bisect_right(ts, trace_s)
+                out[key] = cum[i - 1] if i else 0.0
+        return out
+
+    def served_between(self, lo: float, hi: float) -> list[Served]:
+        """Rows with lo < trace_ts <= hi."""
+        return [r for r in self.served_since(lo) if r.trace_ts <= hi]
+
+    def served_since(self, lo_trace_s: float) -> list[Served]:
+        """Rows with trace_ts > lo (newest last), scanning from the newest end."""
+        with self._lock:
+            out = []
+            for r in reversed(self._served):
+                if r.trace_ts <= lo_trace_s:
+                    break
+                out.append(r)
+        out.reverse()
+        return out
 
     def add_served(self, row: Served) -> None:
         with self._lock:

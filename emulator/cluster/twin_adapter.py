@@ -44,7 +44,8 @@ class TwinPortAdapter:
             stored_tokens=stored, chunk_tokens=chunk, itl_s=lat.decode_s_per_token)
         return ServedRequest(pod=o.pod, trace_ts=o.time_s, outcome=outcome,
                              l2_chunk_latencies_us=(per_chunk_us,) * l2_chunks,
-                             l2_written_bytes=stored * bpt if self.twin.capacities.l2_tokens else 0)
+                             l2_written_bytes=stored * bpt if self.twin.capacities.l2_tokens else 0,
+                             miss_tokens=(o.cold_tokens, o.capacity_tokens, o.routing_tokens, o.tail_tokens))
 
     def pod_load(self, pod: str) -> PodLoad:
         c = self.twin.pod_counters(pod)

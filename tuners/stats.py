@@ -20,7 +20,6 @@ import math
 from typing import Literal
 
 import numpy as np
-from scipy import stats as sps
 
 from tuners.objective import TtftObservations
 
@@ -96,6 +95,8 @@ def judge(candidate: TtftObservations, baseline: TtftObservations,
 def mann_whitney_worse(candidate: TtftObservations, baseline: TtftObservations) -> float:
     """One-sided p-value of H1: candidate TTFTs are stochastically larger than baseline's."""
     if candidate.samples is not None and baseline.samples is not None:
+        from scipy import stats as sps  # 2 s to import: only when a decision is made
+
         res = sps.mannwhitneyu(np.asarray(candidate.samples), np.asarray(baseline.samples),
                                alternative="greater", method="asymptotic")
         return float(res.pvalue)
@@ -118,6 +119,8 @@ def mann_whitney_counts(a: np.ndarray, b: np.ndarray) -> float:
     if var <= 0:
         return 1.0
     z = (u - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)
+    from scipy import stats as sps
+
     return float(sps.norm.sf(z))
 
 

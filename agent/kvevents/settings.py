@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent.kvevents.index import IndexLimits
-from agent.kvevents.signals import EngineId
+if TYPE_CHECKING:  # index and signals load numpy: imported where used, so agent.settings stays light
+    from agent.kvevents.index import IndexLimits
+    from agent.kvevents.signals import EngineId
 
 ANNOTATION_PREFIX = "tierpilot.io/"
 ANNOTATIONS = {
@@ -80,6 +81,8 @@ class EndpointSpec(BaseModel):
 
     def engines(self) -> list[tuple[EngineId, str, str | None]]:
         """(engine, endpoint, replay endpoint) for every data-parallel rank."""
+        from agent.kvevents.signals import EngineId
+
         return [
             (EngineId(self.pod, self.model, r), offset_endpoint(self.endpoint, r),
              None if self.replay_endpoint is None else offset_endpoint(self.replay_endpoint, r))
@@ -98,6 +101,8 @@ class LimitsSpec(BaseModel):
     shadow_l2: int = Field(1_048_576, ge=2, description="hashes whose store order is kept to infer L2 hits")
 
     def to_limits(self) -> IndexLimits:
+        from agent.kvevents.index import IndexLimits
+
         return IndexLimits(**self.model_dump())
 
 

@@ -29,9 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from agent.collect.discovery import (
     CombinedTargets,
@@ -43,21 +41,16 @@ from agent.collect.discovery import (
     TargetSource,
 )
 from agent.collect.scheduler import JobSpec
-from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector
 from agent.runtime.app import Agent, run_until_signalled
-from agent.runtime.tuning_bridge import (
-    StoreWindowSource,
-    StudyLastGood,
-    drift_signals,
-    feed_kv_counters,
-    kv_endpoints_from_pods,
-    restrict_space,
-)
-from agent.runtime.tuning_loop import TuningLoop
-from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
 from agent.settings import AgentSettings, SettingsError
 from contracts.actuator import ActuationError
 from contracts.knobs import DEFAULT_KNOBS, Knobs
+
+if TYPE_CHECKING:  # imported where used: `tierpilot run` without KV events or tuner starts fast
+    from agent.kvevents import KvEventManager
+    from agent.runtime.tuning_bridge import StudyLastGood
+    from agent.runtime.tuning_loop import TuningLoop
+    from agent.runtime.workload_fit import ObservedWorkload
 
 log = logging.getLogger("tierpilot.runtime")
 TARGETS_ENV = "TIERPILOT_K8S_TARGETS"
@@ -140,7 +133,6 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     """Compose the runtime from `settings` (see the module docstring). Raises RuntimeConfigError
     (or the subsystem's own error, naming the file and key) before anything starts."""
     env = os.environ if env is None else env
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
     needs_kube = settings.tuner.enabled or (settings.kv_events.enabled and settings.kv_events.discovery
                                             and settings.targets.kubernetes.enabled)
@@ -175,6 +167,9 @@ def _targets(settings: AgentSettings, pod_api: PodApi | None) -> TargetSource:
 
 def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
                    clock: Callable[[], float], context: Any) -> None:
+    from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector
+    from agent.runtime.tuning_bridge import feed_kv_counters, kv_endpoints_from_pods
+
     cfg = settings.kv_events
     kv = KvEventManager(cfg.manager_settings(), clock=clock, context=context)
     rt.kv = kv
@@ -207,6 +202,9 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
 def observed_workload(store: Any, kv: KvEventManager | None, window_s: float) -> ObservedWorkload:
     """The signals the synthetic warm-start workload is fitted to. Without KV events the
     overlap falls back to the cache's cumulative hit ratio (a lower bound)."""
+    from agent.runtime.tuning_bridge import drift_signals
+    from agent.runtime.workload_fit import ObservedWorkload
+
     signals = drift_signals(store, kv, window_s)
     overlap = signals.get("reuse_ratio", signals.get("hit_ratio"))
     return ObservedWorkload(signals.get("arrival_rate"), tuple(store.prompt_length_mix(window_s=window_s)),
@@ -240,7 +238,11 @@ def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
 def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any, *,
                 clock: Callable[[], float], monotonic: Callable[[], float], sleep: Callable[[float], None],
                 now: Callable[[], datetime.datetime]) -> None:
+    import optuna
+
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
+    from agent.runtime.tuning_bridge import StoreWindowSource, StudyLastGood, drift_signals, restrict_space
+    from agent.runtime.tuning_loop import TuningLoop
     from tuners.controller import ControllerSettings, TuningController
     from tuners.drift import DriftDetector, DriftSettings
     from tuners.guardrails import Guardrails, GuardrailSettings
@@ -251,6 +253,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from tuners.space import DeploymentLimits, SearchSpace
     from tuners.stats import RegressionSettings
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = settings.tuner
     try:
         storage = open_storage(t.storage)
@@ -321,6 +324,7 @@ def _running_knobs(actuator: Any, fixed_knobs: Mapping[str, Any]) -> Knobs:
 
 
 def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, objective: Any) -> Any:
+    from agent.runtime.workload_fit import fitted_workload
     from simulator.cluster import ClusterSpec
     from tuners.evaluators import TwinEvaluator
     from tuners.warmstart import TwinWarmStart

@@ -55,6 +55,7 @@ class StoreSettings(_Frozen):
 class ServerSettings(_Frozen):
     host: str = Field("0.0.0.0", description="address /metrics listens on")
     port: int = Field(9400, ge=0, le=65535, description="port of /metrics (0 picks a free one)")
+    snapshot: bool = Field(False, description="serve /snapshot (all data as JSON) to loopback clients only")
 
 
 class StaticTarget(_Frozen):

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from contracts.redact import redact_url
+
 Role = Literal["vllm", "lmcache", "curvine-master", "curvine-worker", "curvine-fuse", "router"]
 ROLES: tuple[Role, ...] = ("vllm", "lmcache", "curvine-master", "curvine-worker", "curvine-fuse", "router")
 # A target given without a role: the scrape detects it from the payload (agent/collect/roles.py).
@@ -33,8 +35,8 @@ class Target:
 
     @property
     def key(self) -> str:
-        """Stable identity, used as the `target` label."""
-        return self.url
+        """Stable identity, used as the `target` label: the URL with credentials redacted."""
+        return redact_url(self.url)
 
 
 class Sample(NamedTuple):

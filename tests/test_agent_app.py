@@ -46,7 +46,7 @@ def test_started_agent_runs_jobs_serves_metrics_and_stops():
 
     with MetricsServer() as srv:
         url = srv.route("/metrics", text=(FIXTURES / "vllm_0_33_dp2.prom").read_text())
-        settings = load_settings(server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 0.2})
+        settings = load_settings(server={"host": "127.0.0.1", "port": 0, "snapshot": True}, scrape={"interval_s": 0.2})
         agent = Agent(settings, StaticTargets([Target(url, "vllm", "vllm-0")]), collectors=[KvMisses()],
                       jobs=[JobSpec("drift", 0.2, drift_check), ("noop", 0.2, lambda: None)])
         agent.start()

@@ -28,7 +28,7 @@ def pod(name, labels, ip="10.0.0.5", phase="Running", annotations=None, node="n1
 def test_pod_target_ports_paths_and_opt_out():
     cfg = RoleDiscovery(selector="app=vllm")
     assert pod_target(pod("v", {}), "vllm", cfg) == Target("http://10.0.0.5:8000/metrics", "vllm", "v", "llm", "n1")
-    ann = {"prometheus.io/port": "8080", "prometheus.io/path": "stats", "prometheus.io/scheme": "https"}
+    ann = {"prometheus.io/port": "8080", "prometheus.io/path": "/stats", "prometheus.io/scheme": "https"}
     assert pod_target(pod("v", {}, annotations=ann), "vllm", cfg).url == "https://10.0.0.5:8080/stats"
     # a sidecar role reads its own annotation, not prometheus.io/port (which belongs to vLLM)
     side = {"prometheus.io/port": "8000", "tierpilot.io/lmcache-port": "9091"}

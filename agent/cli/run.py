@@ -190,7 +190,7 @@ def render_table(snap: Snapshot) -> None:
     for st in snap.targets:
         note = st.reason + (f" ({st.detail})" if st.detail else "")
         note = "; ".join([note] * bool(note) + [reason for reason, _ in st.warnings])
-        targets.add_row(st.target.url, st.target.role, st.target.pod, "yes" if st.up else "NO",
+        targets.add_row(st.target.key, st.target.role, st.target.pod, "yes" if st.up else "NO",
                         f"{st.duration_s:.3f}", note)
     console.print(targets)
     tiers = Table(title="Tiers (lifetime totals; ratios over the window)")

@@ -9,11 +9,15 @@ kmock.
 Port and path: `prometheus.io/port`, `prometheus.io/path`, `prometheus.io/scheme` annotations,
 else `tierpilot.io/<role>-port` / `-path` (a pod with two endpoints, e.g. vLLM plus an LMCache MP
 sidecar), else the role's configured defaults. `prometheus.io/scrape: "false"` skips a pod.
+Annotations are untrusted: the host is always the pod's IP, the scheme http or https, the port a
+number in 1..65535, the path an absolute path; a pod with a bad one is skipped with a warning.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
+from yarl import URL
 
 from agent.settings import DEFAULT_PORTS, KubernetesSettings, RoleDiscovery, StaticTarget
 from contracts.tier_model import Role, Target
@@ -147,15 +152,42 @@ def pod_target(pod: Mapping[str, Any], role: Role, cfg: RoleDiscovery) -> Target
             or cfg.path or default_path)
     scheme = ann.get("prometheus.io/scheme") or cfg.scheme
     try:
-        port = int(port)
-    except (TypeError, ValueError):
-        log.warning("pod %s: bad port annotation %r", meta.get("name"), port)
+        url = endpoint_url(str(ip), scheme, port, path)
+    except ValueError as exc:
+        log.warning("pod %s/%s not scraped: %s", meta.get("namespace", ""), meta.get("name", ""), exc)
         return None
-    if not str(path).startswith("/"):
-        path = "/" + str(path)
-    host = f"[{ip}]" if ":" in ip else ip
-    return Target(url=f"{scheme}://{host}:{port}{path}", role=role, pod=meta.get("name", ""),
+    return Target(url=url, role=role, pod=meta.get("name", ""),
                   namespace=meta.get("namespace", ""), node=spec.get("nodeName") or "")
+
+
+_PORT = re.compile(r"[0-9]{1,5}")
+_PATH = re.compile(r"/[\x21-\x7e]{0,1023}")  # printable ASCII, no spaces or controls
+
+
+def endpoint_url(ip: str, scheme: object, port: object, path: object) -> str:
+    """The scrape URL of a pod from its IP and (untrusted) annotation values; ValueError names the
+    annotation that is wrong. The host is always the pod's own IP: the scheme must be http or
+    https, the port a number in 1..65535, the path must start with `/` and hold no `#`, `\\` or
+    whitespace, so no annotation can move the request to another host."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        raise ValueError("status.podIP is not an IP address") from None
+    if scheme not in ("http", "https"):
+        raise ValueError("prometheus.io/scheme must be http or https")
+    if isinstance(port, int) and not isinstance(port, bool):
+        port = str(port)
+    if not isinstance(port, str) or not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise ValueError("port annotation must be a number in 1..65535")
+    if not isinstance(path, str) or not _PATH.fullmatch(path) or "#" in path or "\\" in path \
+            or path.startswith("//"):
+        raise ValueError("path annotation must start with a single / and hold no #, \\ or whitespace")
+    host = f"[{addr}]" if addr.version == 6 else str(addr)
+    url = f"{scheme}://{host}:{int(port)}{path}"
+    parsed = URL(url)
+    if parsed.host != str(addr).lower() or parsed.port != int(port) or parsed.user is not None:
+        raise ValueError("annotations do not give a URL on the pod's own IP")
+    return url
 
 
 class PodApi(Protocol):

@@ -34,6 +34,7 @@ from agent.collect.scrape import Backoff, FetchFailure, fetch
 from agent.collect.snapshot import build_snapshot
 from agent.collect.store import CounterResetDetector, WindowStore
 from agent.settings import AgentSettings
+from contracts.redact import redact_text
 from contracts.tier_model import AUTO_ROLE, Signal, Snapshot, Target, TargetStatus
 
 
@@ -121,6 +122,7 @@ class ScrapeCycle:
         return TargetOutcome(status, tuple(result.signals))
 
     def _failed(self, target: Target, reason: str, detail: str, duration_s: float) -> TargetOutcome:
+        detail = redact_text(detail)
         errors = self._count(target, reason)
         self.backoff.failed(target.key)
         return TargetOutcome(TargetStatus(target, False, duration_s, reason, detail, errors=errors), ())

@@ -7,7 +7,12 @@ Failure reasons (the `reason` label of `tierpilot_scrape_errors_total`):
   connection_error   the connection broke mid-response (pod deleted mid-scrape) or DNS failed
   http_4xx/http_5xx  an HTTP error status
   body_too_large     the (decompressed) body exceeds the cap; reading stops at the cap
+  redirect           a redirect to another scheme, host or port (or more than MAX_REDIRECTS);
+                     redirects within the target's own origin are followed
   parse_error        not UTF-8 or not exposition text (set by the caller after parsing)
+
+Nothing of a response body ever appears in a failure's detail (it is exported in /snapshot and
+logged), and credentials in a URL are redacted from it.
 """
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
+
+from contracts.redact import redact_text
 
 ACCEPT = (
     # classic text first: prometheus_client's OpenMetrics output rewrites `vllm:` names to `vllm_`
@@ -46,6 +54,9 @@ class TooLarge(Exception):
     pass
 
 
+MAX_REDIRECTS = 3
+
+
 async def fetch(
     session: aiohttp.ClientSession,
     url: str,
@@ -54,37 +65,69 @@ async def fetch(
     max_body_bytes: int,
     clock: Callable[[], float] = time.perf_counter,
 ) -> FetchResult:
-    """GET `url` once. The timeout covers connect, headers and the whole body."""
+    """GET `url` once. The timeout covers connect, headers, redirects and the whole body.
+
+    Redirects are followed by hand, only within the same scheme, host and port (a pod must not be
+    able to point the agent at another address, e.g. a metadata service)."""
     start = clock()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url, headers={"Accept": ACCEPT, "Accept-Encoding": "gzip"}) as resp:
-                if resp.status >= 400:
-                    kind = "http_5xx" if resp.status >= 500 else "http_4xx"
-                    return FetchFailure(kind, f"HTTP {resp.status}", clock() - start)
-                if resp.status != 200:
-                    return FetchFailure("http_status", f"HTTP {resp.status}", clock() - start)
-                declared = resp.content_length
-                if declared is not None and "gzip" not in resp.headers.get("Content-Encoding", "") \
-                        and declared > max_body_bytes:
-                    return FetchFailure("body_too_large", f"Content-Length {declared} > {max_body_bytes}",
-                                        clock() - start)
-                body = await _read_capped(resp, max_body_bytes)
-                content_type = resp.headers.get("Content-Type", "")
+            current = URL(url)
+            for _ in range(MAX_REDIRECTS + 1):
+                async with session.get(current, headers={"Accept": ACCEPT, "Accept-Encoding": "gzip"},
+                                       allow_redirects=False) as resp:
+                    if resp.status in (301, 302, 303, 307, 308):
+                        target = _same_origin(current, resp.headers.get("Location", ""))
+                        if target is None:
+                            return FetchFailure("redirect", f"HTTP {resp.status} to another origin refused",
+                                                clock() - start)
+                        current = target
+                        continue
+                    if resp.status >= 400:
+                        kind = "http_5xx" if resp.status >= 500 else "http_4xx"
+                        return FetchFailure(kind, f"HTTP {resp.status}", clock() - start)
+                    if resp.status != 200:
+                        return FetchFailure("http_status", f"HTTP {resp.status}", clock() - start)
+                    declared = resp.content_length
+                    if declared is not None and "gzip" not in resp.headers.get("Content-Encoding", "") \
+                            and declared > max_body_bytes:
+                        return FetchFailure("body_too_large", f"Content-Length {declared} > {max_body_bytes}",
+                                            clock() - start)
+                    body = await _read_capped(resp, max_body_bytes)
+                    content_type = resp.headers.get("Content-Type", "")[:200]
+                    break
+            else:
+                return FetchFailure("redirect", f"more than {MAX_REDIRECTS} redirects", clock() - start)
     except TooLarge:
         return FetchFailure("body_too_large", f"body exceeds {max_body_bytes} bytes", clock() - start)
     except TimeoutError:
         return FetchFailure("timeout", f"no complete answer within {timeout_s:g}s", clock() - start)
     except aiohttp.ClientConnectorError as exc:
         refused = isinstance(exc.os_error, ConnectionRefusedError)
-        return FetchFailure("connection_refused" if refused else "connection_error", str(exc), clock() - start)
-    except (aiohttp.ClientError, OSError) as exc:
-        return FetchFailure("connection_error", f"{type(exc).__name__}: {exc}", clock() - start)
+        return FetchFailure("connection_refused" if refused else "connection_error", redact_text(str(exc)),
+                            clock() - start)
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        return FetchFailure("connection_error", redact_text(f"{type(exc).__name__}: {exc}"), clock() - start)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         return FetchFailure("parse_error", f"body is not UTF-8 (byte {exc.start})", clock() - start)
     return FetchOk(text, content_type, len(body), clock() - start)
+
+
+def _same_origin(current: URL, location: str) -> URL | None:
+    """The redirect's target when it stays on `current`'s scheme, host and port; else None."""
+    if not location or len(location) > 4096:
+        return None
+    try:
+        target = current.join(URL(location))
+    except ValueError:
+        return None
+    if (target.scheme, target.host, target.port) != (current.scheme, current.host, current.port):
+        return None
+    if current.user is not None or current.password is not None:  # keep the target's credentials
+        target = target.with_user(current.user).with_password(current.password)
+    return target
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:

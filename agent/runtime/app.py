@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import signal
@@ -43,7 +44,9 @@ from agent.collect.scheduler import JobSpec, build_scheduler, is_running
 from agent.collect.scrape import new_session
 from agent.collect.store import WindowStore
 from agent.runtime.health import Health, judge
+from agent.runtime.isolation import CollectorHealth, IsolatedCollector
 from agent.settings import AgentSettings
+from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Snapshot
 from exporters.prom import build_registry
 
@@ -122,7 +125,11 @@ class Agent:
         self.cycle = make_cycle(settings, self.mappings, self.store, clock)
         self._snapshot = Snapshot.empty()
         self.job_stats = JobStats()
-        self.registry = build_registry(lambda: self._snapshot, (self.job_stats, *collectors))
+        self.collector_health = CollectorHealth()
+        self.health_checks: dict[str, Callable[[], str | None]] = {}
+        self.registry = build_registry(lambda: self._snapshot, (self.job_stats, self.collector_health))
+        for c in collectors:
+            self.add_collector(c)
         self.jobs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
         self._otel_exporter = otel_exporter
         self.otel = None
@@ -156,8 +163,26 @@ class Agent:
         """Exactly what /metrics serves (classic text format)."""
         return generate_latest(self.registry).decode()
 
-    def add_collector(self, collector: Collector) -> None:
-        self.registry.register(collector)
+    def add_collector(self, collector: Collector, name: str | None = None) -> None:
+        """Register an extra collector, isolated: if it raises, only its series are missing."""
+        wrapped = IsolatedCollector(collector, name)
+        self.collector_health.add(wrapped)
+        self.add_health_check(f"collector:{wrapped.name}", wrapped.problem)
+
+    def add_health_check(self, name: str, check: Callable[[], str | None]) -> None:
+        """A component's own health in /healthz `checks` (None = ok, else the problem). Degraded
+        components do not fail liveness: the agent keeps serving everything else."""
+        self.health_checks[name] = check
+
+    def checks(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, check in sorted(self.health_checks.items()):
+            try:
+                problem = check()
+            except Exception as exc:  # noqa: BLE001 - a broken check is itself a problem
+                problem = f"check failed: {type(exc).__name__}"
+            out[name] = problem or "ok"
+        return out
 
     def add_job(self, spec: JobSpec) -> None:
         if self._scheduler is not None:
@@ -306,21 +331,40 @@ class Agent:
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         h = self.health()
-        return web.json_response({**h.as_json(), "snapshot_at": self._snapshot.taken_at},
+        checks = self.checks()
+        return web.json_response({**h.as_json(), "snapshot_at": self._snapshot.taken_at, "checks": checks,
+                                  "degraded": sorted(k for k, v in checks.items() if v != "ok")},
                                  status=200 if h.live else 503)
 
     async def _serve_ready(self, _request: web.Request) -> web.Response:
         h = self.health()
         return web.json_response(h.as_json(), status=200 if h.ready else 503)
 
-    async def _serve_snapshot(self, _request: web.Request) -> web.Response:
+    async def _serve_snapshot(self, request: web.Request) -> web.Response:
+        """Everything the agent knows, as JSON: only with `server.snapshot: true`, and only to
+        loopback clients (kubectl port-forward, `tierpilot` on the same host)."""
+        if not self.settings.server.snapshot:
+            return web.Response(status=404, text="/snapshot is off (server.snapshot: true enables it)\n")
+        if not _is_loopback(request.remote):
+            return web.Response(status=403, text="/snapshot answers loopback clients only\n")
         return web.Response(text=snapshot_json(self._snapshot), content_type="application/json")
 
 
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
 def snapshot_json(snap: Snapshot) -> str:
+    """The snapshot as JSON; target URLs and fault details with credentials redacted."""
     def default(o: object) -> Any:
         return str(o)
     data = asdict(snap)
+    for st in data.get("targets", ()):
+        st["target"]["url"] = redact_url(st["target"]["url"])
+        st["detail"] = redact_text(st["detail"])
     return json.dumps(data, default=default, indent=1, allow_nan=True)
 
 

@@ -9,6 +9,7 @@
         srv.route("/f", text=payload, gzip=True)
         srv.route("/g", size=50 * 2**20)            # a 50 MB body
         srv.route("/h", reset=True)                  # drops the connection mid-body
+        srv.route("/i", redirect="http://127.0.0.1:1/x")  # 302 to that Location
         srv.url("/a")
 
 Runs in a thread (ThreadingHTTPServer); `close()` releases hanging handlers and stops it.
@@ -34,6 +35,7 @@ class Route:
     gzip: bool = False
     size: int = 0
     reset: bool = False
+    redirect: str = ""
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -58,6 +60,12 @@ class MetricsServer:
                     return
                 if route.hang:
                     server._closing.wait(60)
+                    return
+                if route.redirect:
+                    self.send_response(302)
+                    self.send_header("Location", route.redirect)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 if route.status != 200:
                     body = b"internal error\n"

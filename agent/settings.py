@@ -162,6 +162,9 @@ class ShardSettings(_Frozen):
     count: int = Field(1, ge=1, description="replicas sharing the direct scrape")
     index: int | None = Field(None, ge=0, description="this replica's shard; unset: the ordinal at the end "
                                                       "of $POD_NAME (StatefulSet), else 0")
+    peers: tuple[str, ...] = Field((), description="base URLs of the other replicas' /window and /kv/sketch "
+                                                  "(e.g. http://tierpilot-1.tierpilot:9400): the leader's fleet view")
+    peer_timeout_s: float = Field(5.0, gt=0, description="time allowed per peer read")
 
     @model_validator(mode="after")
     def _in_range(self) -> ShardSettings:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import json
 import logging
@@ -118,7 +119,13 @@ class Agent:
         monotonic: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
-        self.target_source = targets if targets is not None else targets_from_settings(settings)
+        source = targets if targets is not None else targets_from_settings(settings)
+        if settings.shard.count > 1 and settings.source == "scrape":
+            from agent.collect.shard import ShardedTargets, shard_index
+
+            source = ShardedTargets(source, shard_index(settings.shard.index, settings.shard.count),
+                                    settings.shard.count)
+        self.target_source = source
         self.mappings = mappings or load_mappings([*builtin_mapping_paths(), *settings.mappings])
         self.clock = clock
         self.store = WindowStore(settings.store.retention_s, settings.store.window_s, clock)
@@ -131,6 +138,7 @@ class Agent:
         for c in collectors:
             self.add_collector(c)
         self.jobs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
+        self.routes: dict[str, Callable[[dict[str, str]], tuple[bytes, str]]] = {"/window": self._window_ipc}
         self._otel_exporter = otel_exporter
         self.otel = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -183,6 +191,22 @@ class Agent:
                 problem = f"check failed: {type(exc).__name__}"
             out[name] = problem or "ok"
         return out
+
+    def add_route(self, path: str, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> None:
+        """Serve GET `path`: `handler(query parameters) -> (body, content type)`, run in a worker
+        thread; a ValueError is a 400 with its message."""
+        if self._runner is not None:
+            raise RuntimeError("add routes before start()")
+        self.routes[path] = handler
+
+    def _route(self, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> Callable[..., Any]:
+        async def serve(request: web.Request) -> web.Response:
+            try:
+                body, ctype = await asyncio.get_running_loop().run_in_executor(None, handler, dict(request.query))
+            except ValueError as exc:
+                return web.Response(status=400, text=f"{exc}\n")
+            return web.Response(body=body, headers={"Content-Type": ctype})
+        return serve
 
     def add_job(self, spec: JobSpec) -> None:
         if self._scheduler is not None:
@@ -259,6 +283,8 @@ class Agent:
         app.router.add_get("/healthz", self._serve_health)
         app.router.add_get("/readyz", self._serve_ready)
         app.router.add_get("/snapshot", self._serve_snapshot)
+        for path, handler in self.routes.items():
+            app.router.add_get(path, self._route(handler))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.server.host, self.settings.server.port)
@@ -340,6 +366,17 @@ class Agent:
         h = self.health()
         return web.json_response(h.as_json(), status=200 if h.ready else 503)
 
+    def _window_ipc(self, query: dict[str, str]) -> tuple[bytes, str]:
+        """GET /window?window_s=S: this replica's window aggregate as Arrow IPC (a sharded
+        leader's tuner concatenates the shards' windows: agent/collect/fleetstore.py)."""
+        try:
+            window_s = float(query["window_s"]) if "window_s" in query else None
+        except ValueError:
+            raise ValueError(f"window_s must be a number of seconds, got {query['window_s']!r}") from None
+        if window_s is not None and not window_s > 0:
+            raise ValueError("window_s must be positive")
+        return window_ipc(self.store.window(window_s)), "application/vnd.apache.arrow.file"
+
     async def _serve_snapshot(self, request: web.Request) -> web.Response:
         """Everything the agent knows, as JSON: only with `server.snapshot: true`, and only to
         loopback clients (kubectl port-forward, `tierpilot` on the same host)."""
@@ -355,6 +392,12 @@ def _is_loopback(remote: str | None) -> bool:
         return remote is not None and ipaddress.ip_address(remote).is_loopback
     except ValueError:
         return False
+
+
+def window_ipc(frame: Any) -> bytes:
+    buf = io.BytesIO()
+    frame.write_ipc(buf)
+    return buf.getvalue()
 
 
 def snapshot_json(snap: Snapshot) -> str:

@@ -79,6 +79,7 @@ class Runtime:
     last_good_store: StudyLastGood | None = None
     kv_refresh: Callable[[], int] | None = None
     kv_feed: Callable[[], int] | None = None
+    fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -149,11 +150,33 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
         targets = _targets(settings, pod_api)
     agent = Agent(settings, targets, clock=clock)
     rt = Runtime(settings, agent)
+    rt.fleet_store = _fleet_store(settings, agent)
     if settings.kv_events.enabled:
         _add_kv_events(rt, settings, pod_api, clock, kv_context)
     if settings.tuner.enabled:
         _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now)
     return rt
+
+
+def _fleet_store(settings: AgentSettings, agent: Agent) -> Any:
+    """What the tuner, drift detector and workload fit read: this replica's store, or with
+    `shard.peers` the fleet's (this shard's window plus every peer's /window)."""
+    if settings.shard.count > 1 and settings.shard.peers:
+        from agent.collect.fleetstore import FleetStore
+
+        return FleetStore(agent.store, settings.shard.peers, timeout_s=settings.shard.peer_timeout_s)
+    return agent.store
+
+
+def _kv_shard(settings: AgentSettings) -> Callable[[str], bool]:
+    """Whether this replica follows the KV events of a pod (the scrape shard's rule)."""
+    count = settings.shard.count
+    if count == 1:
+        return lambda _pod: True
+    from agent.collect.shard import shard_index, shard_of
+
+    mine = shard_index(settings.shard.index, count)
+    return lambda pod: shard_of(pod, count) == mine
 
 
 def _targets(settings: AgentSettings, pod_api: PodApi | None) -> TargetSource:
@@ -177,6 +200,9 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     interval = settings.scrape.interval_s
     rt.kv_feed = lambda: feed_kv_counters(rt.agent.store, kv, window_s=interval * 2.5, ts=clock())
     rt.agent.add_job(JobSpec("kv_counters", interval, rt.kv_feed))
+    mine = _kv_shard(settings)
+    if settings.shard.count > 1:
+        kv.set_endpoints(tuple(s for s in cfg.endpoints if mine(s.pod)))
     vllm = settings.targets.kubernetes.roles.get("vllm")
     if not (cfg.discovery and settings.targets.kubernetes.enabled and vllm is not None and pod_api is not None):
         if cfg.discovery and not cfg.endpoints:
@@ -192,7 +218,7 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
             log.warning("kv_events: %s", err)
         merged: dict[str, EndpointSpec] = {s.pod: s for s in found}
         merged.update({s.pod: s for s in static})  # the config wins for a pod named in both
-        kv.set_endpoints(tuple(merged.values()))
+        kv.set_endpoints(tuple(s for s in merged.values() if mine(s.pod)))
         return len(merged)
 
     rt.kv_refresh = refresh
@@ -287,7 +313,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                       min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
                                       min_samples=g.regression.min_samples)), clock=clock)
     objective = ObjectiveSpec(metric=t.objective)
-    source = StoreWindowSource(rt.agent.store)
+    source = StoreWindowSource(rt.fleet_store)
     d = t.drift
     drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold),
                           signals=tuple(d.signals)) if d.enabled else None
@@ -306,7 +332,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                         min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries))
 
     rt.tuning = TuningLoop(
-        make_controller, lambda: drift_signals(rt.agent.store, rt.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
+        make_controller, lambda: drift_signals(rt.fleet_store, rt.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
         clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     log.info("tuning %s in %s: knobs %s; %s; leader election %s", t.study, act.namespace,
@@ -350,7 +376,7 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
     def workload() -> Any:
         if ws.workload == "trace":
             return trace
-        observed = observed_workload(rt.agent.store, rt.kv, settings.tuner.drift.window_s)
+        observed = observed_workload(rt.fleet_store, rt.kv, settings.tuner.drift.window_s)
         log.info("warm start: twin workload fitted to %s", observed)
         return fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests, seed=ws.seed)
 

@@ -1,0 +1,76 @@
+"""The fleet view of a sharded agent, read from the shards directly.
+
+With `shard.count` > 1 every replica scrapes only its pods (shard.py). Shards own disjoint pods,
+and every read the tuner, the drift detector and the workload fit make (`WindowStore`'s read API:
+hit ratios, TTFT quantiles, rates, the prompt-length mix) is a pure function of the window
+aggregate, one row per pod series. So the fleet's window is exactly the concatenation of the
+shards' windows: `FleetStore.window()` is this replica's window plus every peer's
+`GET /window?window_s=S` (Arrow IPC), and the inherited read API works unchanged on it.
+
+A peer that does not answer (down, slow, a bad body) is left out of that read, counted in
+`peer_errors` and logged; the tuner then sees a partial fleet for that read, never stale or
+invented rows. While the shard count changes, a pod can briefly be in two shards' windows (the
+old owner keeps its rows until they age out); reads during that time count it twice.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+
+import polars as pl
+
+from agent.collect.store import WINDOW_SCHEMA, WindowStore
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[str, float], bytes]
+
+
+def fetch_url(url: str, timeout_s: float) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return resp.read()
+
+
+class FleetStore(WindowStore):
+    """A read-only `WindowStore` over this shard's store and its peers' windows."""
+
+    def __init__(self, local: WindowStore, peers: Sequence[str], fetch: Fetch = fetch_url,
+                 timeout_s: float = 5.0) -> None:
+        super().__init__(local.retention_s, local.window_s, local.clock)
+        self.local = local
+        self.peers = tuple(p.rstrip("/") for p in peers)
+        self.fetch = fetch
+        self.timeout_s = timeout_s
+        self.peer_errors: dict[str, int] = {}
+
+    def ingest(self, *_args: object, **_kw: object):  # type: ignore[override]
+        raise TypeError("FleetStore is read-only: ingest into the shard's own store")
+
+    @property
+    def rows(self) -> int:
+        return self.local.rows
+
+    def peer_window(self, peer: str, window_s: float) -> pl.DataFrame | None:
+        url = f"{peer}/window?window_s={window_s:g}"
+        try:
+            frame = pl.read_ipc(io.BytesIO(self.fetch(url, self.timeout_s)))
+            return frame.select(list(WINDOW_SCHEMA)).cast(WINDOW_SCHEMA)  # type: ignore[arg-type]
+        except (OSError, urllib.error.URLError, pl.exceptions.PolarsError, ValueError) as exc:
+            self.peer_errors[peer] = self.peer_errors.get(peer, 0) + 1
+            log.warning("fleet view: shard %s left out of this read: %s", peer, exc)
+            return None
+
+    def window(self, window_s: float | None = None, now: float | None = None) -> pl.DataFrame:
+        window_s = self.window_s if window_s is None else window_s
+        frames = [self.local.window(window_s, now)]
+        for peer in self.peers:
+            frame = self.peer_window(peer, window_s)
+            if frame is not None:
+                frames.append(frame)
+        return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+
+
+__all__ = ["FleetStore", "fetch_url"]

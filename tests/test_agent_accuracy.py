@@ -10,10 +10,13 @@ import math
 import polars as pl
 import pytest
 
+from agent.collect.discovery import StaticTargets
 from agent.collect.mapping import builtin_mapping_paths, load_mappings
 from agent.collect.normalise import resolve
 from agent.collect.store import SCHEMA, window_aggregate
-from contracts.tier_model import Signal
+from agent.runtime.app import Agent
+from agent.settings import load_settings
+from contracts.tier_model import Signal, Target
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster
 from emulator.cluster.pod_metrics import RequestOutcome
 from emulator.cluster.timeline import Disturbance, Served
@@ -139,3 +142,37 @@ def test_seeded_run_with_two_rolling_restarts_meets_the_error_bounds(accuracy_ru
             assert med <= max(10.0, fmed + 2.0) and p95 <= max(20.0, fp95 + 2.0), (name, report)
     for name in ("KV-event overlap", "KV miss share: cold"):
         assert rows[name].steady[0] <= 2.0, (name, report)
+
+
+def test_a_restart_restarts_every_counter_of_the_target_histogram_buckets_included() -> None:
+    """Old process: 2 requests at 0.3 s and 50 at 2 s. New process: 5 at 0.3 s. The 0.5 s bucket
+    goes 2 -> 5 (up, though the process restarted): its increase is 5, not 3, so the window's
+    buckets stay consistent with its count (all 5 new requests under 0.5 s)."""
+    clock = {"now": 1000.0}
+    holder: dict[str, EmulatedCluster] = {}
+
+    def outcome(ttft: float) -> RequestOutcome:
+        return RequestOutcome(prompt_tokens=100, gpu_hit_tokens=0, cpu_hit_tokens=0, l2_hit_tokens=0,
+                              output_tokens=2, ttft_s=ttft)
+
+    def sleep(_s: float) -> None:
+        for _ in range(5):
+            holder["c"].pods["vllm-0"].record(outcome(0.3))
+
+    c = EmulatedCluster(ClusterSpec(pods=1, restart_downtime_s=0.0), sleep=sleep)
+    holder["c"] = c
+    for ttft in [0.3] * 2 + [2.0] * 50:
+        c.pods["vllm-0"].record(outcome(ttft))
+    with c:
+        agent = Agent(load_settings(env={}, store={"window_s": 100.0, "retention_s": 200.0}),
+                      StaticTargets([Target(c.pods["vllm-0"].vllm_endpoint.url, "vllm", "vllm-0")]),
+                      clock=lambda: clock["now"])
+        agent.scrape_now()
+        clock["now"] += 10
+        c.restart_pod("vllm-0")
+        snap = agent.scrape_now()
+    buckets = dict(agent.store.ttft_bucket_deltas("vllm-0"))
+    assert buckets[0.5] == 5.0 and buckets[math.inf] == 5.0, buckets
+    status = next(t for t in snap.targets if t.target.pod == "vllm-0")
+    assert status.reason == "counter_reset"
+    assert snap.pods[0].ttft_quantiles[0.95] <= 0.5

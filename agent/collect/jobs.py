@@ -5,7 +5,8 @@ Fault handling per target (the agent never stops for one bad target):
 - a fetch failure or a malformed payload marks the target down, counts the reason, and starts
   its back-off; its pod's last samples stay in the window, nothing else is touched;
 - NaN/Inf values are dropped and counted as `invalid_value`; a counter that went down (a
-  restart) is counted as `counter_reset` and its increase restarts from the new value. In both
+  restart) is counted as `counter_reset`, and every counter of that target (histogram buckets
+  included) counts its new value as the increase since the restart. In both
   cases the target is marked down (`tierpilot_target_up 0`, reason = the fault) for that cycle,
   so the fault is visible where operators look first; the payload's valid series are still kept,
   and the next clean scrape marks it up again;
@@ -42,6 +43,7 @@ from contracts.tier_model import AUTO_ROLE, Signal, Snapshot, Target, TargetStat
 class TargetOutcome:
     status: TargetStatus
     signals: tuple[Signal, ...]
+    restarted: bool = False  # its counters went down since its previous scrape: a new process
 
 
 def _unmapped_detail(role: str, text: str, payload: Payload) -> str:
@@ -112,14 +114,15 @@ class ScrapeCycle:
         for reason, n in result.anomalies.items():
             self._count(target, reason, n)
             faults.append((reason, f"{reason} ({n} series dropped)"))
-        if self.resets.observe(target.key, result.signals):
+        restarted = bool(self.resets.observe(target.key, result.signals))
+        if restarted:
             self._count(target, "counter_reset")
             faults.append(("counter_reset", "counter_reset (counters went down: a restart)"))
         self.backoff.succeeded(target.key)
         status = TargetStatus(target, not faults, duration_s, faults[0][0] if faults else "",
                               "; ".join(detail for _, detail in faults), samples=payload.lines,
                               errors=dict(self.errors.get(target.key, {})), warnings=tuple(warnings))
-        return TargetOutcome(status, tuple(result.signals))
+        return TargetOutcome(status, tuple(result.signals), restarted)
 
     def _failed(self, target: Target, reason: str, detail: str, duration_s: float) -> TargetOutcome:
         detail = redact_text(detail)
@@ -150,9 +153,12 @@ class ScrapeCycle:
         due = [t for t in targets if self.backoff.ready(t.key)]
         outcomes = await asyncio.gather(*(self.scrape_target(session, t) for t in due))
         signals: list[Signal] = []
+        restarted: set[tuple[str, str]] = set()  # (pod, source) of targets whose process restarted
         for out in outcomes:
             self.statuses[out.status.target.key] = out.status
             signals.extend(out.signals)
+            if out.restarted:
+                restarted.update((s.pod, s.source) for s in out.signals)
         for t in targets:  # skipped while backing off: still down, reason kept
             if t.key not in {o.status.target.key for o in outcomes}:
                 prev = self.statuses.get(t.key)
@@ -160,7 +166,7 @@ class ScrapeCycle:
                     t, False, 0.0, prev.reason if prev else "backoff", "skipped: backing off",
                     errors=dict(self.errors.get(t.key, {})), skipped=True)
         now = fetched_at
-        self.store.ingest(resolve(signals, self.mappings), ts=now)
+        self.store.ingest(resolve(signals, self.mappings), ts=now, restarted=restarted)
         statuses = [self.statuses[t.key] for t in targets]
         return build_snapshot(
             self.store.window(now=now), statuses, taken_at=now, live_pods={t.pod for t in targets},

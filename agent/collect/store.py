@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -101,20 +101,29 @@ class WindowStore:
         self._cache: tuple[tuple[float, float, int], pl.DataFrame] | None = None
 
     # -- writing -----------------------------------------------------------------------------
-    def ingest(self, signals: Sequence[Signal], ts: float | None = None) -> IngestReport:
+    def ingest(self, signals: Sequence[Signal], ts: float | None = None,
+               restarted: Collection[tuple[str, str]] = ()) -> IngestReport:
+        """Append one scrape. `restarted` names the (pod, source) pairs whose process restarted
+        since their previous scrape (a counter of their target went down): every counter of
+        theirs counts its whole value as the increase (it restarted from zero, even where the new
+        value is not below the old one, e.g. a histogram bucket the old process rarely hit), and
+        their series missing from this scrape restart from zero when they reappear."""
         ts = self.clock() if ts is None else ts
         cols: dict[str, list] = {k: [] for k in SCHEMA}
         last = self._last
         reset_pods: set[str] = set()
+        seen: set[tuple] = set()
         for s in signals:
             le = None if s.le != s.le else s.le
             key = (s.pod, s.model, s.name, le, s.source)
+            seen.add(key)
             prev = last.get(key)
             delta = dt = None
             if s.kind == "counter" and prev is not None and ts > prev[0]:
-                if s.value < prev[1]:
+                new_process = (s.pod, s.source) in restarted
+                if new_process or s.value < prev[1]:
                     reset_pods.add(s.pod)
-                delta = counter_delta(prev[1], s.value)
+                delta = s.value if new_process else counter_delta(prev[1], s.value)
                 dt = ts - prev[0]
             last[key] = (ts, s.value)
             cols["ts"].append(ts)
@@ -127,6 +136,9 @@ class WindowStore:
             cols["value"].append(s.value)
             cols["delta"].append(delta)
             cols["dt"].append(dt)
+        if restarted:
+            for key in [k for k in last if (k[0], k[4]) in restarted and k not in seen]:
+                last[key] = (ts, 0.0)
         frame = pl.DataFrame(cols, schema=SCHEMA)
         with self._lock:
             self._frames.append((ts, frame))

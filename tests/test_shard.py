@@ -115,3 +115,22 @@ def test_leader_fleet_view_from_the_shards_equals_the_unsharded_view():
         # a peer that is gone is left out of the read and counted, never invented
         assert fleet.request_rate() == pytest.approx(shard0.store.request_rate())
         assert fleet.peer_errors == {base: 1}
+
+
+def test_sharded_runtime_follows_only_its_pods_kv_events_and_serves_its_sketch():
+    from agent.runtime.assembly import build_runtime
+
+    pods = [f"vllm-{i}" for i in range(8)]
+    endpoints = [{"pod": p, "model": "m", "endpoint": f"tcp://127.0.0.1:{5600 + i}"} for i, p in enumerate(pods)]
+    settings = load_settings(env={}, kv_events={"enabled": True, "discovery": False, "endpoints": endpoints},
+                             shard={"count": 2, "index": 1, "peers": ["http://127.0.0.1:9/"]})
+    rt = build_runtime(settings, targets=StaticTargets(()))
+    followed = {s.pod for s in rt.kv._wanted}
+    assert followed == {p for p in pods if shard_of(p, 2) == 1} and 0 < len(followed) < len(pods)
+    assert rt.fleet_store is not rt.agent.store and isinstance(rt.fleet_store, FleetStore)
+    body, ctype = rt.agent.routes["/kv/sketch"]({"window_s": "60"})
+    assert ctype == "application/json" and b'"models":{}' in body
+    with pytest.raises(ValueError, match="window_s"):
+        rt.agent.routes["/kv/sketch"]({"window_s": "soon"})
+    text = rt.agent.metrics_text()
+    assert 'tierpilot_kv_fleet_shards{state="failed"} 1.0' in text  # the unreachable peer, left out

@@ -23,6 +23,7 @@ from typing import Self
 
 import zmq
 
+from agent.kvevents.fleet import BlockSketches
 from agent.kvevents.merge import EventTimeMerger
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
@@ -127,6 +128,17 @@ class KvEventManager:
     def snapshot(self) -> KvSnapshot:
         with self._lock:
             return self.signals.snapshot()
+
+    def enable_block_sketches(self, sketches: BlockSketches) -> None:
+        """Keep fleet-mergeable sketches of the stored blocks (sharded agents: fleet.py)."""
+        with self._lock:
+            self.signals.blocks = sketches
+
+    def block_sketch_state(self, window_s: float | None = None) -> dict:
+        """This replica's mergeable block sketches over the window ({} models when disabled)."""
+        with self._lock:
+            blocks = self.signals.blocks
+            return blocks.state(window_s) if blocks is not None else {"window_s": window_s, "models": {}}
 
     def current_overlap(self, model: str | None = None, window_s: float | None = None) -> OverlapReading | None:
         """The drift detector's signal: workload overlap over the window, or None without data."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from agent.kvevents.fleet import BlockSketches
 from agent.kvevents.index import CAUSES, DISTANCE_BUCKETS, REUSE_BUCKETS, TIER_NAMES, FleetIndex, IndexLimits
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 from agent.kvevents.workload import EventTotals, OverlapReading, PodCounters, WorkloadWindow
@@ -98,6 +99,7 @@ class KvSignals:
         self.indexes: dict[str, FleetIndex] = {}
         self.streams: dict[EngineId, StreamStats] = {}
         self._windows: dict[str, WorkloadWindow] = {}
+        self.blocks: BlockSketches | None = None  # fleet sketches for sharded agents (fleet.py)
 
     # -- feeding ---------------------------------------------------------------------------
     def index(self, model: str) -> FleetIndex:
@@ -130,6 +132,10 @@ class KvSignals:
         for reason, n in batch.rejected.items():
             st.rejected[reason] = st.rejected.get(reason, 0) + n
         self.index(engine.model).apply(engine.key, batch.ts, batch.events)
+        if self.blocks is not None:
+            gpu = [h for e in batch.events if type(e) is Stored and e.medium == "GPU"
+                   and (e.group is None or e.group == self.group_idx) for h in e.hashes]
+            self.blocks.add(engine.model, engine.key, batch.ts, gpu)
 
     def reject(self, engine: EngineId, reason: str, n: int = 1) -> None:
         st = self.stream(engine)

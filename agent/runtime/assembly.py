@@ -203,6 +203,7 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     mine = _kv_shard(settings)
     if settings.shard.count > 1:
         kv.set_endpoints(tuple(s for s in cfg.endpoints if mine(s.pod)))
+        _add_fleet_sketches(rt, settings, kv, clock)
     vllm = settings.targets.kubernetes.roles.get("vllm")
     if not (cfg.discovery and settings.targets.kubernetes.enabled and vllm is not None and pod_api is not None):
         if cfg.discovery and not cfg.endpoints:
@@ -223,6 +224,30 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
 
     rt.kv_refresh = refresh
     rt.agent.add_job(JobSpec("kv_endpoints", cfg.discovery_interval_s, refresh, first_run_now=True))
+
+
+def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager,
+                        clock: Callable[[], float]) -> None:
+    """Sharded KV events: keep mergeable block sketches, serve them on /kv/sketch, and export
+    the fleet-wide overlap, distinct blocks and duplication merged from every shard."""
+    from agent.collect.fleetstore import fetch_url
+    from agent.kvevents.fleet import BlockSketches, FleetBlocksCollector, state_json
+
+    window_s = settings.kv_events.overlap_window_s
+    kv.enable_block_sketches(BlockSketches(window_s=window_s, clock=clock))
+
+    def serve(query: dict[str, str]) -> tuple[bytes, str]:
+        try:
+            w = float(query.get("window_s", window_s))
+        except ValueError:
+            raise ValueError(f"window_s must be a number of seconds, got {query['window_s']!r}") from None
+        if not w > 0:
+            raise ValueError("window_s must be positive")
+        return state_json(kv.block_sketch_state(w)), "application/json"
+
+    rt.agent.add_route("/kv/sketch", serve)
+    rt.agent.add_collector(FleetBlocksCollector(kv.block_sketch_state, settings.shard.peers, fetch_url,
+                                                settings.shard.peer_timeout_s, window_s))
 
 
 def observed_workload(store: Any, kv: KvEventManager | None, window_s: float) -> ObservedWorkload:

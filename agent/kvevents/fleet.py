@@ -1,0 +1,199 @@
+"""Fleet-wide block signals that are not sums, from mergeable sketches the shards export.
+
+With sharded agents each replica follows the KV events of its own pods only, so a block stored
+on pod A (shard 0) and again on pod B (shard 1) is new to both shards. Sums (stored blocks,
+prompt tokens) add up across shards; distinct counts do not. Each replica therefore keeps, per
+model and per time slot, a HyperLogLog of the block hashes stored on the GPU tier (hll.py), the
+number of such stores, and the sum over its engines of each engine's distinct blocks (a small
+HyperLogLog per engine; an engine lives on one shard, so these sums add up). It serves them on
+`GET /kv/sketch?window_s=S`; any replica (the leader's tuner, dashboards) merges its own and its
+peers' answers (register-wise maximum, exact for the union) into:
+
+  distinct blocks    D = |union of the stored hashes over the window|           (HLL estimate)
+  block overlap      1 - D / S, S = block stores in the window: the share of stores whose
+                     block the fleet had already stored in the window (cross-pod reuse included)
+  duplication        (sum over engines of their distinct blocks) / D: on how many engines an
+                     average block was stored in the window (1 = no cross-pod duplication)
+
+Error bound: D has relative standard error e = 1.04 / sqrt(2^p) (0.41% at p = 16); the overlap
+error is (1 - overlap) x (D's relative error), so below 3e = 1.2 percentage points with 99.7%
+confidence, whatever the fleet size. Duplication carries D's error plus the per-engine sketches'
+(p = 12: 1.6% each, averaging out over engines). Tested against exact sets on the twin's streams
+(tests/test_kv_fleet_sketch.py). Memory: 64 KiB per model per slot, 4 KiB per engine per slot.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from agent.kvevents.hll import DEFAULT_P, HyperLogLog
+
+ENGINE_P = 12
+
+
+@dataclass
+class _Slot:
+    fleet: HyperLogLog
+    stores: int
+    engines: dict[str, HyperLogLog]
+
+
+class BlockSketches:
+    """Per model, a ring of time slots of sketches. Pure state; the caller serialises calls."""
+
+    def __init__(self, window_s: float = 300.0, slots: int = 5, p: int = DEFAULT_P, engine_p: int = ENGINE_P,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        if window_s <= 0 or slots < 1:
+            raise ValueError("window_s must be positive and slots at least 1")
+        self.window_s = window_s
+        self.slot_s = window_s / slots
+        self.p = p
+        self.engine_p = engine_p
+        self.clock = clock or time.time
+        self._models: dict[str, dict[int, _Slot]] = {}
+
+    def add(self, model: str, engine: str, ts: float, hashes: Sequence[int] | np.ndarray) -> None:
+        if len(hashes) == 0:
+            return
+        arr = np.asarray(hashes, dtype=np.uint64)
+        slots = self._models.setdefault(model, {})
+        key = math.floor(ts / self.slot_s)
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = _Slot(HyperLogLog(self.p), 0, {})
+            self._prune(slots, key)
+        slot.fleet.add(arr)
+        slot.stores += len(arr)
+        eng = slot.engines.get(engine)
+        if eng is None:
+            eng = slot.engines[engine] = HyperLogLog(self.engine_p)
+        eng.add(arr)
+
+    def _prune(self, slots: dict[int, _Slot], newest: int) -> None:
+        keep = math.ceil(self.window_s / self.slot_s) + 1
+        for k in [k for k in slots if k <= newest - keep]:
+            del slots[k]
+
+    def state(self, window_s: float | None = None, now: float | None = None) -> dict:
+        """This replica's mergeable view of the last `window_s` seconds (whole slots), as JSON."""
+        window_s = self.window_s if window_s is None else window_s
+        now = self.clock() if now is None else now
+        first = math.floor((now - window_s) / self.slot_s) + 1
+        models = {}
+        for model, slots in self._models.items():
+            chosen = [s for k, s in slots.items() if k >= first]
+            if not chosen:
+                continue
+            fleet = HyperLogLog(self.p)
+            engines: dict[str, HyperLogLog] = {}
+            for s in chosen:
+                fleet.merge(s.fleet)
+                for name, h in s.engines.items():
+                    engines[name] = engines[name].merge(h) if name in engines else h.copy()
+            models[model] = {"p": self.p, "registers": fleet.to_text(), "stores": sum(s.stores for s in chosen),
+                             "engine_distinct_sum": sum(h.estimate() for h in engines.values()),
+                             "engines": len(engines)}
+        return {"window_s": window_s, "models": models}
+
+
+@dataclass(frozen=True)
+class FleetBlocks:
+    model: str
+    distinct_blocks: float
+    stores: int
+    overlap: float | None
+    duplication: float | None
+    engines: int
+
+
+def merge_states(states: Iterable[Mapping]) -> list[FleetBlocks]:
+    """Merge shards' `state()` answers (ValueError on a malformed one)."""
+    acc: dict[str, tuple[HyperLogLog, int, float, int]] = {}
+    for st in states:
+        models = st.get("models") if isinstance(st, Mapping) else None
+        if not isinstance(models, Mapping):
+            raise ValueError("sketch state without `models`")  # noqa: TRY004 - bad input, one error kind
+        for model, m in models.items():
+            try:
+                h = HyperLogLog.from_text(int(m["p"]), str(m["registers"]))
+                stores, dsum, engines = int(m["stores"]), float(m["engine_distinct_sum"]), int(m["engines"])
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"model {model!r}: malformed sketch ({exc})") from None
+            if model in acc:
+                h0, s0, d0, e0 = acc[model]
+                acc[model] = (h0.merge(h), s0 + stores, d0 + dsum, e0 + engines)
+            else:
+                acc[model] = (h, stores, dsum, engines)
+    out = []
+    for model, (h, stores, dsum, engines) in sorted(acc.items()):
+        d = h.estimate()
+        overlap = None if stores <= 0 else min(1.0, max(0.0, 1.0 - d / stores))
+        dup = None if d <= 0 else max(1.0, dsum / d)
+        out.append(FleetBlocks(model, d, stores, overlap, dup, engines))
+    return out
+
+
+def state_json(state: dict) -> bytes:
+    return json.dumps(state, separators=(",", ":")).encode()
+
+
+class FleetBlocksCollector:
+    """`tierpilot_kv_fleet_*` from this replica's sketches merged with its peers'.
+
+    `local()` gives this replica's state; `fetch(url, timeout)` reads a peer's
+    `/kv/sketch`. A peer that fails is left out (counted in `tierpilot_kv_fleet_shards{state}`)."""
+
+    def __init__(self, local: Callable[[], dict], peers: Sequence[str] = (),
+                 fetch: Callable[[str, float], bytes] | None = None, timeout_s: float = 5.0,
+                 window_s: float = 300.0) -> None:
+        self.local = local
+        self.peers = tuple(p.rstrip("/") for p in peers)
+        self.fetch = fetch
+        self.timeout_s = timeout_s
+        self.window_s = window_s
+
+    def read(self) -> tuple[list[FleetBlocks], int, int]:
+        states = [self.local()]
+        failed = 0
+        for peer in self.peers:
+            try:
+                assert self.fetch is not None
+                doc = json.loads(self.fetch(f"{peer}/kv/sketch?window_s={self.window_s:g}", self.timeout_s))
+                merge_states([doc])  # validates before it joins the merge
+                states.append(doc)
+            except Exception:  # noqa: BLE001 - any peer fault leaves that peer out of this read
+                failed += 1
+        return merge_states(states), 1 + len(self.peers) - failed, failed
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        blocks, ok, failed = self.read()
+        distinct = GaugeMetricFamily("tierpilot_kv_fleet_distinct_blocks",
+                                     "Distinct blocks stored on the GPU tier fleet-wide over the window "
+                                     "(HyperLogLog union of every shard).", labels=["model"])
+        overlap = GaugeMetricFamily("tierpilot_kv_fleet_block_overlap_ratio",
+                                    "Share of block stores whose block the fleet had already stored in the "
+                                    "window, 0..1 (1 - distinct / stores).", labels=["model"])
+        dup = GaugeMetricFamily("tierpilot_kv_fleet_duplication_ratio",
+                                "Engines an average distinct block was stored on in the window (1 = none "
+                                "duplicated across pods).", labels=["model"])
+        for b in blocks:
+            distinct.add_metric([b.model], b.distinct_blocks)
+            if b.overlap is not None:
+                overlap.add_metric([b.model], b.overlap)
+            if b.duplication is not None:
+                dup.add_metric([b.model], b.duplication)
+        shards = GaugeMetricFamily("tierpilot_kv_fleet_shards", "Shards whose sketches were merged (ok) or "
+                                   "left out of the last read (failed).", labels=["state"])
+        shards.add_metric(["ok"], ok)
+        shards.add_metric(["failed"], failed)
+        yield from (distinct, overlap, dup, shards)

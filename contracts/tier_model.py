@@ -80,7 +80,9 @@ class TierView:
     hit_tokens: float | None = None  # lifetime total
     hit_ratio: float | None = None  # tier-conditional, over the window
     cumulative_hit_ratio: float | None = None  # share of prompt tokens served by this tier or above
-    evictions: float | None = None  # lifetime total (chunks or files; see source)
+    evicted_chunks: float | None = None  # lifetime total, LMCache chunks
+    evicted_files: float | None = None  # lifetime total, Curvine files
+    evicted_bytes: float | None = None  # lifetime total, Curvine bytes freed
     usage_ratio: float | None = None
 
     @property
@@ -103,17 +105,8 @@ class PodView:
 
 
 @dataclass(frozen=True, slots=True)
-class L2IoView:
-    """L2 (Curvine FUSE) I/O latency quantiles of one pod, in seconds."""
-
-    pod: str
-    op: Literal["read", "write"]
-    quantiles: dict[float, float]
-
-
-@dataclass(frozen=True, slots=True)
 class HistogramView:
-    """Lifetime cumulative buckets of one histogram (for OTLP export): bounds, counts, sum."""
+    """Lifetime cumulative buckets of one histogram (Prometheus and OTLP export): bounds, counts, sum."""
 
     pod: str
     model: str
@@ -121,6 +114,16 @@ class HistogramView:
     cumulative_counts: tuple[float, ...]  # one per bound, plus the +Inf bucket last
     total: float
     count: float
+
+
+@dataclass(frozen=True, slots=True)
+class L2IoView:
+    """L2 (Curvine FUSE) I/O latency of one pod, in seconds: window quantiles and lifetime buckets."""
+
+    pod: str
+    op: Literal["read", "write"]
+    quantiles: dict[float, float]
+    histogram: HistogramView | None = None
 
 
 @dataclass(frozen=True, slots=True)

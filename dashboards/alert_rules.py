@@ -23,12 +23,17 @@ def _budget_window(name: str) -> str:
     return f"{SLO_ERROR}_avg{name}"
 
 
+def ttft_quantile_expr(quantile: str, by: str = "namespace, model", window: str = "5m") -> str:
+    """The TTFT quantile of every pod of a model together: histogram_quantile over the rates of the
+    per-pod buckets (vLLM's own bounds), so it aggregates across pods and over time."""
+    return (f"histogram_quantile(\n    {quantile},\n    sum by ({by}, le) "
+            f"(rate(tierpilot_ttft_seconds_bucket[{window}]))\n  )")
+
+
 def slo_records(slo: SloSettings) -> tuple[Record, ...]:
-    now = Record(
-        SLO_ERROR,
-        f'avg by (namespace, model) (\n  tierpilot_ttft_seconds{{quantile="{slo.ttft_quantile}"}} > bool '
-        f"{slo.ttft_seconds:g}\n)",
-    )
+    # A 5-minute slice is bad when the model's quantile over the slice's requests is above the
+    # target; a slice without requests gives NaN, and NaN > bool x is 0: idle is not bad.
+    now = Record(SLO_ERROR, f"(\n  {ttft_quantile_expr(slo.ttft_quantile)}\n  > bool {slo.ttft_seconds:g}\n)")
     return (now, *(Record(_budget_window(w), f"avg_over_time({SLO_ERROR}[{w}])") for w in WINDOWS))
 
 
@@ -49,7 +54,7 @@ def slo_alerts(slo: SloSettings) -> tuple[Alert, ...]:
             "TierpilotTTFTBudgetBurnFast", _burn_expr(FAST_BURN, budget), "critical",
             "TTFT SLO error budget of {{ $labels.model }} is burning fast",
             f"Model {{{{ $labels.model }}}} in {{{{ $labels.namespace }}}} missed its SLO ({target} in "
-            f"{slo.objective:.2%} of time slices) in {{{{ $value | humanizePercentage }}}} of pod time slices "
+            f"{slo.objective:.2%} of time slices) in {{{{ $value | humanizePercentage }}}} of 5-minute slices "
             f"over the last hour or six: {FAST_BURN[-1][2]:g}x or more the sustainable burn rate, so the "
             f"{slo.period_days}-day error budget lasts days, not weeks.",
             "tierpilotttftbudgetburnfast", for_="2m",
@@ -58,7 +63,7 @@ def slo_alerts(slo: SloSettings) -> tuple[Alert, ...]:
             "TierpilotTTFTBudgetBurnSlow", _burn_expr(SLOW_BURN, budget), "warning",
             "TTFT SLO error budget of {{ $labels.model }} is burning",
             f"Model {{{{ $labels.model }}}} in {{{{ $labels.namespace }}}} missed its SLO ({target} in "
-            f"{slo.objective:.2%} of time slices) in {{{{ $value | humanizePercentage }}}} of pod time slices "
+            f"{slo.objective:.2%} of time slices) in {{{{ $value | humanizePercentage }}}} of 5-minute slices "
             f"over the last day or three: at this rate the {slo.period_days}-day error budget runs out "
             "before the period ends.",
             "tierpilotttftbudgetburnslow", for_="15m",
@@ -75,14 +80,21 @@ def cache_records() -> tuple[Record, ...]:
 
 def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
     baseline = f"avg_over_time({TOTAL_HIT}[1h] offset 10m)"
-    evictions_now = "sum by (namespace, pod, tier) (rate(tierpilot_kv_evictions_total[5m]))"
-    # The baseline is the mean 5-minute rate over 6 hours ending an hour ago: a storm does not
-    # dilute its own baseline while it lasts, and a young series is not compared with a 6-hour
-    # rate() that its few samples would make near zero.
-    evictions_before = (
-        "avg_over_time(\n    sum by (namespace, pod, tier) (rate(tierpilot_kv_evictions_total[5m]))[6h:5m]"
-        " offset 1h\n  )")
-    l2 = "max by (namespace, pod, op) (tierpilot_l2_io_latency_seconds{{op=\"{op}\", quantile=\"{q}\"}})"
+    # Evictions are counted per unit (LMCache chunks, Curvine files): each unit is compared with its
+    # own baseline and tagged with a `unit` label, never added to the other. The baseline is the
+    # mean 5-minute rate over 6 hours ending an hour ago: a storm does not dilute its own baseline
+    # while it lasts, and a young series is not compared with a 6-hour rate() that its few samples
+    # would make near zero.
+    def storm(unit: str) -> str:
+        now = f"sum by (namespace, pod, tier) (rate(tierpilot_kv_evicted_{unit}_total[5m]))"
+        before = f"avg_over_time(\n      {now}[6h:5m] offset 1h\n    )"
+        return (f'label_replace(\n  (\n    {now}\n    > {a.eviction_storm_factor:g} * {before}\n  )\n'
+                f'  and\n  {now} > {a.eviction_storm_min_per_second:g},\n  "unit", "{unit}", "", ""\n)')
+
+    def l2(op: str, limit: float) -> str:
+        return (f'histogram_quantile(\n  {a.l2_latency_quantile},\n  sum by (namespace, pod, op, le) '
+                f'(rate(tierpilot_l2_io_latency_seconds_bucket{{op="{op}"}}[5m]))\n) > {limit:g}')
+
     q = a.l2_latency_quantile
     return (
         Alert(
@@ -98,8 +110,7 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
         ),
         Alert(
             "TierpilotL2LatencyHigh",
-            f"{l2.format(op='read', q=q)} > {a.l2_read_latency_seconds:g}\nor\n"
-            f"{l2.format(op='write', q=q)} > {a.l2_write_latency_seconds:g}",
+            f"{l2('read', a.l2_read_latency_seconds)}\nor\n{l2('write', a.l2_write_latency_seconds)}",
             "warning",
             "L2 {{ $labels.op }} latency is high on {{ $labels.pod }}",
             f"The p{float(q) * 100:g} L2 (shared NVMe pool) {{{{ $labels.op }}}} latency on "
@@ -110,11 +121,10 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
         ),
         Alert(
             "TierpilotEvictionStorm",
-            f"{evictions_now}\n  > {a.eviction_storm_factor:g} * {evictions_before}\n"
-            f"and\n{evictions_now} > {a.eviction_storm_min_per_second:g}",
+            f"{storm('chunks')}\nor\n{storm('files')}",
             "warning",
             "Eviction storm in the {{ $labels.tier }} tier of {{ $labels.pod }}",
-            "The {{ $labels.tier }} tier of {{ $labels.pod }} evicts {{ $value | humanize }} entries/s, "
+            "The {{ $labels.tier }} tier of {{ $labels.pod }} evicts {{ $value | humanize }} {{ $labels.unit }}/s, "
             f"more than {a.eviction_storm_factor:g}x its rate over the 6 hours before the last hour: the tier is "
             "thrashing and cached prefixes are evicted before they are reused.",
             "tierpilotevictionstorm", for_="10m",

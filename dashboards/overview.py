@@ -29,6 +29,21 @@ def hit_ratio_by_tier() -> str:
             f"{_rate('tierpilot_kv_lookup_tokens_total', by='tier')}")
 
 
+def total_hit_ratio() -> str:
+    """The pods' average total hit ratio. The cumulative ratio grows down the tiers, so its maximum
+    over the tiers a pod has is the deepest tier present (l2, else cpu, else gpu): no "no data"
+    where there is no L2."""
+    return f"avg(max by (namespace, pod, model) (tierpilot_kv_cumulative_hit_ratio{selector()}))"
+
+
+def histogram_quantile(metric: str, quantile: str, *matchers: str, by: str = "",
+                       scope: tuple[str, ...] | None = None) -> str:
+    """A quantile over the rates of a histogram's buckets, summed over the selection (or per `by`)."""
+    sel = selector(*matchers) if scope is None else selector(*matchers, scope=scope)
+    grouping = f"{by}, le" if by else "le"
+    return f"histogram_quantile({quantile}, sum by ({grouping}) (rate({metric}_bucket{sel}[{RATE}])))"
+
+
 def _ttft_steps(settings: BuildSettings) -> tuple[Threshold, ...]:
     slo = settings.slo.ttft_seconds
     return (Threshold("green"), Threshold("orange", round(slo * 0.8, 6)), Threshold("red", slo))
@@ -41,22 +56,24 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
     l2_scope = ("namespace", "pod")
     return (
         Panel(
-            "Cumulative hit ratio", "stat", "percentunit",
-            (Query(f"avg(tierpilot_kv_cumulative_hit_ratio{selector(eq('tier', 'l2'))})"),),
-            "Share of prompt tokens served by any tier (GPU, CPU or L2), averaged over the selected pods.",
+            "Total hit ratio", "stat", "percentunit",
+            (Query(total_hit_ratio()),),
+            "Share of prompt tokens served by any tier the pods have (GPU, CPU, L2: the deepest tier's "
+            "cumulative ratio), averaged over the selected pods.",
             width=6, height=5, min=0, max=1,
             thresholds=(Threshold("red"), Threshold("orange", 0.2), Threshold("green", 0.5)),
         ),
         Panel(
-            f"TTFT p{float(q) * 100:g} (worst pod)", "stat", "s",
-            (Query(f"max(tierpilot_ttft_seconds{selector(eq('quantile', q))})"),),
-            f"Worst pod's TTFT at quantile {q}; red above the SLO of {slo.ttft_seconds:g} s.",
+            f"TTFT p{float(q) * 100:g}", "stat", "s",
+            (Query(histogram_quantile("tierpilot_ttft_seconds", q)),),
+            f"TTFT at quantile {q} over the selected pods' requests (histogram_quantile over the rates of "
+            f"vLLM's buckets); red above the SLO of {slo.ttft_seconds:g} s.",
             width=6, height=5, thresholds=_ttft_steps(settings),
         ),
         Panel(
             f"L2 read p{float(l2_q) * 100:g} (worst pod)", "stat", "s",
-            (Query(f"max(tierpilot_l2_io_latency_seconds"
-                   f"{selector(eq('op', 'read'), eq('quantile', l2_q), scope=l2_scope)})"),),
+            (Query("max(" + histogram_quantile("tierpilot_l2_io_latency_seconds", l2_q, eq("op", "read"),
+                                               by="pod", scope=l2_scope) + ")"),),
             "Slowest pod's L2 (shared NVMe) read latency.",
             width=6, height=5,
             thresholds=(Threshold("green"), Threshold("red", settings.alerts.l2_read_latency_seconds)),
@@ -83,23 +100,27 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "TTFT p50 / p95 / p99 against the SLO", "timeseries", "s",
-            (Query(f"max by (quantile) (tierpilot_ttft_seconds{selector()})", "p{{quantile}} (worst pod)"),),
-            f"Time to first token per quantile, worst pod. The red band starts at the SLO: "
+            tuple(Query(histogram_quantile("tierpilot_ttft_seconds", x), f"p{float(x) * 100:g}")
+                  for x in ("0.5", "0.95", "0.99")),
+            f"Time to first token of the selected pods' requests per quantile (histogram_quantile over "
+            f"bucket rates). The red band starts at the SLO: "
             f"p{float(q) * 100:g} <= {slo.ttft_seconds:g} s for {slo.objective:.1%} of the time.",
             min=0, thresholds=_ttft_steps(settings), show_thresholds_as_line=True,
         ),
         Panel(
             "L2 read and write latency", "timeseries", "s",
-            (Query(f"max by (op, quantile) (tierpilot_l2_io_latency_seconds{selector(scope=l2_scope)})",
-                   "{{op}} p{{quantile}}"),),
-            "Shared NVMe pool (Curvine FUSE) I/O latency seen by the pods, worst pod per op and quantile.",
+            tuple(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op", scope=l2_scope),
+                        f"{{{{op}}}} p{float(x) * 100:g}") for x in ("0.5", "0.95", "0.99")),
+            "Shared NVMe pool (Curvine FUSE) I/O latency of the selected pods' reads and writes, per op "
+            "and quantile (histogram_quantile over bucket rates).",
             min=0,
         ),
         Panel(
-            "Evictions per tier", "timeseries", "suffix: /s",
-            (Query(_rate("tierpilot_kv_evictions_total", by="tier"), "{{tier}}"),),
-            "Eviction rate per tier, summed over the selected pods (GPU from vLLM residency, CPU from "
-            "LMCache, L2 from the Curvine master).",
+            "Evictions per tier", "timeseries", "short",
+            (Query(_rate("tierpilot_kv_evicted_chunks_total", by="tier"), "{{tier}} chunks/s"),
+             Query(_rate("tierpilot_kv_evicted_files_total", by="tier"), "{{tier}} files/s")),
+            "Eviction rate per tier and unit, summed over the selected pods: LMCache chunks (CPU, and L2 "
+            "in MP mode) and Curvine files (L2 pool). Units are never added together.",
             min=0,
         ),
         Panel(
@@ -165,8 +186,8 @@ def _pod_table_queries(settings: BuildSettings) -> tuple[str, ...]:
     q = settings.slo.ttft_quantile
     return (
         *(f"max by (pod, model) (tierpilot_kv_hit_ratio{selector(eq('tier', t))})" for t in TIERS),
-        f"max by (pod, model) (tierpilot_kv_cumulative_hit_ratio{selector(eq('tier', 'l2'))})",
-        f"max by (pod, model) (tierpilot_ttft_seconds{selector(eq('quantile', q))})",
+        f"max by (pod, model) (tierpilot_kv_cumulative_hit_ratio{selector()})",
+        histogram_quantile("tierpilot_ttft_seconds", q, by="pod, model"),
         f"max by (pod, model) (tierpilot_kv_usage_ratio{selector(eq('tier', 'gpu'))})",
         f"max by (pod, model) (tierpilot_kv_usage_ratio{selector(eq('tier', 'cpu'))})",
     )

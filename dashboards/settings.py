@@ -12,9 +12,10 @@ TtftQuantile = Literal["0.5", "0.95", "0.99"]
 class SloSettings(BaseModel):
     """The TTFT service-level objective.
 
-    It is a time-slice SLO over the agent's per-pod TTFT quantile: a slice is bad for a pod when the
-    pod's `ttft_quantile` TTFT is above `ttft_seconds`. The error ratio of a model is the share of its
-    pods in bad slices, and `objective` is the share of good slices promised over `period_days`.
+    It is a time-slice SLO over the model's TTFT histogram: a 5-minute slice is bad when
+    `histogram_quantile(ttft_quantile)` over the rates of all its pods' buckets is above
+    `ttft_seconds` (slices without requests are good). The error ratio is the share of bad slices,
+    and `objective` is the share of good slices promised over `period_days`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -46,7 +46,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
     return (
         Panel(
             "Best objective so far", "stat", "s",
-            (Query(f"min(tierpilot_tuner_best_objective{s})"),),
+            (Query(f"min(tierpilot_tuner_best_objective_seconds{s})"),),
             "Lowest objective (TTFT p95 by default, seconds) of any completed trial in the current "
             "tuning phase. Lower is better.",
             width=6, height=5,
@@ -65,7 +65,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "Mode", "stat", "short",
-            (Query(f"max(tierpilot_tuner_dry_run{s})", "dry run"),
+            (Query(f"max(tierpilot_dry_run{s})", "dry run"),
              Query(f"max(tierpilot_tuner_trial_in_flight{s})", "trial in flight")),
             "1 = dry run (proposes, applies nothing); trial in flight = a live trial is applied and "
             "being measured.",
@@ -73,7 +73,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "Objective over time", "timeseries", "s",
-            (Query(f"min by (target) (tierpilot_tuner_best_objective{s})", "best so far ({{target}})"),),
+            (Query(f"min by (target) (tierpilot_tuner_best_objective_seconds{s})", "best so far ({{target}})"),),
             "Best objective of the current phase over time: each step down is a trial that beat all "
             "before it; a step up is a new phase after drift. Lower is better. Applies, rollbacks and "
             "drift are marked as annotations.",

@@ -152,8 +152,12 @@ class OtelExporter:
                                       description="Tier-conditional hit ratio over the window")
         meter.create_observable_gauge("tierpilot.kv.cumulative_hit_ratio", [tiers("cumulative_hit_ratio")],
                                       unit="1", description="Share of prompt tokens served by this tier or above")
-        meter.create_observable_counter("tierpilot.kv.evictions", [tiers("evictions")], unit="{entry}",
-                                        description="Entries evicted from this tier")
+        meter.create_observable_counter("tierpilot.kv.evicted_chunks", [tiers("evicted_chunks")], unit="{chunk}",
+                                        description="LMCache chunks evicted from this tier")
+        meter.create_observable_counter("tierpilot.kv.evicted_files", [tiers("evicted_files")], unit="{file}",
+                                        description="Files evicted from the L2 pool (Curvine)")
+        meter.create_observable_counter("tierpilot.kv.evicted_bytes", [tiers("evicted_bytes")], unit="By",
+                                        description="Bytes freed by L2 pool eviction (Curvine)")
         meter.create_observable_gauge("tierpilot.kv.usage_ratio", [tiers("usage_ratio")], unit="1",
                                       description="Fraction of this tier's capacity in use")
 

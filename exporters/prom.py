@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from contracts.tier_model import Snapshot
+from exporters.histograms import histogram_families
 
 TIER_LABELS = ["pod", "model", "tier", "source"]
 
@@ -34,6 +35,7 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self.get_snapshot()
         yield from tier_families(snap)
+        yield from histogram_families(snap)
         yield from health_families(snap)
 
 
@@ -49,9 +51,14 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
         "tierpilot_kv_cumulative_hit_ratio",
         "Share of prompt tokens served by this tier or one above it over the window, 0..1.",
         labels=["pod", "model", "tier"])
-    evictions = CounterMetricFamily(
-        "tierpilot_kv_evictions", "Entries evicted from this tier (LMCache chunks, Curvine files).",
-        labels=TIER_LABELS)
+    evicted = {
+        "chunks": CounterMetricFamily("tierpilot_kv_evicted_chunks", "LMCache chunks evicted from this tier.",
+                                      labels=TIER_LABELS),
+        "files": CounterMetricFamily("tierpilot_kv_evicted_files",
+                                     "Files evicted from the L2 pool (Curvine quota eviction).", labels=TIER_LABELS),
+        "bytes": CounterMetricFamily("tierpilot_kv_evicted_bytes",
+                                     "Bytes freed by L2 pool eviction (Curvine quota eviction).", labels=TIER_LABELS),
+    }
     usage = GaugeMetricFamily("tierpilot_kv_usage_ratio", "Fraction of this tier's capacity in use, 0..1.",
                               labels=TIER_LABELS)
     for t in snap.tiers:
@@ -64,13 +71,14 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
             hit_ratio.add_metric(labels, t.hit_ratio)
         if t.cumulative_hit_ratio is not None:
             cumulative.add_metric([t.pod, t.model, t.tier], t.cumulative_hit_ratio)
-        if t.evictions is not None:
-            evictions.add_metric(labels, t.evictions)
+        for unit, value in (("chunks", t.evicted_chunks), ("files", t.evicted_files), ("bytes", t.evicted_bytes)):
+            if value is not None:
+                evicted[unit].add_metric(labels, value)
         if t.usage_ratio is not None:
             usage.add_metric(labels, t.usage_ratio)
-    yield from (lookup, hit, hit_ratio, cumulative, evictions, usage)
+    yield from (lookup, hit, hit_ratio, cumulative, *evicted.values(), usage)
 
-    ttft = GaugeMetricFamily("tierpilot_ttft_seconds",
+    ttft = GaugeMetricFamily("tierpilot_ttft_quantile_seconds",
                              "Time to first token quantile over the window (histogram_quantile), seconds.",
                              labels=["pod", "model", "quantile"])
     prompt = CounterMetricFamily("tierpilot_kv_prompt_tokens", "Prompt (prefill) tokens (lifetime total).",
@@ -90,7 +98,7 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
             requests.add_metric([p.pod, p.model], p.requests)
         if p.l2_break_even_tokens is not None:
             break_even.add_metric([p.pod, p.model], p.l2_break_even_tokens)
-    l2 = GaugeMetricFamily("tierpilot_l2_io_latency_seconds",
+    l2 = GaugeMetricFamily("tierpilot_l2_io_latency_quantile_seconds",
                            "L2 (Curvine FUSE) I/O latency quantile over the window, seconds.",
                            labels=["pod", "op", "quantile"])
     for io in snap.l2_io:

@@ -137,7 +137,8 @@ def test_scrape_once_formats():
         # exactly what /metrics would serve: same agent code path, same families
         assert 'tierpilot_kv_hit_ratio{model="meta-llama/Llama-3.1-8B-Instruct",pod="v0",source="vllm_by_source",' \
                'tier="l2"} 0.2' in prom.output
-        assert 'tierpilot_l2_io_latency_seconds{op="write",pod="v0",quantile="0.5"} 0.00075' in prom.output
+        assert 'tierpilot_l2_io_latency_quantile_seconds{op="write",pod="v0",quantile="0.5"} 0.00075' in prom.output
+        assert 'tierpilot_l2_io_latency_seconds_bucket{le="+Inf",op="write",pod="v0"}' in prom.output
         js = runner.invoke(main, ["scrape-once", "-t", url, "--format", "json"])
         data = json.loads(js.output)
         assert {(t["tier"], t["hit_ratio"]) for t in data["tiers"]} == {("gpu", 0.375), ("cpu", 0.25), ("l2", 0.2)}

@@ -126,7 +126,7 @@ def test_vllm_0_33_data_parallel_engines_are_aggregated_per_pod():
 def test_lmcache_inprocess_takes_the_max_over_tp_workers():
     snap, _ = unify(("vllm", "v0", fixture("lmcache_inprocess.prom")))
     cpu = tiers(snap)[("v0", M, "cpu")]
-    assert (cpu.source, cpu.lookup_tokens, cpu.hit_tokens, cpu.evictions) == (
+    assert (cpu.source, cpu.lookup_tokens, cpu.hit_tokens, cpu.evicted_chunks) == (
         "connector_combined", 10000, 4000, 120)
 
 
@@ -136,7 +136,7 @@ def test_lmcache_mp_split_is_exact_and_preferred():
     cpu, l2 = t[("v0", M, "cpu")], t[("v0", M, "l2")]
     assert (cpu.source, cpu.lookup_tokens, cpu.hit_tokens, cpu.hit_ratio) == ("lmcache_mp", 20000, 6000, 0.3)
     assert (l2.source, l2.lookup_tokens, l2.hit_tokens, l2.hit_ratio) == ("lmcache_mp", 14000, 3000, 3 / 14)
-    assert (cpu.evictions, cpu.usage_ratio, l2.evictions) == (50, 0.8, 7)  # model-less series join the model
+    assert (cpu.evicted_chunks, cpu.usage_ratio, l2.evicted_chunks) == (50, 0.8, 7)  # model-less series join the model
     assert l2.cumulative_hit_ratio == (6000 + 6000 + 3000) / 16000
 
 
@@ -166,6 +166,9 @@ def test_curvine_read_bytes_estimate_the_l2_split():
     assert l2.estimated and not t[("v0", M, "gpu")].estimated
     io = {x.op: x.quantiles for x in snap.l2_io}
     assert io["read"] == pytest.approx({0.5: 8666.666666e-6, 0.95: 47000e-6, 0.99: 87000e-6})
+    read = next(x.histogram for x in snap.l2_io if x.op == "read")
+    assert read is not None and len(read.cumulative_counts) == len(read.bounds) + 1  # +Inf bucket kept
+    assert read.bounds[0] < 1e-3 and read.count == read.cumulative_counts[-1]  # microseconds became seconds
     assert io["write"] == pytest.approx({0.5: 750e-6, 0.95: 975e-6, 0.99: 995e-6})
 
 
@@ -179,8 +182,9 @@ def test_without_any_split_source_cpu_reports_the_connector_total():
 def test_curvine_master_reports_pool_usage_and_evictions():
     snap, _ = unify(("curvine-master", "cm", fixture("curvine_master.prom")))
     (l2,) = snap.tiers
-    assert (l2.pod, l2.model, l2.tier, l2.source, l2.usage_ratio, l2.evictions) == (
-        "cm", "", "l2", "curvine_master", 0.25, 42)
+    assert (l2.pod, l2.model, l2.tier, l2.source, l2.usage_ratio) == ("cm", "", "l2", "curvine_master", 0.25)
+    # files and bytes stay apart: unlike units are never added
+    assert (l2.evicted_chunks, l2.evicted_files, l2.evicted_bytes) == (None, 42, 53687091200)
 
 
 V0_ENGINE = """# TYPE vllm:gpu_prefix_cache_queries_total counter

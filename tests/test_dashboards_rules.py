@@ -116,8 +116,8 @@ def test_runbook_base_url_and_slo_settings_flow_into_the_rules():
                            slo={"ttft_seconds": 0.5, "objective": 0.995})
     doc = rules_document(alert_rules.groups(custom), custom.runbook_base_url)
     slo = doc["groups"][0]
-    assert slo["rules"][0]["expr"] == ('avg by (namespace, model) (\n  tierpilot_ttft_seconds{quantile="0.95"} '
-                                      '> bool 0.5\n)')
+    assert slo["rules"][0]["expr"] == ("(\n  histogram_quantile(\n    0.95,\n    sum by (namespace, model, le) "
+                                      "(rate(tierpilot_ttft_seconds_bucket[5m]))\n  )\n  > bool 0.5\n)")
     fast = next(r for r in slo["rules"] if r.get("alert") == "TierpilotTTFTBudgetBurnFast")
     assert "ratio_avg1h > 0.072" in fast["expr"]  # 14.4 x (1 - 0.995)
     assert fast["annotations"]["runbook_url"] == \

@@ -52,15 +52,24 @@ def test_prometheus_scrapes_the_agent_and_answers_promql(prometheus_factory):  #
             assert prom.query_value('tierpilot_kv_usage_ratio{tier="gpu"}') == 0.375
             assert prom.query_by('tierpilot_target_up', "pod") == {"vllm-0": 1.0, "vllm-1": 0.0}
             assert prom.query_value('sum(tierpilot_scrape_errors_total{reason="http_5xx"})') >= 1
-            assert prom.query_value('tierpilot_l2_io_latency_seconds{op="read",quantile="0.95"}') \
+            assert prom.query_value('tierpilot_l2_io_latency_quantile_seconds{op="read",quantile="0.95"}') \
                 == pytest.approx(0.047)
+            # the L2 histogram aggregates: Prometheus' own quantile over its buckets gives the same figure
+            assert prom.query_value('histogram_quantile(0.95, sum by (le) '
+                                    '(tierpilot_l2_io_latency_seconds_bucket{op="read"}))') == pytest.approx(0.047)
+            assert prom.query_value('histogram_quantile(0.95, tierpilot_fleet_l2_io_latency_seconds_bucket'
+                                    '{op="read"})') == pytest.approx(0.047)
             assert prom.query_value("tierpilot_tuner_trials") == 3.0
             # the oracle: Prometheus' own histogram_quantile over the raw vLLM buckets
             for q in ("0.5", "0.95", "0.99"):
                 theirs = prom.query_value(
                     f"histogram_quantile({q}, sum by (le) (vllm:time_to_first_token_seconds_bucket))")
-                ours = prom.query_value(f'tierpilot_ttft_seconds{{quantile="{q}"}}')
+                ours = prom.query_value(f'tierpilot_ttft_quantile_seconds{{quantile="{q}"}}')
                 assert ours == pytest.approx(theirs, rel=1e-9), q
+                # the exported histograms carry vLLM's buckets: per pod and fleet quantiles agree
+                per_pod = prom.query_value(f"histogram_quantile({q}, sum by (le) (tierpilot_ttft_seconds_bucket))")
+                fleet = prom.query_value(f"histogram_quantile({q}, sum by (le) (tierpilot_fleet_ttft_seconds_bucket))")
+                assert per_pod == pytest.approx(theirs, rel=1e-9) and fleet == pytest.approx(theirs, rel=1e-9), q
             # colons survive (classic text format): the raw vLLM names are queryable as well
             assert prom.query_value('sum(vllm:prefix_cache_hits_total)') == 6000
 
@@ -105,3 +114,20 @@ def test_every_served_name_is_in_the_catalogue():
         agent.scrape_now()
         served = set(re.findall(r"^# TYPE (tierpilot_[a-z0-9_]+) ", agent.metrics_text(), re.MULTILINE))
     assert served == documented
+
+
+def test_fleet_histogram_sums_only_pods_whose_bounds_agree():
+    from contracts.tier_model import HistogramView
+    from exporters.histograms import fleet_histograms
+
+    a = HistogramView("a", "m", (0.1, 1.0), (1.0, 3.0, 4.0), 2.0, 4.0)
+    b = HistogramView("b", "m", (0.1, 1.0), (2.0, 2.0, 2.0), 0.1, 2.0)
+    odd = HistogramView("c", "m", (0.5,), (5.0, 5.0), 1.0, 5.0)
+    broken = HistogramView("d", "m", (0.1, 1.0), (1.0, 1.0), 0.1, 1.0)  # no +Inf bucket: skipped
+    (f,) = fleet_histograms([("m", a), ("m", b), ("m", odd), ("m", broken)])
+    assert (f.bounds, f.cumulative_counts, f.total, f.pods, f.excluded) == ((0.1, 1.0), (3.0, 5.0, 6.0), 2.1, 2, 1)
+    registry = build_registry(lambda: Snapshot(taken_at=1.0, ttft_histograms=(a, b, odd)))
+    assert registry.get_sample_value("tierpilot_fleet_ttft_seconds_bucket", {"model": "m", "le": "1.0"}) == 5.0
+    assert registry.get_sample_value("tierpilot_ttft_seconds_bucket", {"pod": "c", "model": "m", "le": "+Inf"}) == 5.0
+    assert registry.get_sample_value("tierpilot_fleet_histogram_excluded_pods",
+                                     {"histogram": "tierpilot_fleet_ttft_seconds", "key": "m"}) == 1.0

@@ -159,7 +159,7 @@ def test_dry_run_proposes_logs_and_counts_but_changes_nothing(kube, vllm, tmp_pa
     assert value(rt, "tierpilot_actuations_total", target=NS, result="dry_run") == 1.0
     assert value(rt, "tierpilot_actuations_total", target=NS, result="applied") == 0.0
     assert value(rt, "tierpilot_tuner_trials_total", target=NS, state="dry_run") == 1.0
-    assert value(rt, "tierpilot_tuner_dry_run", target=NS) == 1.0
+    assert value(rt, "tierpilot_dry_run", target=NS) == 1.0
 
 
 def test_a_standby_scrapes_and_exports_but_never_actuates(kube, vllm, tmp_path):

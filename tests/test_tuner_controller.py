@@ -106,7 +106,7 @@ def test_regression_is_rolled_back_within_one_window_and_improvement_kept(form: 
     assert get("tierpilot_tuner_trials_total", state="complete") == 1
     assert get("tierpilot_actuations_total", result="rolled_back") == 1
     assert get("tierpilot_actuations_total", result="applied") == 2
-    assert get("tierpilot_tuner_best_objective") == pytest.approx(ctl.tuner.best().value)
+    assert get("tierpilot_tuner_best_objective_seconds") == pytest.approx(ctl.tuner.best().value)
     assert ctl.tuner.best().knobs == GOOD
 
     run_until(ctl, clock, "holding")  # trials_per_phase=4 -> holds the best configuration

@@ -84,7 +84,7 @@ def test_dry_run_proposes_and_logs_but_changes_nothing(caplog: pytest.LogCapture
     assert proposal["changed"] == {"chunk_tokens": [256, 512], "router": ["roundrobin", "prefixaware"]}
     assert [e["event"] for e in events] == ["proposal", "dry_run", "rollback", "mark_good"]
     assert sample(registry, "tierpilot_actuations_total", result="dry_run") == 2
-    assert sample(registry, "tierpilot_tuner_dry_run") == 1
+    assert sample(registry, "tierpilot_dry_run") == 1
 
 
 def test_actuation_errors_are_reported_not_raised() -> None:

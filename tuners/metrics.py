@@ -10,11 +10,11 @@ Families (documented in docs/metrics.md, section "Tuner (tuners)"):
 - tierpilot_drift_events_total{signal}       counter: change points detected
 - tierpilot_config_info{<knob>...}           gauge 1: the configuration the target runs now
 - tierpilot_tuner_last_good_info{<knob>...}  gauge 1: the last configuration marked good
-- tierpilot_tuner_best_objective             gauge: best objective (TTFT quantile, s) of the phase
-- tierpilot_tuner_trial_objective            gauge: objective (s) of the latest finished trial
+- tierpilot_tuner_best_objective_seconds     gauge: best objective (TTFT quantile plus memory cost, s) of the phase
+- tierpilot_tuner_trial_objective_seconds    gauge: objective (s) of the latest finished trial
 - tierpilot_tuner_phase                      gauge: tuning phase number (bumps on drift)
 - tierpilot_tuner_trial_in_flight            gauge: 1 while a live trial is applied and measured
-- tierpilot_tuner_dry_run                    gauge: 1 in dry-run mode
+- tierpilot_dry_run                          gauge: 1 in dry-run mode (the one dry-run gauge of the agent)
 """
 from __future__ import annotations
 
@@ -159,9 +159,8 @@ class TunerMetrics(Collector):
                 g.add_metric(list(labels.values()), 1.0)
                 yield g
         for name, doc, value in (
-            ("tierpilot_tuner_best_objective", "Best objective (TTFT quantile, seconds) in the current phase.",
-             best),
-            ("tierpilot_tuner_trial_objective", "Objective (TTFT quantile, seconds) of the latest finished trial.",
+            ("tierpilot_tuner_best_objective_seconds", "Best objective (seconds) in the current phase.", best),
+            ("tierpilot_tuner_trial_objective_seconds", "Objective (seconds) of the latest finished trial.",
              last_trial),
         ):
             if value is not None:
@@ -172,7 +171,7 @@ class TunerMetrics(Collector):
             ("tierpilot_tuner_phase", "Tuning phase number; a new phase starts on drift.", phase),
             ("tierpilot_tuner_trial_in_flight", "1 while a live trial is applied and being measured.",
              int(in_flight)),
-            ("tierpilot_tuner_dry_run", "1 when the tuner proposes changes without applying them.",
+            ("tierpilot_dry_run", "1 when changes are proposed and validated but never applied.",
              int(dry_run)),
         ):
             g = GaugeMetricFamily(name, doc, labels=["target"])

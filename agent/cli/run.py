@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import click
 
 from agent.settings import SettingsError, load_settings
-from contracts.tier_model import AUTO_ROLE, ROLES, Snapshot, Target
+from contracts.tier_model import AUTO_ROLE, ROLES, Snapshot, Target, TierView
 
 
 def _settings(config: Path | None, **overrides):
@@ -179,6 +179,13 @@ def _fmt(v: float | None, pct: bool = False) -> str:
     return f"{v:.1%}" if pct else f"{v:,.0f}"
 
 
+def _evicted(t: TierView) -> str:
+    """Evictions with their unit; unlike units side by side, never added."""
+    parts = [f"{v:,.0f} {unit}" for unit, v in (("chunks", t.evicted_chunks), ("files", t.evicted_files),
+                                                 ("B", t.evicted_bytes)) if v is not None]
+    return ", ".join(parts) or "-"
+
+
 def render_table(snap: Snapshot) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -199,7 +206,7 @@ def render_table(snap: Snapshot) -> None:
         tiers.add_column(col)
     for t in snap.tiers:
         tiers.add_row(t.pod, t.model or "-", t.tier, t.source, _fmt(t.lookup_tokens), _fmt(t.hit_tokens),
-                      _fmt(t.hit_ratio, True), _fmt(t.cumulative_hit_ratio, True), _fmt(t.evictions),
+                      _fmt(t.hit_ratio, True), _fmt(t.cumulative_hit_ratio, True), _evicted(t),
                       _fmt(t.usage_ratio, True))
     console.print(tiers)
     pods = Table(title="Traffic and latency")

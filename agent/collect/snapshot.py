@@ -114,15 +114,17 @@ def build_snapshot(
         if pod not in io_done:
             io_done.add(pod)
             for op in ("read", "write"):
-                rows = g.buckets.get(f"l2_{op}_latency_seconds")
+                signal = f"l2_{op}_latency_seconds"
+                rows = g.buckets.get(signal)
                 if rows:
                     idle = rows[-1][1] <= 0  # no I/O in the window: lifetime buckets
                     qs = _quantiles((le, last if idle else inc) for le, inc, last in rows)
                     if qs:
-                        l2_io.append(L2IoView(pod, op, qs))  # type: ignore[arg-type]
+                        l2_io.append(L2IoView(pod, op, qs,  # type: ignore[arg-type]
+                                              _histogram_view(pod, "", rows, g.last, signal)))
         ttft = g.buckets.get("ttft_seconds")
         if ttft and model:
-            hists.append(_histogram_view(pod, model, ttft, g.last))
+            hists.append(_histogram_view(pod, model, ttft, g.last, "ttft_seconds"))
     return Snapshot(
         taken_at=taken_at, tiers=tuple(tiers), pods=tuple(p for p in pods if _has_data(p)),
         l2_io=tuple(l2_io), ttft_histograms=tuple(hists), targets=tuple(statuses),
@@ -151,7 +153,8 @@ def _tier_views(pod: str, model: str, g: SeriesGroup, kvbpt: float | None,
             lookup_tokens=t.lookup, hit_tokens=t.hit,
             hit_ratio=ratio if ratio is not None else t.hit_ratio,  # idle window: lifetime totals
             cumulative_hit_ratio=cumulative.get(t.tier),
-            evictions=t.evictions, usage_ratio=t.usage,
+            evicted_chunks=t.evicted_chunks, evicted_files=t.evicted_files, evicted_bytes=t.evicted_bytes,
+            usage_ratio=t.usage,
         ))
     return out
 
@@ -184,8 +187,8 @@ def _pod_view(pod: str, model: str, g: SeriesGroup, kvbpt: float | None) -> PodV
 
 
 def _histogram_view(pod: str, model: str, rows: list[tuple[float, float, float]],
-                    last: Mapping[str, float]) -> HistogramView:
+                    last: Mapping[str, float], signal: str) -> HistogramView:
     bounds = tuple(le for le, _, _ in rows if le != math.inf)
     counts = tuple(cum for _, _, cum in rows)
-    return HistogramView(pod, model, bounds, counts, last.get("ttft_seconds:sum", 0.0),
-                         last.get("ttft_seconds:count", counts[-1] if counts else 0.0))
+    return HistogramView(pod, model, bounds, counts, last.get(f"{signal}:sum", 0.0),
+                         last.get(f"{signal}:count", counts[-1] if counts else 0.0))

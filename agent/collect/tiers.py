@@ -38,7 +38,9 @@ class TierCounts:
     source: str
     lookup: float | None = None
     hit: float | None = None
-    evictions: float | None = None
+    evicted_chunks: float | None = None
+    evicted_files: float | None = None
+    evicted_bytes: float | None = None
     usage: float | None = None
     hit_ratio_gauge: float | None = None  # only when no counters exist (vLLM V0 hit-rate gauge)
 
@@ -113,28 +115,26 @@ def derive_tiers(
         out["cpu"] = TierCounts("cpu", src, c_lookup, c_hit)
         if l2 is not None:
             out["l2"] = TierCounts("l2", src, l2[0], l2[1])
-    # evictions and usage
-    cpu_usage = values.get("cpu_usage_ratio")
-    if cpu_usage is None and "cpu_used_bytes" in values and cpu_capacity_bytes:
-        cpu_usage = values["cpu_used_bytes"] / cpu_capacity_bytes
+    # evictions (by unit: LMCache chunks, Curvine files and bytes; never added together) and usage
     l2_usage = None
     if "l2_used_bytes" in values and values.get("l2_capacity_bytes", 0) > 0:
         l2_usage = values["l2_used_bytes"] / values["l2_capacity_bytes"]
-    for tier, evictions, usage, usage_src in (
-        ("cpu", values.get("cpu_evictions"), cpu_usage,
-         sources.get("cpu_usage_ratio") or sources.get("cpu_used_bytes") or sources.get("cpu_evictions")),
-        ("l2", values.get("l2_evictions"), l2_usage,
-         sources.get("l2_used_bytes") or sources.get("l2_evictions")),
+    cpu_usage = values.get("cpu_usage_ratio")
+    if cpu_usage is None and "cpu_used_bytes" in values and cpu_capacity_bytes:
+        cpu_usage = values["cpu_used_bytes"] / cpu_capacity_bytes
+    for tier, evicted, usage, usage_src in (
+        ("cpu", (values.get("cpu_evicted_chunks"), None, None), cpu_usage,
+         sources.get("cpu_usage_ratio") or sources.get("cpu_used_bytes") or sources.get("cpu_evicted_chunks")),
+        ("l2", (values.get("l2_evicted_chunks"), values.get("l2_evicted_files"), values.get("l2_evicted_bytes")),
+         l2_usage, sources.get("l2_used_bytes") or sources.get("l2_evicted_chunks")
+         or sources.get("l2_evicted_files") or sources.get("l2_evicted_bytes")),
     ):
-        if evictions is None and usage is None:
+        if all(v is None for v in evicted) and usage is None:
             continue
-        cur = out.get(tier)
-        if cur is None:
-            out[tier] = TierCounts(tier, usage_src or "", evictions=evictions, usage=_clip(usage))  # type: ignore[arg-type]
-        else:
-            out[tier] = TierCounts(
-                cur.tier, cur.source, cur.lookup, cur.hit, evictions=evictions, usage=_clip(usage),
-            )
+        chunks, files, nbytes = evicted
+        cur = out.get(tier) or TierCounts(tier, usage_src or "")  # type: ignore[arg-type]
+        out[tier] = TierCounts(cur.tier, cur.source, cur.lookup, cur.hit, evicted_chunks=chunks,
+                               evicted_files=files, evicted_bytes=nbytes, usage=_clip(usage))
     return [out[t] for t in TIERS if t in out]
 
 

@@ -79,7 +79,8 @@ class ActuationCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self.metrics.snapshot()
         results = CounterMetricFamily(
-            "tierpilot_k8s_actuations", "Kubernetes actuation attempts by target object, operation and result.",
+            "tierpilot_k8s_object_writes",
+            "Writes to each Kubernetes object by operation and result (one tuner actuation writes several).",
             labels=["target", "operation", "result"])
         for (target, op, res), n in sorted(snap["results"].items()):  # type: ignore[attr-defined]
             results.add_metric([target, op, res], n)
@@ -110,7 +111,7 @@ class ActuationCollector(Collector):
             became.add_metric([identity], snap["became_leader"].get(identity, 0))  # type: ignore[attr-defined]
         yield leader
         yield became
-        yield GaugeMetricFamily("tierpilot_dry_run", "1 when global dry-run is on (changes are proposed only).",
-                                value=1.0 if self.metrics.dry_run else 0.0)
+        # dry-run is served once, by the tuner's metrics (`tierpilot_dry_run{target}`), which the
+        # agent registers beside this collector with the same effective setting
         yield CounterMetricFamily("tierpilot_k8s_event_failures", "Kubernetes Events that could not be recorded.",
                                   value=self.metrics.event_failures())

@@ -13,6 +13,7 @@ from pathlib import Path
 from dashboards import alert_rules, health, overview, tuner
 from dashboards.grafana import Dashboard
 from dashboards.rulefile import prometheus_rule, rules_document, to_yaml
+from dashboards.sdk import dashboard_json
 from dashboards.settings import BuildSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +40,7 @@ def dashboards(settings: BuildSettings) -> tuple[Dashboard, ...]:
 
 
 def render_dashboard(d: Dashboard) -> str:
-    return json.dumps(d.to_json(), indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+    return json.dumps(dashboard_json(d), indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
 def render_all(settings: BuildSettings) -> dict[Path, str]:

@@ -1,8 +1,9 @@
-"""A small, typed builder for Grafana dashboard JSON.
+"""Dashboard declarations: frozen records (`Dashboard`, `Panel`, `Query`, `Annotation`, `Variable`).
 
-Dashboards are declared as frozen records (`Dashboard`, `Panel`, `Query`, `Annotation`) and turned
-into importable Grafana JSON by `Dashboard.to_json()`, a pure function. Every panel and every query
-points at the `${datasource}` template variable, so one JSON file works against any Prometheus.
+The catalogue check, the live tests and the PNG renderer read these records;
+`dashboards.sdk.dashboard_json()` turns them into importable Grafana JSON with Grafana's typed
+builders (`grafana-foundation-sdk`), and dashboards/schema.py validates that JSON against the
+SDK's models.
 
 Panels are laid out left to right in Grafana's 24-column grid, wrapping to a new line when a panel
 does not fit, so declaring them in reading order is all the layout there is.
@@ -10,12 +11,9 @@ does not fit, so declaring them in reading order is all the layout there is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-SCHEMA_VERSION = 39
 GRID_COLUMNS = 24
-DATASOURCE_VARIABLE = "datasource"
-DATASOURCE_REF: dict[str, str] = {"type": "prometheus", "uid": f"${{{DATASOURCE_VARIABLE}}}"}
 
 PanelKind = Literal["timeseries", "stat", "table", "bargauge"]
 PANEL_KINDS: tuple[str, ...] = ("timeseries", "stat", "table", "bargauge")
@@ -127,31 +125,6 @@ class Dashboard:
         if duplicates:
             raise DashboardError(f"dashboard {self.uid!r}: duplicate panel titles {duplicates}")
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "uid": self.uid,
-            "title": self.title,
-            "description": self.description,
-            "tags": list(self.tags),
-            "timezone": "browser",
-            "editable": True,
-            "graphTooltip": 1,
-            "schemaVersion": SCHEMA_VERSION,
-            "version": 1,
-            "time": {"from": self.time_from, "to": "now"},
-            "refresh": self.refresh,
-            "fiscalYearStartMonth": 0,
-            "liveNow": False,
-            "links": [
-                {"title": title, "type": "dashboards", "tags": [tag], "asDropdown": False,
-                 "includeVars": True, "keepTime": True}
-                for title, tag in self.links
-            ],
-            "templating": {"list": [_datasource_variable()] + [_query_variable(v) for v in self.variables]},
-            "annotations": {"list": [_builtin_annotation()] + [_annotation(a) for a in self.annotations]},
-            "panels": [_panel(p, i + 1, pos) for i, (p, pos) in enumerate(zip(self.panels, layout(self.panels)))],
-        }
-
 
 def layout(panels: tuple[Panel, ...]) -> list[dict[str, int]]:
     """Grid positions, filling rows left to right; a row is as tall as its tallest panel."""
@@ -164,163 +137,3 @@ def layout(panels: tuple[Panel, ...]) -> list[dict[str, int]]:
         x += p.width
         row_height = max(row_height, p.height)
     return positions
-
-
-def _datasource_variable() -> dict[str, Any]:
-    return {
-        "name": DATASOURCE_VARIABLE,
-        "label": "Data source",
-        "type": "datasource",
-        "query": "prometheus",
-        "current": {},
-        "hide": 0,
-        "refresh": 1,
-        "regex": "",
-        "includeAll": False,
-        "multi": False,
-        "options": [],
-    }
-
-
-def _query_variable(v: Variable) -> dict[str, Any]:
-    return {
-        "name": v.name,
-        "label": v.name.capitalize(),
-        "type": "query",
-        "datasource": dict(DATASOURCE_REF),
-        "query": v.query,
-        "definition": v.query,
-        "refresh": 2,
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "hide": 0,
-        "sort": 1,
-        "regex": "",
-        "options": [],
-    }
-
-
-def _builtin_annotation() -> dict[str, Any]:
-    return {
-        "builtIn": 1,
-        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-        "enable": True,
-        "hide": True,
-        "iconColor": "rgba(0, 211, 255, 1)",
-        "name": "Annotations & Alerts",
-        "type": "dashboard",
-    }
-
-
-def _annotation(a: Annotation) -> dict[str, Any]:
-    return {
-        "name": a.name,
-        "datasource": dict(DATASOURCE_REF),
-        "enable": True,
-        "hide": False,
-        "iconColor": a.color,
-        "expr": a.expr,
-        "step": a.step,
-        "titleFormat": a.title,
-        "textFormat": a.text,
-        "useValueForTime": False,
-    }
-
-
-def _target(q: Query, ref_id: str) -> dict[str, Any]:
-    return {
-        "refId": ref_id,
-        "datasource": dict(DATASOURCE_REF),
-        "expr": q.expr,
-        "legendFormat": q.legend or "__auto",
-        "range": not q.instant,
-        "instant": q.instant,
-        "format": q.format,
-        "editorMode": "code",
-    }
-
-
-def _field_defaults(p: Panel) -> dict[str, Any]:
-    steps = p.thresholds or (Threshold("green"),)
-    defaults: dict[str, Any] = {
-        "unit": p.unit,
-        "color": {"mode": "palette-classic" if p.kind == "timeseries" else "thresholds"},
-        "thresholds": {"mode": "absolute", "steps": [{"color": s.color, "value": s.value} for s in steps]},
-        "mappings": [],
-    }
-    for key in ("min", "max", "decimals"):
-        value = getattr(p, key)
-        if value is not None:
-            defaults[key] = value
-    if p.kind == "timeseries":
-        defaults["custom"] = {
-            "drawStyle": "line",
-            "lineWidth": 2,
-            "fillOpacity": 10 if p.stack else 0,
-            "showPoints": "always" if p.draw_points else "auto",
-            "pointSize": 6,
-            "spanNulls": False,
-            "stacking": {"mode": "normal" if p.stack else "none", "group": "A"},
-            "thresholdsStyle": {"mode": "line+area" if p.show_thresholds_as_line else "off"},
-            "axisSoftMin": p.min if p.min is not None else None,
-        }
-        defaults["custom"] = {k: v for k, v in defaults["custom"].items() if v is not None}
-    if p.kind == "table":
-        defaults["custom"] = {"align": "auto", "cellOptions": {"type": "auto"}}
-    return defaults
-
-
-def _options(p: Panel) -> dict[str, Any]:
-    if p.kind == "timeseries":
-        return {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
-                           "calcs": ["lastNotNull", "max"]},
-                "tooltip": {"mode": "multi", "sort": "desc"}}
-    if p.kind == "stat":
-        return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                "colorMode": "value", "graphMode": "area", "justifyMode": "auto", "orientation": "auto",
-                "textMode": "auto"}
-    if p.kind == "bargauge":
-        return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True}
-    return {"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"]}}
-
-
-def _transformations(p: Panel) -> list[dict[str, Any]]:
-    if p.kind != "table":
-        return []
-    exclude = {"Time": True}
-    if len(p.queries) == 1:
-        exclude["Value"] = not p.columns or "Value" not in p.columns
-    order = {name: i for i, name in enumerate(p.columns)}
-    return [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {"excludeByName": exclude, "indexByName": order,
-                                       "renameByName": dict(p.column_names)}},
-    ]
-
-
-def _overrides(p: Panel) -> list[dict[str, Any]]:
-    return [
-        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
-        for name, unit in p.column_units
-    ]
-
-
-def _panel(p: Panel, panel_id: int, pos: dict[str, int]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": panel_id,
-        "type": p.kind,
-        "title": p.title,
-        "description": p.description,
-        "datasource": dict(DATASOURCE_REF),
-        "gridPos": pos,
-        "fieldConfig": {"defaults": _field_defaults(p), "overrides": _overrides(p)},
-        "options": _options(p),
-        "targets": [_target(q, chr(ord("A") + i)) for i, q in enumerate(p.queries)],
-    }
-    transformations = _transformations(p)
-    if transformations:
-        out["transformations"] = transformations
-    return out

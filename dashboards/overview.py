@@ -187,7 +187,7 @@ def _pod_table_queries(settings: BuildSettings) -> tuple[str, ...]:
     return (
         *(f"max by (pod, model) (tierpilot_kv_hit_ratio{selector(eq('tier', t))})" for t in TIERS),
         f"max by (pod, model) (tierpilot_kv_cumulative_hit_ratio{selector()})",
-        histogram_quantile("tierpilot_ttft_seconds", q, by="pod, model"),
+        f"max by (pod, model) ({histogram_quantile('tierpilot_ttft_seconds', q, by='pod, model')})",
         f"max by (pod, model) (tierpilot_kv_usage_ratio{selector(eq('tier', 'gpu'))})",
         f"max by (pod, model) (tierpilot_kv_usage_ratio{selector(eq('tier', 'cpu'))})",
     )

@@ -130,7 +130,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusS
                 workdir = tmp_path_factory.mktemp("prom")
                 with run_prometheus([address], workdir, job=SETTINGS.alerts.agent_job,
                                     rule_files=[build.REPO_ROOT / build.RULES_FILE]) as prom:
-                    prom.wait_for("tierpilot_ttft_seconds", timeout=30)
+                    prom.wait_for("tierpilot_ttft_seconds_bucket", timeout=30)
                     # changes the annotations mark, after Prometheus has seen the counters at rest
                     tuner.actuation("applied")
                     tuner.actuation("rolled_back")

@@ -56,7 +56,7 @@ def test_render_overview_writes_one_png_per_panel_and_a_sheet(tmp_path):
     dashboard = overview.build(BuildSettings())
     paths = render_dashboard(dashboard, source, tmp_path, 1_700_000_000, 1_700_003_600, scrape_interval=15)
     assert len(paths) == len(dashboard.panels) + 1
-    assert paths[0].name == "01-cumulative-hit-ratio.png"
+    assert paths[0].name == "01-total-hit-ratio.png"
     assert paths[-1].name == "tierpilot-overview.png"
     for p in paths:
         assert p.read_bytes()[:8] == PNG and p.stat().st_size > 5_000, p

@@ -17,12 +17,13 @@ from dashboards.catalog import (
 )
 from dashboards.grafana import DashboardError, Panel, Query, layout
 from dashboards.promql import expand, metric_names, selector
+from dashboards.sdk import dashboard_json
 from dashboards.settings import BuildSettings
 from tests.conftest import REPO_ROOT
 
 SETTINGS = BuildSettings()
 DASHBOARDS = build.dashboards(SETTINGS)
-JSON = [d.to_json() for d in DASHBOARDS]
+JSON = [dashboard_json(d) for d in DASHBOARDS]
 VARIABLE_REF = re.compile(r"\$\{?(\w+)")
 
 
@@ -47,7 +48,7 @@ def test_every_panel_has_a_unit_and_uses_the_datasource_variable():
             for t in p["targets"]:
                 assert t["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
                 assert t["expr"].strip(), where
-        for a in j["annotations"]["list"][1:]:
+        for a in j["annotations"]["list"]:
             assert a["datasource"]["uid"] == "${datasource}", a["name"]
         for v in j["templating"]["list"][1:]:
             assert v["datasource"]["uid"] == "${datasource}", v["name"]
@@ -76,7 +77,7 @@ def test_overview_has_every_panel_the_issue_asks_for():
 
 def test_tuner_dashboard_marks_applies_rollbacks_and_drift():
     tuner = JSON[1]
-    names = [a["name"] for a in tuner["annotations"]["list"][1:]]
+    names = [a["name"] for a in tuner["annotations"]["list"]]
     assert names == ["Applies", "Rollbacks", "Drift"]
     config = next(p for p in tuner["panels"] if p["title"] == "Current configuration")
     order = config["transformations"][1]["options"]["indexByName"]
@@ -128,3 +129,32 @@ def test_panel_without_unit_or_query_is_rejected():
         Panel("x", "stat", "s", ())
     with pytest.raises(DashboardError, match="kind 'pie'"):
         Panel("x", "pie", "s", (Query("up"),))  # type: ignore[arg-type]
+
+
+def test_every_dashboard_validates_against_the_grafana_sdk_schema():
+    from dashboards.schema import problems
+
+    for j in JSON:
+        assert problems(j) == [], j["uid"]
+
+
+def test_the_schema_check_can_fail():
+    import copy
+
+    from dashboards.schema import problems
+
+    bad = copy.deepcopy(JSON[0])
+    bad["panels"][0]["options"]["graphMode"] = "sparkle"  # not a BigValueGraphMode
+    bad["panels"][0]["gridPos"]["w"] = "wide"  # not an int
+    bad["panels"][1]["fieldConfig"]["defaults"]["colour"] = {"mode": "thresholds"}  # misspelt field
+    found = problems(bad)
+    assert any("graph_mode: 'sparkle'" in f for f in found), found
+    assert any("grid_pos.w: 'wide'" in f for f in found), found
+    assert "dashboard.panels[1].fieldConfig.defaults.colour: not in the schema" in found
+
+
+def test_headline_hit_ratio_uses_the_deepest_tier_present():
+    """No "no data" without an L2: the stat takes each pod's maximum cumulative ratio over its tiers."""
+    stat = next(p for p in DASHBOARDS[0].panels if p.title == "Total hit ratio")
+    (q,) = stat.queries
+    assert 'tier="l2"' not in q.expr and "max by (namespace, pod, model)" in q.expr

@@ -64,7 +64,7 @@ def test_lmcache_mp_l2_evictions_use_the_otel_wire_name():
     # instrument lmcache_mp.l2_evicted_objects, unit chunks -> ..._objects_chunks_total on /metrics
     target = Target("http://l/metrics", "lmcache", "v0")
     out = normalise(target, parse(fixture("lmcache_mp.om"), MAPPINGS.wanted["lmcache"]), MAPPINGS)
-    assert [s.value for s in out.signals if s.name == "l2_evictions"] == [7.0]
+    assert [s.value for s in out.signals if s.name == "l2_evicted_chunks"] == [7.0]
 
 
 def test_vllm_router_metrics_from_the_real_binary_are_mapped():

@@ -13,6 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 TIER_RANK = {"gpu": 0, "cpu": 1, "l2": 2}
 COUNTERS = ("tierpilot_kv_lookup_tokens", "tierpilot_kv_hit_tokens", "tierpilot_kv_evictions")
+# The exported eviction families, by unit, read into the one "tierpilot_kv_evictions" key the twin's
+# truth is counted in: the emulated LMCache writes one L2 file per chunk, so here files are chunks.
+EVICTION_FAMILIES = ("tierpilot_kv_evicted_chunks", "tierpilot_kv_evicted_files")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +60,14 @@ def parse_agent_export(text: str) -> AgentExport:
                 rank = TIER_RANK.get(lab.get("tier", ""), -1)
                 if rank >= cumulative.get(pod, (-1, 0.0))[0]:
                     cumulative[pod] = (rank, v)
-            elif s.name == "tierpilot_ttft_seconds":
+            elif s.name == "tierpilot_ttft_quantile_seconds":
                 ttft[(pod, lab.get("quantile", ""))] = v
-            elif s.name == "tierpilot_l2_io_latency_seconds" and lab.get("op") == "read":
+            elif s.name == "tierpilot_l2_io_latency_quantile_seconds" and lab.get("op") == "read":
                 l2[(pod, lab.get("quantile", ""))] = v
-            elif s.name.endswith("_total") and s.name[: -len("_total")] in COUNTERS:
-                key = (s.name[: -len("_total")], pod, lab.get("tier", ""))
+            elif s.name.endswith("_total") and s.name[: -len("_total")] in COUNTERS + EVICTION_FAMILIES:
+                family = s.name[: -len("_total")]
+                family = "tierpilot_kv_evictions" if family in EVICTION_FAMILIES else family
+                key = (family, pod, lab.get("tier", ""))
                 counters[key] = counters.get(key, 0.0) + v
             elif s.name == "tierpilot_kv_workload_overlap_ratio":
                 overlap = v

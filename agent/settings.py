@@ -304,6 +304,15 @@ class ActuationSection(_Frozen):
     identity: str | None = Field(None, description="default: $POD_NAME, else the host name")
 
 
+class ExportSettings(_Frozen):
+    """`export:` who serves the fleet series when several replicas scrape the same targets."""
+
+    fleet: Literal["all", "leader"] = Field(
+        "all", description="all: this replica serves every series; leader: only the Lease holder serves the "
+                           "fleet series (tier, TTFT, per-target health, KV events), every replica its own "
+                           "agent series, so replicas scraping the same targets are not counted twice")
+
+
 class AgentSettings(BaseSettings):
     """All agent settings. Build with `load_settings`."""
 
@@ -322,6 +331,7 @@ class AgentSettings(BaseSettings):
         "scrape", description="scrape: fetch every target's /metrics; prometheus: query `prometheus.url`")
     prometheus: PrometheusSourceSettings = PrometheusSourceSettings()
     shard: ShardSettings = ShardSettings()
+    export: ExportSettings = ExportSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     kv_events: KvEventsSection = KvEventsSection()
     tuner: TunerSection = TunerSection()

@@ -22,6 +22,10 @@ RULES_FILE = Path("dashboards/alerts/tierpilot.rules.yaml")
 PROMETHEUS_RULE_DIR = Path("deploy/prometheusrule")
 PROMETHEUS_RULE_FILE = PROMETHEUS_RULE_DIR / "prometheusrule.yaml"
 KUSTOMIZATION_FILE = PROMETHEUS_RULE_DIR / "kustomization.yaml"
+# The Helm chart ships copies (Helm reads only files inside the chart folder): byte for byte the same.
+CHART_FILES = Path("deploy/helm/tierpilot/files")
+CHART_DASHBOARD_DIR = CHART_FILES / "dashboards"
+CHART_RULES_FILE = CHART_FILES / "tierpilot.rules.yaml"
 
 BUILDERS: tuple[Callable[[BuildSettings], Dashboard], ...] = (overview.build, tuner.build, health.build)
 
@@ -55,6 +59,9 @@ def render_all(settings: BuildSettings) -> dict[Path, str]:
     files[KUSTOMIZATION_FILE] = to_yaml(
         {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
          "resources": [PROMETHEUS_RULE_FILE.name]}, HEADER)
+    for rel in [p for p in files if p.parent == DASHBOARD_DIR]:
+        files[CHART_DASHBOARD_DIR / rel.name] = files[rel]
+    files[CHART_RULES_FILE] = files[RULES_FILE]
     return files
 
 
@@ -66,9 +73,10 @@ def write(root: Path, settings: BuildSettings) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
-    for stale in sorted((root / DASHBOARD_DIR).glob("*.json")):
-        if stale.relative_to(root) not in files:
-            stale.unlink()
+    for folder in (DASHBOARD_DIR, CHART_DASHBOARD_DIR):
+        for stale in sorted((root / folder).glob("*.json")):
+            if stale.relative_to(root) not in files:
+                stale.unlink()
     return sorted(files)
 
 
@@ -79,5 +87,6 @@ def check(root: Path, settings: BuildSettings) -> list[Drift]:
     drift += [Drift(rel, "differs from the source") for rel, text in files.items()
               if (root / rel).exists() and (root / rel).read_text() != text]
     drift += [Drift(p.relative_to(root), "not produced by the source")
-              for p in sorted((root / DASHBOARD_DIR).glob("*.json")) if p.relative_to(root) not in files]
+              for folder in (DASHBOARD_DIR, CHART_DASHBOARD_DIR)
+              for p in sorted((root / folder).glob("*.json")) if p.relative_to(root) not in files]
     return drift

@@ -1,0 +1,88 @@
+{{/* Names and labels. */}}
+{{- define "tierpilot.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tierpilot.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "tierpilot.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "tierpilot.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tierpilot.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "tierpilot.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: tierpilot
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The agent pods. */}}
+{{- define "tierpilot.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tierpilot.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "tierpilot.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tierpilot.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tierpilot.discoveryNamespace" -}}
+{{- default .Release.Namespace .Values.discovery.kubernetes.namespace -}}
+{{- end -}}
+
+{{- define "tierpilot.leaseName" -}}
+{{- printf "%s-leader" (include "tierpilot.fullname" .) -}}
+{{- end -}}
+
+{{/* Is a Lease needed: the tuner elects a leader, or only the leader exports the fleet series. */}}
+{{- define "tierpilot.leaseNeeded" -}}
+{{- if and .Values.actuation.leaderElection (or .Values.tuner.enabled (eq .Values.export.fleet "leader")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Secret name and key holding the study storage DSN ("" when the study is on a PVC). */}}
+{{- define "tierpilot.storageSecret" -}}
+{{- if and .Values.tuner.enabled (eq .Values.tuner.storage.type "postgresql") -}}
+{{- if .Values.postgresql.enabled -}}
+{{- printf "%s-postgresql" (include "tierpilot.fullname" .) -}}
+{{- else if .Values.tuner.storage.existingSecret -}}
+{{- .Values.tuner.storage.existingSecret -}}
+{{- else -}}
+{{- fail "tuner.storage.type=postgresql needs tuner.storage.existingSecret (a Secret with the DSN) or postgresql.enabled=true; or use tuner.storage.type=sqlite with replicaCount: 1" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Role rules over the actuation targets, derived as agent/k8s/rbac.py does: get/patch/watch on
+each target by name, get/patch on each workload a change restarts. tests/test_helm_chart.py compares
+the result with required_rules() for every target kind.
+*/}}
+{{- define "tierpilot.targetRules" -}}
+{{- $kinds := dict "deployment-env" (list "apps" "deployments") "lmcache-configmap" (list "" "configmaps") "router-configmap" (list "" "configmaps") "curvine-configmap" (list "" "configmaps") "hyperpod-iec" (list "inference.sagemaker.aws.amazon.com" "inferenceendpointconfigs") -}}
+{{- $workloads := dict "Deployment" (list "apps" "deployments") "StatefulSet" (list "apps" "statefulsets") -}}
+{{- range .Values.actuation.targets }}
+{{- $r := get $kinds .kind | required (printf "actuation.targets: unknown kind %q (valid: %s)" .kind (keys $kinds | sortAlpha | join ", ")) }}
+- apiGroups: [{{ index $r 0 | quote }}]
+  resources: [{{ index $r 1 }}]
+  resourceNames: [{{ .name | quote }}]
+  verbs: [get, patch, watch]
+{{- range .restart }}
+{{- $w := get $workloads .kind | required (printf "actuation.targets restart: unknown kind %q (valid: Deployment, StatefulSet)" .kind) }}
+- apiGroups: [{{ index $w 0 | quote }}]
+  resources: [{{ index $w 1 }}]
+  resourceNames: [{{ .name | quote }}]
+  verbs: [get, patch]
+{{- end }}
+{{- end }}
+{{- end -}}

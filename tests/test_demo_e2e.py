@@ -82,3 +82,19 @@ def test_ctrl_c_stops_everything_and_writes_the_partial_report(tmp_path: Path) -
     assert (tmp_path / "ttft_p95.png").exists() and demo.recorder.timeline
     assert _closed(result.agent_url) and all(_closed(p.vllm_endpoint.url) for p in demo.cluster.pods.values())
     assert not demo.driver._thread.is_alive()
+
+
+def test_report_has_the_agent_accuracy_table(demo_run) -> None:
+    demo, result = demo_run
+    report = result.report_path.read_text()
+    section = report.split("## Agent accuracy", 1)[1].split("\n## ", 1)[0]
+    assert "| signal | steady median | steady p95 | restarts median | restarts p95 |" in section
+    for signal in ("GPU hit ratio", "cumulative hit ratio", "TTFT p95", "L2 read latency p95", "CPU evictions rate",
+                   "GPU lookup token rate", "L2 hit token rate", "KV-event overlap", "KV miss share: cold"):
+        assert f"\n| {signal} |" in section, signal
+    # the run applied configurations (rolling restarts), so both columns have samples
+    assert any(d.kind == "restart" for d in demo.recorder.disturbances)
+    gpu = next(line for line in section.splitlines() if line.startswith("| GPU hit ratio |"))
+    assert "n/a" not in gpu, gpu
+    # the live view compares like with like: the truth aggregated as the agent's values are
+    assert any(p.truth_like_agent.get("gpu") is not None for p in demo.recorder.timeline)

@@ -61,6 +61,9 @@ class TimelinePoint:
     agent_ttft_p95_s: float | None = None  # what the agent exported, for comparison
     agent_cumulative_hit_ratio: float | None = None
     agent_tier_hit_ratios: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The truth aggregated as the agent's values are above (unweighted mean over pods of each
+    # pod's truth, over the agent's window): "gpu", "cpu", "l2", "cumulative", "ttft_p95".
+    truth_like_agent: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

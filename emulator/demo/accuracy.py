@@ -168,6 +168,22 @@ def _bias(by_pod: dict[str, list[Served]], rows: Sequence[Served],
     return out
 
 
+def pod_mean_truth(rows: Sequence[Served]) -> dict[str, float]:
+    """The truth aggregated the way the live view aggregates the agent's per-pod values: the
+    unweighted mean over pods of each pod's ratio and TTFT p95 ("gpu", "cpu", "l2", "cumulative",
+    "ttft_p95"; keys without data are absent). Like with like, for the console."""
+    pods = [window_stats(p) for p in _pod_rows(rows).values()]
+    values = {t: [p.hit_ratio[t] for p in pods] for t in ("gpu", "cpu", "l2")}
+    values["cumulative"] = [p.cumulative_hit_ratio for p in pods]
+    values["ttft_p95"] = [p.ttft_p95_s for p in pods]
+    out = {}
+    for key, xs in values.items():
+        finite = [x for x in xs if math.isfinite(x)]
+        if finite:
+            out[key] = sum(finite) / len(finite)
+    return out
+
+
 def _truth_counts(rows: Iterable[Served]) -> dict[tuple[str, str, str], float]:
     """(family, pod, tier) -> tokens, as the agent's lookup/hit token counters count them."""
     out: dict[tuple[str, str, str], float] = {}

@@ -34,18 +34,25 @@ def render_view(recorder: Recorder, *, knobs: Knobs, status: str, wall_s: float,
                          (f"  cluster {point.trace_s / 60:4.1f} min" if point else "", "dim"),
                          (f"  phase {point.phase + 1}" if point else "", "magenta"),
                          (f"  {agent_url}", "dim"))
-    tiers = Table(title="KV-cache tiers (sliding window)", expand=True, box=box.SIMPLE_HEAD, padding=(0, 1))
+    # Like with like: the agent's values are per pod over its window, averaged over pods here, so
+    # "truth" is the same aggregate of each pod's truth over the same window; "fleet" is the
+    # token-weighted fleet truth over the recorder's (longer) sliding window.
+    tiers = Table(title="KV-cache tiers (mean over pods, agent window)", expand=True, box=box.SIMPLE_HEAD,
+                  padding=(0, 1))
     tiers.add_column("signal", no_wrap=True)
     tiers.add_column("truth", justify="right")
     tiers.add_column("agent", justify="right")
+    tiers.add_column("fleet", justify="right", style="dim")
     if point:
+        like = point.truth_like_agent
         for tier in TIERS:
-            tiers.add_row(f"{tier.upper()} hit ratio", _pct(point.stats.hit_ratio[tier]),
-                          _pct(point.agent_tier_hit_ratios.get(tier)))
-        tiers.add_row("cumulative hit", _pct(point.stats.cumulative_hit_ratio),
-                      _pct(point.agent_cumulative_hit_ratio))
-        tiers.add_row("TTFT p95", _ms(point.stats.ttft_p95_s), _ms(point.agent_ttft_p95_s))
-        tiers.add_row("TTFT p50", _ms(point.stats.ttft_p50_s), "")
+            tiers.add_row(f"{tier.upper()} hit ratio", _pct(like.get(tier)),
+                          _pct(point.agent_tier_hit_ratios.get(tier)), _pct(point.stats.hit_ratio[tier]))
+        tiers.add_row("cumulative hit", _pct(like.get("cumulative")), _pct(point.agent_cumulative_hit_ratio),
+                      _pct(point.stats.cumulative_hit_ratio))
+        tiers.add_row("TTFT p95", _ms(like.get("ttft_p95")), _ms(point.agent_ttft_p95_s),
+                      _ms(point.stats.ttft_p95_s))
+        tiers.add_row("TTFT p50", "", "", _ms(point.stats.ttft_p50_s))
     config = Table(title="current configuration", expand=True, show_header=False, box=box.SIMPLE,
                    padding=(0, 1))
     config.add_column("knob", no_wrap=True)

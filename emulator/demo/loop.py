@@ -25,16 +25,19 @@ from rich.live import Live
 from agent.kvevents import EndpointSpec
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from contracts.tier_model import Target
+from emulator.cluster.catalogue import CURVINE_IO_US_BUCKETS
 from emulator.cluster.driver import ScaledRealtimeDriver
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
 from emulator.cluster.local_actuator import LocalActuator
 from emulator.cluster.pod_metrics import PodIdentity
-from emulator.cluster.timeline import DemoEvent, PhaseVerdict, Recorder, TimelinePoint
+from emulator.cluster.timeline import DemoEvent, Disturbance, PhaseVerdict, Recorder, TimelinePoint
 from emulator.cluster.twin_adapter import TwinPortAdapter
+from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
+from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import render_view
-from emulator.demo.probe import probe_agent
+from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import verdict_lines, write_report
 from emulator.demo.settings import DemoSettings
 from emulator.demo.tuning_setup import DRIFT_SIGNALS_WINDOW_S, build_tuning
@@ -61,6 +64,7 @@ REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=40
 DEMO_TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
                                                                         10.0, 20.0, 40.0, 80.0)
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
+L2_BOUNDS_S = tuple(b / 1e6 for b in CURVINE_IO_US_BUCKETS)  # Curvine FUSE read latency buckets, seconds
 STATE_EVENTS = {"drift": "drift", "trial_started": "apply", "rolled_back": "rollback", "improved": "keep",
                 "told": "trial", "baseline_done": "info", "failed": "error", "rejected": "error",
                 "dry_run": "trial", "stopped": "error"}
@@ -155,8 +159,10 @@ class Demo:
             self.port, self.cluster, self.recorder, time_scale=self.scale,
             phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self.kv_sink.flush_step)
         self.cluster.on_restart(self._restart_publisher)
+        self.accuracy = AccuracyMeter(DRIFT_SIGNALS_WINDOW_S, self.recorder.served_between, self.recorder.evictions_at,
+                                      ttft_bounds=DEMO_TTFT_BUCKETS, l2_bounds_s=L2_BOUNDS_S)
 
-        self.actuator = LocalActuator(self.cluster, reconfigure=self.driver.reconfigure, dry_run=s.dry_run,
+        self.actuator = LocalActuator(self.cluster, reconfigure=self._reconfigure, dry_run=s.dry_run,
                                       state_file=s.report_dir / "last-good.yaml")
         self.tuner_metrics = TunerMetrics(target="demo")
         targets = [Target(url=t["url"], role=t["role"], pod=t["pod"]) for t in self.cluster.targets()]
@@ -180,6 +186,11 @@ class Demo:
         with self.driver.lock:
             self.publishers[pod].restart()
             self.kv_sink.flush_step()
+        self.recorder.add_disturbance(Disturbance(self.driver.trace_now(), "restart", pod))
+
+    def _reconfigure(self, knobs: Knobs) -> None:
+        self.recorder.add_disturbance(Disturbance(self.driver.trace_now(), "config", ""))
+        self.driver.reconfigure(knobs)
 
     # -- recording helpers -------------------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -240,12 +251,20 @@ class Demo:
     def _sample(self) -> None:
         now = self.driver.trace_now()
         stats = self.recorder.window(now)
-        view = probe_agent(self.agent.url, timeout_s=1.0)
+        text = fetch_agent_text(self.agent.url, timeout_s=1.0)
+        view = parse_agent_view(text) if text is not None else None
+        like: dict[str, float] = {}
+        if text is not None:
+            export = parse_agent_export(text)
+            self.accuracy.observe(export)
+            if export.taken_at == export.taken_at:  # the agent's per-pod mean, over the agent's window
+                like = pod_mean_truth(self.recorder.served_between(export.taken_at - DRIFT_SIGNALS_WINDOW_S,
+                                                                   export.taken_at))
         phase = sum(1 for p in self.workload.phase_starts_s[1:] if now >= p)
         self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,
                                               view.ttft_p95_s if view else None,
                                               view.cumulative_hit_ratio if view else None,
-                                              dict(view.tier_hit_ratios) if view else {}))
+                                              dict(view.tier_hit_ratios) if view else {}, like))
         if phase >= 1 and self._boundary_knobs is None:
             self._boundary_knobs = self._tuned_now()
             self._event("phase", "the workload shifts: " + self.workload.labels[1])
@@ -337,9 +356,12 @@ class Demo:
                  "workload": f"{self.workload.frame.height} requests; " + "; ".join(self.workload.labels),
                  "requests served": str(self.driver.served), "agent export": self.agent.url,
                  "dry run": str(self.s.dry_run)}
+        margin = (2 * 0.5 + self.s.pods * self.s.restart_downtime_s) * self.scale  # scrapes + the rollout
+        accuracy = report_lines(self.accuracy.samples, list(self.recorder.disturbances),
+                                window_s=DRIFT_SIGNALS_WINDOW_S, margin_s=margin)
         path = write_report(self.s.report_dir, self.recorder, title_facts=facts,
                             phase_starts=self.workload.phase_starts_s, final_config=final.to_dict(),
-                            partial=interrupted, baseline_objective_s=default_p95)
+                            partial=interrupted, baseline_objective_s=default_p95, sections=accuracy)
         return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
                           self.driver.served)
 

@@ -46,9 +46,18 @@ def parse_agent_view(text: str) -> AgentView:
         targets_up=up, targets=total)
 
 
-def probe_agent(url: str, timeout_s: float = 2.0) -> AgentView | None:
+def fetch_agent_text(url: str, timeout_s: float = 2.0) -> str | None:
+    """The agent's `/metrics` text, or None while it does not answer."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return parse_agent_view(resp.read().decode("utf-8", "replace"))
+            return resp.read().decode("utf-8", "replace")
     except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def probe_agent(url: str, timeout_s: float = 2.0) -> AgentView | None:
+    text = fetch_agent_text(url, timeout_s)
+    try:
+        return parse_agent_view(text) if text is not None else None
+    except ValueError:
         return None

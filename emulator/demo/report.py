@@ -156,7 +156,7 @@ def verdict_lines(verdicts: Sequence[PhaseVerdict]) -> list[str]:
 
 def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str, str],
                  phase_starts: Sequence[float], final_config: dict[str, object], partial: bool,
-                 baseline_objective_s: float | None = None) -> Path:
+                 baseline_objective_s: float | None = None, sections: Sequence[str] = ()) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     points, events = list(recorder.timeline), list(recorder.events)
     plot_ttft(points, events, phase_starts, report_dir / "ttft_p95.png")
@@ -172,6 +172,8 @@ def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str,
     out += [f"{k}: {v}" for k, v in final_config.items()] + ["```", ""]
     out += ["## Charts", "", "![TTFT p95 over time](ttft_p95.png)", "",
             "![Per-tier hit ratios over time](hit_ratios.png)", "", "![Optuna history](optuna_history.png)", ""]
+    if sections:  # e.g. `## Agent accuracy`
+        out += [*sections, ""]
     out += ["## Tuner and agent events", "", "| cluster time | kind | event |", "|---:|---|---|"]
     for ev in events:
         out.append(f"| {ev.trace_s / 60:.1f} min | {ev.kind} | {ev.message.replace('|', '/')} |")

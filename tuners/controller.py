@@ -143,6 +143,7 @@ class TuningController:
             return self._hold(now)
         blocked = self.guardrails.blocked(now)
         if blocked is not None:
+            self.metrics.guardrail_block(blocked)
             return StepReport(now, self.phase, "blocked", message=blocked)
         assert self.tuner is not None
         try:

@@ -4,7 +4,9 @@
 
 - validation against the deployment limits before anything is applied;
 - one change in flight at a time;
-- a cooldown after each change and a cap on changes per rolling hour (injectable clock);
+- a cooldown after each change and a cap on changes per rolling hour, timed on a monotonic clock
+  when one is given (`monotonic=`): a wall-clock jump neither ends a cooldown early nor blocks
+  changes for the length of the jump (without it, the `now` passed in times them);
 - immediate rollback to the last good configuration (`rollback`) when `judge` finds a trial
   statistically worse (see `tuners.stats`);
 - dry-run: proposals are validated, logged and counted, the actuator is asked for a dry-run
@@ -70,12 +72,14 @@ class Guardrails:
 
     def __init__(self, actuator: Actuator, space: SearchSpace, metrics: TunerMetrics,
                  settings: GuardrailSettings = GuardrailSettings(), *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] | None = None) -> None:
         self.actuator = actuator
         self.space = space
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
+        self.monotonic = monotonic  # times cooldown and the hourly cap when given
         self.in_flight: int | None = None  # trial number currently applied and under evaluation
         self._changes: collections.deque[float] = collections.deque()
         self._last_change: float | None = None
@@ -84,7 +88,7 @@ class Guardrails:
     # -- gate --------------------------------------------------------------------------------
     def blocked(self, now: float | None = None) -> str | None:
         """Why a new change may not start now (in_flight | cooldown | hourly_cap), or None."""
-        now = self.clock() if now is None else now
+        now = self._timer(self.clock() if now is None else now)
         while self._changes and self._changes[0] <= now - HOUR_S:
             self._changes.popleft()
         if self.in_flight is not None:
@@ -96,13 +100,14 @@ class Guardrails:
         return None
 
     def next_allowed(self, now: float) -> float:
-        """Earliest time a change could start (ignoring an in-flight trial)."""
-        t = now
+        """Earliest time a change could start (ignoring an in-flight trial), on `now`'s clock."""
+        timer_now = self._timer(now)
+        t = timer_now
         if self._last_change is not None:
             t = max(t, self._last_change + self.settings.cooldown_s)
         if len(self._changes) >= self.settings.max_changes_per_hour:
             t = max(t, self._changes[-self.settings.max_changes_per_hour] + HOUR_S)
-        return t
+        return now + (t - timer_now)
 
     # -- apply -------------------------------------------------------------------------------
     def apply(self, knobs: Knobs, *, trial: int, now: float | None = None) -> ApplyOutcome:
@@ -216,9 +221,13 @@ class Guardrails:
         log_event("mark_good", trial=trial, knobs=knobs, dry_run=self.settings.dry_run)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _timer(self, now: float) -> float:
+        return self.monotonic() if self.monotonic is not None else now
+
     def _record_change(self, now: float) -> None:
-        self._changes.append(now)
-        self._last_change = now
+        t = self._timer(now)
+        self._changes.append(t)
+        self._last_change = t
 
     def _current_or_none(self) -> Knobs | None:
         try:

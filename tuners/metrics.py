@@ -33,6 +33,7 @@ ACTUATION_RESULTS: tuple[str, ...] = (
     "retriable_error", "permanent_error", "rollout_timeout", "rejected",
 )
 GUARDRAIL_REASONS: tuple[str, ...] = ("in_flight", "cooldown", "hourly_cap", "invalid")
+STEP_ERROR_KINDS: tuple[str, ...] = ("storage", "other")
 KNOB_LABELS: tuple[str, ...] = tuple(Knobs().to_dict())
 
 
@@ -50,6 +51,7 @@ class TunerMetrics(Collector):
         self._actuations: Counter[str] = Counter({r: 0 for r in ACTUATION_RESULTS})
         self._blocks: Counter[str] = Counter({r: 0 for r in GUARDRAIL_REASONS})
         self._drift: Counter[str] = Counter()
+        self._step_errors: Counter[str] = Counter({k: 0 for k in STEP_ERROR_KINDS})
         self._config: Knobs | None = None
         self._last_good: Knobs | None = None
         self._best: float | None = None
@@ -76,6 +78,13 @@ class TunerMetrics(Collector):
             raise ValueError(f"guardrail reason {reason!r}; valid: {', '.join(GUARDRAIL_REASONS)}")
         with self._lock:
             self._blocks[reason] += 1
+
+    def step_error(self, kind: str) -> None:
+        """A tuning step failed: `storage` (the study storage did not answer) or `other`."""
+        if kind not in STEP_ERROR_KINDS:
+            raise ValueError(f"step error kind {kind!r}; valid: {', '.join(STEP_ERROR_KINDS)}")
+        with self._lock:
+            self._step_errors[kind] += 1
 
     def drift_event(self, signal: str) -> None:
         with self._lock:
@@ -128,6 +137,7 @@ class TunerMetrics(Collector):
             drift, config, last_good = dict(self._drift), self._config, self._last_good
             best, phase, in_flight, dry_run = self._best, self._phase, self._in_flight, self._dry_run
             last_trial = self._last_trial
+            step_errors = dict(self._step_errors)
         t = self.target
         fam = CounterMetricFamily("tierpilot_tuner_trials", "Finished tuning trials by outcome.",
                                   labels=["target", "state"])
@@ -143,6 +153,13 @@ class TunerMetrics(Collector):
                                   "Changes held back by a guardrail, by reason.", labels=["target", "reason"])
         for reason, n in sorted(blocks.items()):
             fam.add_metric([t, reason], n)
+        yield fam
+        fam = CounterMetricFamily("tierpilot_tuner_step_errors",
+                                  "Tuning steps that failed (the trial in flight failed and was rolled back), "
+                                  "by kind: storage (the study storage did not answer) or other.",
+                                  labels=["target", "kind"])
+        for kind, n in sorted(step_errors.items()):
+            fam.add_metric([t, kind], n)
         yield fam
         fam = CounterMetricFamily("tierpilot_drift_events", "Workload change points detected, by signal.",
                                   labels=["target", "signal"])

@@ -99,6 +99,8 @@ class Runtime:
                                                         name="tierpilot-lease", daemon=True)
                 self._elector_thread.start()
                 self._started.append(self._stop_elector_thread)
+            if self.tuning is not None:  # runs after agent.stop (no more steps), before the actuator stops
+                self._started.append(self.tuning.shutdown)
             self.agent.start()
             self._started.append(self.agent.stop)
         except BaseException:
@@ -336,7 +338,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
         cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=act.dry_run,
         regression=RegressionSettings(method=g.regression.method, alpha=g.regression.alpha,
                                       min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
-                                      min_samples=g.regression.min_samples)), clock=clock)
+                                      min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic)
     objective = ObjectiveSpec(metric=t.objective)
     source = StoreWindowSource(rt.fleet_store)
     d = t.drift
@@ -360,6 +362,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
         make_controller, lambda: drift_signals(rt.fleet_store, rt.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
         clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
+    rt.agent.add_health_check("tuner", rt.tuning.health)
     log.info("tuning %s in %s: knobs %s; %s; leader election %s", t.study, act.namespace,
              ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live",
              "on" if rt.elector is not None else "off")

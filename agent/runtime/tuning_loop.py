@@ -8,18 +8,69 @@ Losing the Lease ends the term: a measurement in flight is dropped (the next lea
 restores the last good configuration) and the guardrails' in-flight slot is freed.
 The guardrails (cooldown, hourly cap) are shared across terms, so a flapping Lease cannot
 multiply changes.
+
+Every path out of a trial frees the guardrails' in-flight slot. A step that raises (the study
+storage is down, or anything unexpected) fails the trial in flight: the measurement is dropped, the
+candidate is rolled back to the last good configuration at once (through the actuator, which does
+not need the storage), the slot is freed, the failure is counted
+(`tierpilot_tuner_step_errors_total{kind="storage"|"other"}`) and shown in /healthz (`tuner`
+check), and the term ends; the next step starts a new term whose `resume` (once the storage
+answers again) marks the orphaned trial failed and re-applies the last good configuration if the
+target runs anything else. `shutdown()` (SIGTERM) does the same for a trial in flight, within a
+time budget, so the candidate never outlives the agent.
 """
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Mapping
 
+import optuna
+import sqlalchemy.exc
+
+from contracts.redact import redact_text
 from tuners.controller import StepReport, TuningController
 from tuners.guardrails import Guardrails
 
 log = logging.getLogger("tierpilot.runtime")
 QUIET_STATES = frozenset({"measuring", "holding", "blocked", "baseline", "retry"})
+STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, sqlite3.Error)
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """A fault of the optuna study storage (database down, disk full, corrupt file...)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, STORAGE_ERRORS):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost cause (`raise ... from`, else the exception being handled when it was raised):
+    optuna's StorageInternalError blames "invalid data" when the database is simply gone."""
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """`Type: first line of the root cause's message`, credentials redacted: for logs, health and
+    reports (never a traceback)."""
+    root = root_cause(exc)
+    text = [line.strip() for line in str(root).strip().splitlines() if line.strip()]
+    msg = text[0] if text else ""
+    if msg.startswith("(") and ") " in msg:  # SQLAlchemy's "(psycopg2.OperationalError) ..."
+        msg = msg.split(") ", 1)[1]
+    return redact_text(f"{type(root).__name__}: {msg}")[:limit]
 
 
 class TuningLoop:
@@ -39,6 +90,8 @@ class TuningLoop:
         self.terms = 0
         self.state = "idle"
         self.last_report: StepReport | None = None
+        self.problem: str | None = None  # why the last step failed (None: it worked)
+        self.errors: dict[str, int] = {"storage": 0, "other": 0}
         self._lock = threading.Lock()
 
     @property
@@ -54,12 +107,17 @@ class TuningLoop:
                     self._end_term("this replica lost the Lease")
                 self.state = "standby"
                 return None
-            if self.controller is None:
-                self.controller = self.make_controller()
-                self.terms += 1
-                log.info("tuning: leader term %d starts; resuming from the study storage", self.terms)
-                self.controller.resume(now)
-            report = self.controller.step(now, self.signals())
+            try:
+                if self.controller is None:
+                    self.controller = self.make_controller()
+                    self.terms += 1
+                    log.info("tuning: leader term %d starts; resuming from the study storage", self.terms)
+                    self.controller.resume(now)
+                report = self.controller.step(now, self.signals())
+            except Exception as exc:  # noqa: BLE001 - every path out of a trial must free the slot
+                report = self._step_failed(now, exc)
+            else:
+                self.problem = None
             self.state = report.state
             self.last_report = report
         level = logging.DEBUG if report.state in QUIET_STATES else logging.INFO
@@ -68,6 +126,59 @@ class TuningLoop:
         if self.on_report is not None:
             self.on_report(report)
         return report
+
+    def health(self) -> str | None:
+        """For /healthz: None when the last step worked, else why it failed."""
+        return self.problem
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """The agent is stopping (SIGTERM): roll a trial in flight back and free the slot, waiting
+        at most `timeout_s` for a step in progress. The trial stays unfinished in the storage; the
+        next start's `resume` marks it failed."""
+        if not self._lock.acquire(timeout=timeout_s):
+            log.error("tuning: a step is still running after %gs; the next start restores the last good "
+                      "configuration", timeout_s)
+            return
+        try:
+            if self.guardrails.in_flight is not None or (self.controller is not None
+                                                          and self.controller.evaluator.pending is not None):
+                self._abandon("the agent is stopping")
+            self.controller = None
+            self.state = "stopped"
+        finally:
+            self._lock.release()
+
+    def _step_failed(self, now: float, exc: Exception) -> StepReport:
+        kind = "storage" if is_storage_error(exc) else "other"
+        message = one_line(exc)
+        self.errors[kind] += 1
+        count = getattr(self.guardrails.metrics, "step_error", None)
+        if count is not None:
+            count(kind)
+        self.problem = (f"study storage unavailable: {message}" if kind == "storage"
+                        else f"tuning step failed: {message}")
+        log.error("tuning: %s; the trial in flight (if any) fails and is rolled back", self.problem)
+        trial = self._abandon(self.problem)
+        phase = self.controller.phase if self.controller is not None else -1
+        self.controller = None  # the next step resumes from the storage (when it answers again)
+        return StepReport(now, phase, "storage_unavailable" if kind == "storage" else "error", trial, message)
+
+    def _abandon(self, reason: str) -> int | None:
+        """Drop the measurement in flight, roll the candidate back, free the slot; never raises."""
+        if self.controller is not None:
+            self.controller.evaluator.abort()
+            self.controller.candidate = None
+        trial = self.guardrails.in_flight
+        if trial is None:
+            return None
+        try:
+            self.guardrails.rollback(reason, trial=trial)
+        except Exception as exc:  # noqa: BLE001 - resume re-applies the last good later
+            log.error("tuning: rollback of trial %s failed (%s); the next resume re-applies the last good "
+                      "configuration", trial, one_line(exc))
+        finally:
+            self.guardrails.finish(trial)
+        return trial
 
     def _end_term(self, reason: str) -> None:
         ctl = self.controller

@@ -8,6 +8,13 @@ were, so a rollback that writes the old tokens back restores the file byte for b
 - JSON (production-stack router dynamic config): top-level `"key": value` members.
 
 A token is the value's text as it appears in the file (`512`, `"lru"`, `LRU`); `None` = absent.
+
+A key we own that appears more than once is refused (ConfigTextError naming the key and the
+lines), for reading and writing alike: the components' readers take the LAST occurrence (LMCache
+loads its YAML with `yaml.safe_load`, lmcache/v1/config_base.py; the production-stack router its
+dynamic config with `json.load`, src/vllm_router/dynamic_config.py; both keep the last duplicate),
+so editing or reporting the first one would tune a configuration that never runs. TOML forbids
+duplicate keys (Curvine would not start); they are refused the same way.
 """
 from __future__ import annotations
 
@@ -21,7 +28,14 @@ import yaml
 
 
 class ConfigTextError(ValueError):
-    """The file cannot be edited safely (not parseable, or the key is not a scalar line)."""
+    """The file cannot be edited safely (not parseable, the key is not a scalar line, or the key
+    appears more than once)."""
+
+
+def _duplicate(kind: str, key: str, linenos: list[int], why: str) -> ConfigTextError:
+    where = ", ".join(str(n) for n in linenos)
+    return ConfigTextError(f"{kind} key {key!r} appears {len(linenos)} times (lines {where}); {why}: remove the "
+                           f"duplicates, the agent will not read or edit an ambiguous file")
 
 
 def _append_line(lines: list[str], line: str) -> None:
@@ -50,11 +64,11 @@ def _yaml_lines(text: str) -> list[str]:
 
 
 def _yaml_find(lines: list[str], key: str) -> int | None:
-    for i, line in enumerate(lines):
-        m = _YAML_LINE.match(line.rstrip("\r\n"))
-        if m and m.group("key") == key:
-            return i
-    return None
+    found = [i for i, line in enumerate(lines)
+             if (m := _YAML_LINE.match(line.rstrip("\r\n"))) and m.group("key") == key]
+    if len(found) > 1:
+        raise _duplicate("YAML", key, [i + 1 for i in found], "yaml.safe_load (LMCache, the router) reads the last one")
+    return found[0] if found else None
 
 
 def yaml_get(text: str, key: str) -> str | None:
@@ -146,6 +160,9 @@ def _toml_scan(lines: list[str], section: str, key: str) -> tuple[int | None, in
                 last = i
             km = _TOML_LINE.match(body)
             if km and km.group("key") == key:
+                if found is not None:
+                    raise _duplicate("TOML", f"{section}.{key}" if section else key, [found + 1, i + 1],
+                                     "duplicate keys are invalid TOML")
                 found = i
     return found, header, last
 
@@ -251,18 +268,28 @@ def _json_members(text: str) -> tuple[int, int, list[tuple[str, int, int, int]]]
             i += 1
 
 
+def _json_unique(text: str, members: list[tuple[str, int, int, int]], key: str) -> int | None:
+    """Index of `key`'s member, None when absent; ConfigTextError when it is there twice."""
+    found = [n for n, m in enumerate(members) if m[0] == key]
+    if len(found) > 1:
+        raise _duplicate("JSON", key, [text.count("\n", 0, members[n][1]) + 1 for n in found],
+                         "json.load (the production-stack router) reads the last one")
+    return found[0] if found else None
+
+
 def json_get(text: str, key: str) -> str | None:
     _, _, members = _json_members(text)
-    for k, _, vstart, vend in members:
-        if k == key:
-            return text[vstart:vend]
-    return None
+    idx = _json_unique(text, members, key)
+    if idx is None:
+        return None
+    _, _, vstart, vend = members[idx]
+    return text[vstart:vend]
 
 
 def json_set(text: str, updates: Mapping[str, str | None]) -> str:
     for key, tok in updates.items():
         open_at, close_at, members = _json_members(text)
-        idx = next((n for n, m in enumerate(members) if m[0] == key), None)
+        idx = _json_unique(text, members, key)
         if idx is not None:
             _, start, vstart, vend = members[idx]
             if tok is not None:

@@ -56,12 +56,15 @@ Examples:
                    "lmcache (lru/lfu/fifo), twin (all).")
 @click.option("--max-requests", type=click.IntRange(1), help="Replay only the first N requests.")
 @click.option("--duration", type=click.FloatRange(0, min_open=True), help="Replay only the first S seconds.")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Worker processes sharing the study (needs an RDB --storage; PostgreSQL for more than "
+                   "two). Each runs its share of --trials; see docs/tuner.md.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, storage: str, study: str | None,
          seed: int, metric: str, multi_objective: bool, plot_dir: Path | None, out: Path | None, pods: int,
          gpu_tokens: int | None, l2_tokens: int | None, model: str | None, profile: str | None,
          node_memory_gib: float, cpu_gib_step: float, cpu_budget_gib: float | None, l2_backend: str,
-         max_requests: int | None, duration: float | None, quiet: bool) -> None:
+         max_requests: int | None, duration: float | None, workers: int, quiet: bool) -> None:
     """Tune the cache-tier knobs on the digital twin with optuna (ask/tell, persistent study).
 
     Each trial replays the workload with one candidate configuration; the objective is the
@@ -95,6 +98,15 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     name = study or f"tune-{trace.stem if trace else preset}"
     click.echo(f"workload: {trace or preset} ({workload.height:,} requests), {pods} pods; "
                f"study {name!r} in {storage}; sampler {sampler}; objective {', '.join(objective.names)}")
+
+    if workers > 1:
+        spec = {"trace": trace, "preset": preset, "seed": seed, "max_requests": max_requests, "duration_s": duration}
+        _tune_parallel(workload_spec=spec,
+                       cluster_kw=dict(pods=pods, gpu_tokens=gpu_tokens, l2_tokens=l2_tokens, model=model,
+                                       **cluster_kw),
+                       cluster=cluster, workload=workload, limits=limits, objective=objective, storage=storage,
+                       study=name, trials=trials, workers=workers, sampler=sampler, seed=seed, out=out)
+        return
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -137,6 +149,34 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     if plot_dir is not None:
         for path in write_plots(tuner.study, plot_dir, objective_names=objective.names):
             click.echo(f"wrote {path}")
+
+
+def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, workload: object, limits: object,
+                   objective: ObjectiveSpec, storage: str, study: str, trials: int, workers: int, sampler: str,
+                   seed: int, out: Path | None) -> None:
+    from tuners.evaluators import TwinEvaluator
+    from tuners.offline import DEFAULTS, best_yaml
+    from tuners.parallel import ClusterArgs, WorkloadSpec, parallel_tune
+
+    try:
+        result = parallel_tune(WorkloadSpec(**workload_spec), ClusterArgs(cluster_kw), limits,  # type: ignore[arg-type]
+                               storage=storage, study=study, trials=trials, workers=workers,
+                               objective=objective, sampler=sampler, seed=seed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{sum(r.trials for r in result.workers)} trials on {workers} workers in "
+               f"{result.wall_seconds:.1f} s; study now holds {result.trials} trials")
+    if result.best is None:
+        raise click.ClickException("no feasible trial finished; nothing to report")
+    evaluator = TwinEvaluator(workload, cluster, limits)  # type: ignore[arg-type]
+    best_ev, defaults = evaluator.evaluate(result.best.knobs), evaluator.evaluate(DEFAULTS)
+    _print_comparison(result.best.knobs, best_ev, DEFAULTS, defaults)
+    if out is not None:
+        metric = objective.metric
+        out.write_text(best_yaml(result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
+                                                     "objective": metric, f"{metric}_s": best_ev.metric(metric),
+                                                     "workers": workers}))
+        click.echo(f"wrote {out}")
 
 
 def _knob_line(k: object) -> str:

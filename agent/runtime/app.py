@@ -44,6 +44,7 @@ from agent.collect.mapping import MappingSet, builtin_mapping_paths, load_mappin
 from agent.collect.scheduler import JobSpec, build_scheduler, is_running
 from agent.collect.scrape import new_session
 from agent.collect.store import WindowStore
+from agent.runtime.clock import SteadyWallClock
 from agent.runtime.health import Health, judge
 from agent.runtime.isolation import CollectorHealth, IsolatedCollector
 from agent.settings import AgentSettings
@@ -114,7 +115,7 @@ class Agent:
         collectors: Iterable[Collector] = (),
         jobs: Iterable[JobSpec | tuple[str, float, Callable[[], Any]]] = (),
         mappings: MappingSet | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         otel_exporter: Any = None,
         monotonic: Callable[[], float] = time.monotonic,
     ):
@@ -127,6 +128,8 @@ class Agent:
                                     settings.shard.count)
         self.target_source = source
         self.mappings = mappings or load_mappings([*builtin_mapping_paths(), *settings.mappings])
+        # the data clock: wall time that advances with the monotonic clock (agent/runtime/clock.py)
+        clock = clock if clock is not None else SteadyWallClock(time.time, monotonic)
         self.clock = clock
         self.store = WindowStore(settings.store.retention_s, settings.store.window_s, clock)
         self.cycle = make_cycle(settings, self.mappings, self.store, clock)

@@ -42,6 +42,7 @@ from agent.collect.discovery import (
 )
 from agent.collect.scheduler import JobSpec
 from agent.runtime.app import Agent, run_until_signalled
+from agent.runtime.clock import SteadyWallClock
 from agent.settings import AgentSettings, SettingsError
 from contracts.actuator import ActuationError
 from contracts.knobs import DEFAULT_KNOBS, Knobs
@@ -128,14 +129,16 @@ class Runtime:
 
 
 # -- building --------------------------------------------------------------------------------
-def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Callable[[], float] = time.time,
+def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Callable[[], float] | None = None,
                   monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                   now: Callable[[], datetime.datetime] = _utcnow, targets: TargetSource | None = None,
                   pod_api: PodApi | None = None, kv_context: Any = None,
                   env: Mapping[str, str] | None = None) -> Runtime:
     """Compose the runtime from `settings` (see the module docstring). Raises RuntimeConfigError
-    (or the subsystem's own error, naming the file and key) before anything starts."""
+    (or the subsystem's own error, naming the file and key) before anything starts. `clock` is the
+    data clock (default: wall time that advances with `monotonic`, agent/runtime/clock.py)."""
     env = os.environ if env is None else env
+    clock = clock if clock is not None else SteadyWallClock(time.time, monotonic)
     act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
     needs_kube = settings.tuner.enabled or (settings.kv_events.enabled and settings.kv_events.discovery
                                             and settings.targets.kubernetes.enabled)

@@ -30,18 +30,17 @@ from agent.kvevents.index import FleetIndex, IndexLimits
 from agent.kvevents.manager import KvEventManager
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.wire import Stored, decode_payload
-from emulator.cluster.kv_publisher import (
-    KVEventBatch,
-    KvEventPublisher,
-    removed_event,
-    stored_event,
-)
+from emulator.cluster.kv_publisher import KvEventPublisher
+from emulator.cluster.kv_wire_formats import wire_format
 
 BLOCK = 16
 
 
-def make_messages(n_msgs: int, encoding: str, seed: int = 7, reuse: float = 0.5) -> tuple[list[bytes], int]:
-    """Payloads of `n_msgs` scheduler steps and the number of block events they carry."""
+def make_messages(n_msgs: int, release: str, seed: int = 7, reuse: float = 0.5,
+                  hashes_kind: str | None = None) -> tuple[list[bytes], int]:
+    """Payloads of `n_msgs` scheduler steps (as vLLM `release` encodes them) and the number of
+    block events they carry."""
+    fmt = wire_format(release, hashes_kind)  # type: ignore[arg-type]
     rng = random.Random(seed)
     enc = msgspec.msgpack.Encoder()
     next_hash, recent = 1, []
@@ -58,12 +57,12 @@ def make_messages(n_msgs: int, encoding: str, seed: int = 7, reuse: float = 0.5)
                     next_hash += 1
             recent.extend(hashes[:4])
             del recent[:-4096]
-            events.append(stored_event(hashes, None, BLOCK, encoding=encoding))
+            events.append(fmt.stored(hashes, None, BLOCK))
             blocks += len(hashes)
         for _ in range(32):  # evictions, one hash per event as the GPU pool emits them
-            events.append(removed_event([rng.choice(recent)], encoding=encoding))
+            events.append(fmt.removed([rng.choice(recent)]))
             blocks += 1
-        payloads.append(enc.encode(KVEventBatch(float(i), events, 0)))
+        payloads.append(enc.encode(fmt.batch(float(i), events, 0)))
     return payloads, blocks
 
 
@@ -81,8 +80,11 @@ def rate(label: str, fn, payloads: list[bytes], blocks: int, repeat: int = 3) ->
 
 def throughput(n_msgs: int) -> None:
     print(f"1. throughput, one core ({n_msgs:,} messages of 96 block events)")
-    for encoding in ("map", "array"):
-        payloads, blocks = make_messages(n_msgs, encoding)
+    for release, kind, label in (("0.33.0", None, "map events, vLLM >= 0.24"),
+                                 ("0.23.0", None, "positional events, vLLM <= 0.23"),
+                                 ("0.10.1", None, "positional, signed builtin hashes, vLLM <= 0.10.1"),
+                                 ("0.33.0", "bytes", "map events, 32-byte hashes")):
+        payloads, blocks = make_messages(n_msgs, release, hashes_kind=kind)
 
         def bare(ps: list[bytes]) -> None:
             for p in ps:
@@ -98,7 +100,7 @@ def throughput(n_msgs: int) -> None:
                 b = decode_payload(p)
                 idx.apply(f"pod-{i % 4}", b.ts, b.events)
 
-        print(f" encoding={encoding} ({'vLLM >= 0.24' if encoding == 'map' else 'vLLM <= 0.23'})")
+        print(f" release {release}{'' if kind is None else ' ' + kind} ({label})")
         ref = rate("reference: msgspec.msgpack.decode (generic)", bare, payloads, blocks)
         dec = rate("decode_payload (typed, tokens skipped)", decode_only, payloads, blocks)
         tot = rate("decode + fleet index update", full, payloads, blocks)
@@ -149,16 +151,16 @@ def memory(n_hashes: int) -> None:
 
 def end_to_end(n_msgs: int) -> None:
     print(f"3. end to end over ZMQ on 127.0.0.1 ({n_msgs:,} messages, publisher thread + manager loop)")
-    payloads, blocks = make_messages(n_msgs, "map", seed=11)
+    payloads, blocks = make_messages(n_msgs, "0.33.0", seed=11)
     with KvEventPublisher("tcp://127.0.0.1:0", bind=True) as pub:
         spec = EndpointSpec(pod="p", model="m", endpoint=pub.endpoint)
         mgr = KvEventManager(KvEventsSettings(endpoints=(spec,), reorder_hold_s=0.0))
         mgr.run_once(10)
         time.sleep(0.3)
-        batches = [msgspec.msgpack.decode(p, type=KVEventBatch) for p in payloads]
+        batches = [msgspec.msgpack.decode(p) for p in payloads]
         t0 = time.perf_counter()
-        for b in batches:
-            pub.publish(b.events, ts=b.ts)
+        for ts, events, _ in batches:
+            pub.publish(events, ts=ts)
         while mgr.applied_batches < n_msgs and time.perf_counter() - t0 < 120:
             mgr.run_once(50)
         elapsed = time.perf_counter() - t0
@@ -171,8 +173,11 @@ def end_to_end(n_msgs: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller runs (1 M hashes)")
+    ap.add_argument("--throughput-only", action="store_true", help="section 1 only")
     args = ap.parse_args()
     throughput(2_000 if args.quick else 10_000)
+    if args.throughput_only:
+        return
     memory(1_000_000 if args.quick else 10_000_000)
     end_to_end(1_000 if args.quick else 5_000)
 

@@ -50,7 +50,7 @@ def test_settings_reject_bind_addresses_and_unknown_keys(tmp_path: Path) -> None
         EndpointSpec(pod="p", model="m", endpoint="tcp://*:5557")
     bad = tmp_path / "kv.yaml"
     bad.write_text("kv_events:\n  endpoints: []\n  reorder_hold: 1\n")
-    with pytest.raises(SettingsError, match=r"kv.yaml.*\n.*reorder_hold: Extra inputs"):
+    with pytest.raises(SettingsError, match=r"kv.yaml: invalid KV-event settings: kv_events.reorder_hold: Extra inputs[^\n]*$"):
         KvEventsSettings.from_yaml(bad)
     good = tmp_path / "ok.yaml"
     good.write_text("endpoints:\n  - {pod: a, model: m, endpoint: 'tcp://127.0.0.1:5557'}\nlimits: {shadow_l2: 64}\n")

@@ -101,7 +101,9 @@ def test_normalisers() -> None:
     with pytest.raises(TypeError):
         normalize_hash(1.5)
     assert [normalize_medium(m) for m in (None, "cpu", " storage ", "cuda:0", "")] == \
-        ["GPU", "CPU", "STORAGE", "CUDA:0", "GPU"]
+        ["GPU", "CPU", "STORAGE", "OTHER", "GPU"]
+    assert normalize_medium(b"GPU") == "OTHER" and normalize_medium("Memory-Tier-7") == "OTHER"
+    assert normalize_medium(["GPU"]) == "OTHER"
 
 
 def test_unknown_and_malformed_events_are_counted_and_the_rest_kept() -> None:

@@ -75,6 +75,7 @@ def test_topic_filter_drops_other_topics(ctx: zmq.Context) -> None:
             a.flush()
             mgr.drain(idle_ms=150)
             assert engine_snap(mgr, "a").stream.messages == 0
+            assert engine_snap(mgr, "a").stream.rejected == {"wrong_topic": 1}  # counted, not unseen
         finally:
             mgr.stop()
 

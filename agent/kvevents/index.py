@@ -176,6 +176,24 @@ class FleetIndex:
             st = self.engines[name] = EngineState(pos, name, self.limits)
         return st
 
+    def set_caps(self, name: str, resident: int, history: int) -> None:
+        """Resize one engine's residency and history caps (its share of the pod and fleet budgets);
+        shrinking ages out the oldest entries at once."""
+        st = self.engine(name)
+        st.resident.half, st.history.half = max(1, resident // 2), max(1, history // 2)
+        while len(st.resident) > resident:
+            dropped, st.resident.old, st.resident.young = st.resident.old, st.resident.young, {}
+            self._aged(st, dropped)
+        while len(st.history) > history:
+            st.history.old, st.history.young = st.history.young, {}
+
+    def set_shadow_cap(self, cap: int) -> None:
+        """Resize the L2 shadow (this model's share of the fleet's)."""
+        sh = self.l2_shadow
+        sh.half = max(1, cap // 2)
+        while len(sh) > cap:
+            sh.old, sh.young = sh.young, {}
+
     def drop_engine(self, name: str) -> None:
         """Forget an engine (its pod is gone): its blocks stop counting as resident."""
         st = self.engines.pop(name, None)

@@ -16,6 +16,7 @@ Per stream, for a message with sequence s after last seen L:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from agent.kvevents.workload import PodCounters
 END_SEQ = END_SEQ_BYTES
 _DRAIN = 256  # messages read from one socket before looking at the others
 _MAX_PENDING = 50_000  # live messages queued behind a replay before it is abandoned
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -49,6 +51,7 @@ class _Replay:
     deadline: float
     count_lost: bool
     pending: list[tuple[bytes, int, bytes]]
+    pending_bytes: int = 0
     next_seq: int = 0
     recovered: int = 0
     first_seq: int | None = None  # first batch the engine still had
@@ -60,6 +63,7 @@ class _Stream:
     endpoint: str
     replay_endpoint: str | None
     topic: bytes
+    rcvhwm: int = 1000
     sub: zmq.Socket | None = None
     dealer: zmq.Socket | None = None
     last: int | None = None
@@ -84,6 +88,8 @@ class KvEventManager:
         self._wanted: tuple[EndpointSpec, ...] | None = tuple(self.settings.endpoints)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._pending_cap = self.settings.replay_pending_bytes
+        self.skipped_models: tuple[str, ...] = ()
         self.applied_batches = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -200,7 +206,13 @@ class KvEventManager:
             wanted, self._wanted = self._wanted, None
         if wanted is None:
             return
+        wanted = self._within_model_limit(wanted)
+        limits = self.settings.limits
+        n_engines = sum(spec.dp_size for spec in wanted)
         desired = {eid: (ep, rp, spec.topic) for spec in wanted for eid, ep, rp in spec.engines()}
+        caps = {eid: limits.engine_caps(spec.dp_size, n_engines) for spec in wanted for eid, _, _ in spec.engines()}
+        hwm = {eid: max(1, self.settings.rcvhwm // spec.dp_size) for spec in wanted for eid, _, _ in spec.engines()}
+        self._pending_cap = self.settings.replay_pending_bytes // max(1, n_engines)
         for eid in list(self._streams):
             st = self._streams[eid]
             if eid not in desired:
@@ -209,23 +221,45 @@ class KvEventManager:
                 self._merger.forget(eid)
                 with self._lock:
                     self.signals.forget(eid)
-            elif desired[eid] != (st.endpoint, st.replay_endpoint, st.topic.decode()):
+            elif desired[eid] != (st.endpoint, st.replay_endpoint, st.topic.decode()) or hwm[eid] != st.rcvhwm:
                 self._close(st)  # moved (pod rescheduled): reopen, keep `last` to catch the restart
                 st.endpoint, st.replay_endpoint, st.topic = desired[eid][0], desired[eid][1], desired[eid][2].encode()
+                st.rcvhwm = hwm[eid]
                 self._open(st)
         for eid, (ep, rp, topic) in desired.items():
             if eid not in self._streams:
-                st = self._streams[eid] = _Stream(eid, ep, rp, topic.encode())
+                st = self._streams[eid] = _Stream(eid, ep, rp, topic.encode(), hwm[eid])
                 with self._lock:
                     self.signals.stream(eid)
                 self._open(st)
+        with self._lock:  # every engine's share of its pod's and the fleet's budgets
+            for eid, (resident, history) in caps.items():
+                self.signals.set_caps(eid, resident, history)
+            models = {eid.model for eid in desired}
+            self.signals.keep_models(models)
+            self.signals.set_shadow_cap(max(2, limits.shadow_l2 // max(1, len(models))))
+
+    def _within_model_limit(self, wanted: tuple[EndpointSpec, ...]) -> tuple[EndpointSpec, ...]:
+        """At most `limits.max_models` models are indexed (each has its own sketch): the ones
+        already indexed first, then in the order given; endpoints of the others are skipped."""
+        limit = self.settings.limits.max_models
+        current = {eid.model for eid in self._streams}
+        order = [m for m in dict.fromkeys(spec.model for spec in wanted)]
+        keep = set(sorted(order, key=lambda m: (m not in current, order.index(m)))[:limit])
+        skipped = sorted(set(order) - keep)
+        if skipped:
+            log.warning("kv-events: %d model(s) beyond limits.max_models=%d not indexed: %s",
+                        len(skipped), limit, ", ".join(skipped[:5]))
+        self.skipped_models = tuple(skipped)
+        return tuple(spec for spec in wanted if spec.model in keep)
 
     def _open(self, st: _Stream) -> None:
         sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, self.settings.rcvhwm)
+        sub.setsockopt(zmq.RCVHWM, st.rcvhwm)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.IPV6, 1)  # without it tcp://[::1]:port connects to nothing, silently
-        sub.setsockopt(zmq.SUBSCRIBE, st.topic)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: a wrong one is counted, not filtered unseen
         sub.connect(st.endpoint)
         st.sub = sub
         self._poller.register(sub, zmq.POLLIN)
@@ -234,6 +268,7 @@ class KvEventManager:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.IPV6, 1)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
         dealer.connect(st.replay_endpoint)
         st.dealer = dealer
         self._poller.register(dealer, zmq.POLLIN)
@@ -274,9 +309,14 @@ class KvEventManager:
                 with self._lock:
                     self.signals.reject(st.engine, "malformed_frame")
                 continue
+            if not topic.startswith(st.topic):
+                with self._lock:
+                    self.signals.reject(st.engine, "wrong_topic")
+                continue
             if st.replay is not None:
                 st.replay.pending.append((topic, seq, payload))
-                if len(st.replay.pending) > _MAX_PENDING:
+                st.replay.pending_bytes += len(payload)
+                if len(st.replay.pending) > _MAX_PENDING or st.replay.pending_bytes > self._pending_cap:
                     self._finish_replay(st, timed_out=True)
                 continue
             self._sequence(st, topic, seq, payload)
@@ -297,12 +337,32 @@ class KvEventManager:
                 ts = float("-inf")  # the merger clamps it to the stream's last ts
             self._merger.push(st.engine, ts, ("restart", ts))
             st.last = seq
+            if seq > self.settings.max_sequence_jump:
+                self._broken_jump(st, topic, seq, payload, resync=False)
+                return
             if seq > 0:
                 self._gap(st, 0, topic, seq, payload)
                 return
+        elif seq - last - 1 > self.settings.max_sequence_jump:
+            self._broken_jump(st, topic, seq, payload, resync=True)
+            return
         else:
             self._gap(st, last + 1, topic, seq, payload)
             return
+        self._decode_push(st, topic, seq, payload)
+
+    def _broken_jump(self, st: _Stream, topic: bytes, seq: int, payload: bytes, resync: bool) -> None:
+        """A jump no engine makes (vLLM adds 1 per batch from 0): counted once as
+        `sequence_jump`, never as billions of missed messages; the index restarts from here."""
+        with self._lock:
+            self.signals.reject(st.engine, "sequence_jump")
+        st.last = seq
+        if resync:
+            try:
+                ts = decode_payload(payload, topic, seq).ts
+            except PayloadError:
+                ts = float("-inf")
+            self._merger.push(st.engine, ts, ("resync", ts))
         self._decode_push(st, topic, seq, payload)
 
     def _gap(self, st: _Stream, start: int, topic: bytes, seq: int, payload: bytes) -> None:
@@ -393,6 +453,8 @@ class KvEventManager:
         with self._lock:
             if kind == "restart":
                 self.signals.restart(engine, value)  # type: ignore[arg-type]
+            elif kind == "resync":
+                self.signals.resync(engine, value)  # type: ignore[arg-type]
             else:
                 self.signals.apply(engine, value)  # type: ignore[arg-type]
                 self.applied_batches += 1

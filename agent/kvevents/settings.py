@@ -6,12 +6,13 @@ vLLM's own `tcp://*:5557` is a bind address and is rejected here with a hint.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if TYPE_CHECKING:  # index and signals load numpy: imported where used, so agent.settings stays light
     from agent.kvevents.index import IndexLimits
@@ -90,20 +91,64 @@ class EndpointSpec(BaseModel):
         ]
 
 
+MAX_SKETCH_BYTES = 512 * 2**20  # every model's "ever seen" sketch together
+
+
+def sketch_bytes(capacity: int, fp_rate: float, generations: int) -> int:
+    """What `SeenSketch(capacity, fp_rate, generations)` allocates (bits rounded up to 2^n)."""
+    want_bits = -capacity * math.log(fp_rate) / (math.log(2) ** 2)
+    return generations * max(64, 1 << math.ceil(math.log2(want_bits))) // 8
+
+
 class LimitsSpec(BaseModel):
+    """Memory budgets of the block index: per pod (shared by its data-parallel ranks, whatever
+    `dp_size` says) and for the whole fleet (shared by every engine of every pod)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    resident_per_engine: int = Field(262_144, ge=2, description="block hashes kept per engine")
-    history_per_engine: int = Field(262_144, ge=2, description="removed hashes remembered per engine")
-    seen_capacity: int = Field(8_000_000, ge=2, description="hashes per 'ever seen' Bloom generation")
+    resident_per_pod: int = Field(262_144, ge=2, le=16_777_216, description="resident block hashes per pod")
+    history_per_pod: int = Field(262_144, ge=2, le=16_777_216, description="removed hashes remembered per pod")
+    fleet_resident: int = Field(1_048_576, ge=2, le=67_108_864, description="resident hashes, whole fleet")
+    fleet_history: int = Field(1_048_576, ge=2, le=67_108_864, description="removed hashes, whole fleet")
+    max_models: int = Field(4, ge=1, le=64, description="models indexed (each has its own sketch)")
+    seen_capacity: int = Field(8_000_000, ge=2, le=100_000_000, description="hashes per 'ever seen' Bloom generation")
     seen_generations: int = Field(2, ge=1, le=8, description="Bloom generations kept (ageing)")
-    seen_fp_rate: float = Field(0.001, gt=0, lt=0.5, description="Bloom false-positive rate at capacity")
-    shadow_l2: int = Field(1_048_576, ge=2, description="hashes whose store order is kept to infer L2 hits")
+    seen_fp_rate: float = Field(0.001, ge=1e-6, lt=0.5, description="Bloom false-positive rate at capacity")
+    shadow_l2: int = Field(1_048_576, ge=2, le=16_777_216,
+                           description="hashes whose store order is kept to infer L2 hits, whole fleet")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """`resident_per_engine` / `history_per_engine` (before the budgets were per pod) are read
+        as the per-pod budgets."""
+        if isinstance(data, Mapping):
+            data = dict(data)
+            for old, new in (("resident_per_engine", "resident_per_pod"), ("history_per_engine", "history_per_pod")):
+                if old in data and new not in data:
+                    data[new] = data.pop(old)
+        return data
+
+    @model_validator(mode="after")
+    def _sketch_budget(self) -> LimitsSpec:
+        total = self.max_models * sketch_bytes(self.seen_capacity, self.seen_fp_rate, self.seen_generations)
+        if total > MAX_SKETCH_BYTES:
+            raise ValueError(f"seen_capacity x seen_generations x max_models needs {total / 2**20:.0f} MiB of "
+                             f"sketches, more than {MAX_SKETCH_BYTES // 2**20} MiB: lower one of them")
+        return self
+
+    def engine_caps(self, dp_size: int, engines: int) -> tuple[int, int]:
+        """(resident, history) cap of one engine of a pod with `dp_size` ranks in a fleet of
+        `engines` engines: its share of the pod budget and of the fleet budget, whichever is less."""
+        engines = max(1, engines)
+        return (max(2, min(self.resident_per_pod // dp_size, self.fleet_resident // engines)),
+                max(2, min(self.history_per_pod // dp_size, self.fleet_history // engines)))
 
     def to_limits(self) -> IndexLimits:
         from agent.kvevents.index import IndexLimits
 
-        return IndexLimits(**self.model_dump())
+        return IndexLimits(self.resident_per_pod, self.history_per_pod, self.seen_capacity, self.seen_generations,
+                           self.seen_fp_rate, self.shadow_l2)
 
 
 class KvEventsSettings(BaseModel):
@@ -113,23 +158,26 @@ class KvEventsSettings(BaseModel):
 
     endpoints: tuple[EndpointSpec, ...] = ()
     limits: LimitsSpec = LimitsSpec()
-    group_idx: int = Field(0, ge=0, description="KV-cache group indexed (hybrid models have several)")
-    replay_timeout_s: float = Field(2.0, gt=0, description="give up a replay request after this")
+    group_idx: int = Field(0, ge=0, le=1024, description="KV-cache group indexed (hybrid models have several)")
+    replay_timeout_s: float = Field(2.0, gt=0, le=60.0, description="give up a replay request after this")
     replay_on_join: bool = Field(False, description="on the first message, replay the engine's buffer")
-    reorder_hold_s: float = Field(0.05, ge=0, description="hold batches this long to merge pods by ts")
-    overlap_window_s: float = Field(300.0, gt=0, description="window of the overlap signal")
-    rcvhwm: int = Field(100_000, ge=1, description="ZMQ receive high-water mark per stream")
+    reorder_hold_s: float = Field(0.05, ge=0, le=10.0, description="hold batches this long to merge pods by ts")
+    overlap_window_s: float = Field(300.0, gt=0, le=7 * 86400.0, description="window of the overlap signal")
+    rcvhwm: int = Field(10_000, ge=1, le=1_000_000,
+                        description="ZMQ receive high-water mark (messages) per pod, shared by its DP ranks")
+    max_message_bytes: int = Field(8 * 2**20, ge=4096, le=256 * 2**20,
+                                   description="ZMQ_MAXMSGSIZE: a larger frame disconnects its publisher")
+    max_sequence_jump: int = Field(1_000_000, ge=1, le=2**40,
+                                   description="a forward jump beyond this is a broken stream, not a gap")
+    replay_pending_bytes: int = Field(64 * 2**20, ge=2**20, le=2**30,
+                                      description="live bytes queued behind replays, whole fleet")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "<settings>") -> KvEventsSettings:
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
-            lines = [f"{source}: invalid KV-event settings:"]
-            for err in exc.errors():
-                key = ".".join(str(p) for p in err["loc"])
-                lines.append(f"  {key}: {err['msg']}")
-            raise SettingsError("\n".join(lines)) from None
+            raise SettingsError(f"{source}: invalid KV-event settings: {one_line(exc, 'kv_events')}") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> KvEventsSettings:
@@ -142,6 +190,16 @@ class KvEventsSettings(BaseModel):
             raise SettingsError(f"{p}: top level must be a mapping with keys {sorted(cls.model_fields)}")
         data = data.get("kv_events", data)
         return cls.from_mapping(data, str(p))
+
+
+def one_line(exc: ValidationError, prefix: str = "") -> str:
+    """Pydantic's errors as one line, each naming its key (`kv_events.limits.seen_capacity`)."""
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{key}: {msg}" + (f" (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else ""))
+    return "; ".join(parts)
 
 
 def endpoint_from_annotations(pod: str, pod_ip: str, annotations: Mapping[str, str],

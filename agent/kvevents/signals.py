@@ -160,12 +160,33 @@ class KvSignals:
         st.lost_messages += lost
         st.unbuffered_messages += unbuffered
 
+    def set_caps(self, engine: EngineId, resident: int, history: int) -> None:
+        self.stream(engine)
+        self.index(engine.model).set_caps(engine.key, resident, history)
+
+    def set_shadow_cap(self, per_model: int) -> None:
+        for idx in self.indexes.values():
+            idx.set_shadow_cap(per_model)
+
+    def resync(self, engine: EngineId, ts: float) -> None:
+        """The stream jumped beyond any plausible gap: what the index holds for the engine can no
+        longer be trusted, so it is cleared (not counted as a restart)."""
+        st = self.stream(engine)
+        if not math.isfinite(ts):
+            ts = st.last_event_ts if st.last_event_ts is not None else 0.0
+        self.index(engine.model).clear_engine(engine.key, ts)
+
     def forget(self, engine: EngineId) -> None:
         """The pod left the fleet: drop its residency (its counters go with it)."""
         self.streams.pop(engine, None)
         idx = self.indexes.get(engine.model)
         if idx is not None:
             idx.drop_engine(engine.key)
+
+    def keep_models(self, models: set[str]) -> None:
+        """Drop the index (sketch, shadow) of every model no longer watched: the model budget."""
+        for m in [m for m, idx in self.indexes.items() if m not in models and not idx.engines]:
+            del self.indexes[m]
 
     # -- prompt tokens and overlap ---------------------------------------------------------
     def event_totals(self, model: str) -> EventTotals:

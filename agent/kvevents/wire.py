@@ -5,8 +5,9 @@ payload is a msgpack array `[ts, events, data_parallel_rank]`; each event is eit
 array whose element 0 is the type name (vLLM <= 0.23) or a map with a `"type"` key (vLLM >= 0.24).
 See docs/kv-events.md and the reference `kv-events.md` section 1.
 
-Decoding tries the fast typed paths first (whole batch, one C call, token ids never materialised)
-and falls back to decoding event by event, so one unknown or malformed event is counted and
+Decoding tries the fast typed paths first (whole batch, one C call, token ids never materialised),
+then the same with signed or bytes hashes normalised in Python, and falls back to decoding event
+by event, so one unknown or malformed event is counted and
 skipped while the rest of the batch is kept.
 """
 from __future__ import annotations
@@ -84,13 +85,23 @@ def normalize_hash(value: Any) -> int:
     raise TypeError(f"a block hash must be int or bytes, got {type(value).__name__}")
 
 
+KNOWN_MEDIA = frozenset(("GPU", "CPU", "STORAGE"))  # vLLM's MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE
+
+
 def normalize_medium(value: Any) -> str:
-    """vLLM's `medium` is a free string: upper-case it, and treat null as the GPU pool."""
+    """vLLM's `medium` is a free string: upper-case it, treat null as the GPU pool, and count any
+    value outside vLLM's three constants as `OTHER` (one label value, however many strings a
+    connector invents)."""
     if value is None:
         return "GPU"
-    text = value if isinstance(value, str) else str(value)
-    text = text.strip().upper()
-    return text or "GPU"
+    if not isinstance(value, str):
+        return "OTHER"  # a list or map must not reach a set lookup (unhashable)
+    if value in KNOWN_MEDIA:
+        return value
+    text = value.strip().upper()
+    if not text:
+        return "GPU"
+    return text if text in KNOWN_MEDIA else "OTHER"
 
 
 def decode_seq(raw: bytes) -> int:
@@ -140,6 +151,53 @@ class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
     pass
 
 
+Hash = int | bytes  # signed ints (vLLM <= 0.10.1 `builtin` hash) and digests: normalised after decoding
+
+
+class _LooseArrStored(msgspec.Struct, tag="BlockStored", array_like=True):
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None = None
+    token_ids: msgspec.Raw = msgspec.Raw(b"")
+    block_size: int = 0
+    lora_id: msgspec.Raw = msgspec.Raw(b"")
+    medium: Any = None
+    lora_name: msgspec.Raw = msgspec.Raw(b"")
+    extra_keys: msgspec.Raw = msgspec.Raw(b"")
+    group_idx: int | None = None
+
+
+class _LooseArrRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True):
+    block_hashes: list[Hash]
+    medium: Any = None
+    group_idx: int | None = None
+
+
+class _LooseMapStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None = None
+    block_size: int = 0
+    medium: Any = None
+    group_idx: int | None = None
+
+
+class _LooseMapRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
+    block_hashes: list[Hash]
+    medium: Any = None
+    group_idx: int | None = None
+
+
+class _LooseMapBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_LooseMapStored | _LooseMapRemoved | _MapCleared]
+    data_parallel_rank: int | None = None
+
+
+class _LooseArrBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_LooseArrStored | _LooseArrRemoved | _ArrCleared]
+    data_parallel_rank: int | None = None
+
+
 class _MapBatch(msgspec.Struct, array_like=True):
     ts: float
     events: list[_MapStored | _MapRemoved | _MapCleared]
@@ -168,6 +226,8 @@ class _RawMapBatch(msgspec.Struct):
 
 _MAP_DECODER = msgspec.msgpack.Decoder(_MapBatch)
 _ARR_DECODER = msgspec.msgpack.Decoder(_ArrBatch)
+_LOOSE_MAP_DECODER = msgspec.msgpack.Decoder(_LooseMapBatch)
+_LOOSE_ARR_DECODER = msgspec.msgpack.Decoder(_LooseArrBatch)
 _RAW_DECODER = msgspec.msgpack.Decoder(_RawBatch)
 _RAW_MAP_DECODER = msgspec.msgpack.Decoder(_RawMapBatch)
 _ANY_DECODER = msgspec.msgpack.Decoder()
@@ -179,6 +239,18 @@ def _from_struct(ev: Any) -> Event:
                       normalize_medium(ev.medium), ev.group_idx)
     if isinstance(ev, (_MapRemoved, _ArrRemoved)):
         return Removed(ev.block_hashes, normalize_medium(ev.medium), ev.group_idx)
+    return Cleared()
+
+
+def _from_loose(ev: Any) -> Event:
+    """Like `_from_struct`, normalising signed and bytes hashes (raises ValueError on an empty
+    digest, which sends the batch to the event-by-event path)."""
+    if isinstance(ev, (_LooseMapStored, _LooseArrStored)):
+        parent = ev.parent_block_hash
+        return Stored([normalize_hash(h) for h in ev.block_hashes], None if parent is None else normalize_hash(parent),
+                      ev.block_size, normalize_medium(ev.medium), ev.group_idx)
+    if isinstance(ev, (_LooseMapRemoved, _LooseArrRemoved)):
+        return Removed([normalize_hash(h) for h in ev.block_hashes], normalize_medium(ev.medium), ev.group_idx)
     return Cleared()
 
 
@@ -280,6 +352,12 @@ def decode_payload(payload: bytes, topic: bytes = b"", seq: int = 0) -> Batch:
         except msgspec.DecodeError as exc:
             raise PayloadError(str(exc)) from exc
         return Batch(topic, seq, b.ts, b.data_parallel_rank, [_from_struct(e) for e in b.events], {})
+    for decoder in (_LOOSE_MAP_DECODER, _LOOSE_ARR_DECODER):
+        try:
+            b = decoder.decode(payload)
+            return Batch(topic, seq, b.ts, b.data_parallel_rank, [_from_loose(e) for e in b.events], {})
+        except (msgspec.ValidationError, ValueError):
+            continue
     return _decode_slow(payload, topic, seq)
 
 

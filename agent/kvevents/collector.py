@@ -33,6 +33,8 @@ METRICS: dict[str, tuple[str, str, list[str]]] = {
                                      "buffer at a late join)."), ["outcome"]),
     "tierpilot_kv_restarts": ("counter", ("Engine restarts detected (sequence dropped); the pod's index "
                               "was cleared."), []),
+    "tierpilot_kv_reconnects": ("counter", ("Publisher disconnections after which the agent reopened the "
+                                "stream (a frame over max_message_bytes, or the pod went away)."), []),
     "tierpilot_kv_rejected": ("counter", "Frames, payloads or events counted and skipped, by reason.",
                               ["reason"]),
     "tierpilot_kv_misses": ("counter", ("GPU block stores that had to be computed, by cause "
@@ -98,6 +100,7 @@ def build_families(snap: KvSnapshot) -> list[Metric]:
         add("tierpilot_kv_missed_messages", [*base, "lost"], s.lost_messages)
         add("tierpilot_kv_missed_messages", [*base, "unbuffered"], s.unbuffered_messages)
         add("tierpilot_kv_restarts", base, s.restarts)
+        add("tierpilot_kv_reconnects", base, s.reconnects)
         for reason, n in sorted(s.rejected.items()):
             add("tierpilot_kv_rejected", [*base, reason], n)
         for cause in CAUSES:

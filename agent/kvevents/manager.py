@@ -65,6 +65,7 @@ class _Stream:
     topic: bytes
     rcvhwm: int = 1000
     sub: zmq.Socket | None = None
+    monitor: zmq.Socket | None = None  # the SUB's DISCONNECTED events
     dealer: zmq.Socket | None = None
     last: int | None = None
     replay: _Replay | None = None
@@ -179,6 +180,8 @@ class KvEventManager:
         for st in list(self._streams.values()):
             if st.sub is not None and st.sub in events:
                 self._drain_live(st)
+            if st.monitor is not None and st.monitor in events:
+                self._check_disconnect(st)
             if st.dealer is not None and st.dealer in events:
                 self._drain_replay(st)
         now = self.clock()
@@ -262,6 +265,8 @@ class KvEventManager:
         sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: a wrong one is counted, not filtered unseen
         sub.connect(st.endpoint)
         st.sub = sub
+        st.monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller.register(st.monitor, zmq.POLLIN)
         self._poller.register(sub, zmq.POLLIN)
 
     def _open_dealer(self, st: _Stream) -> zmq.Socket:
@@ -284,10 +289,37 @@ class KvEventManager:
         if st.replay is not None:
             self._finish_replay(st, timed_out=True)
         self._close_dealer(st)
+        self._close_sub(st)
+
+    def _close_sub(self, st: _Stream) -> None:
+        if st.monitor is not None:
+            self._poller.unregister(st.monitor)
+            if st.sub is not None:
+                st.sub.disable_monitor()
+            st.monitor.close(linger=0)
+            st.monitor = None
         if st.sub is not None:
             self._poller.unregister(st.sub)
             st.sub.close(linger=0)
             st.sub = None
+
+    def _check_disconnect(self, st: _Stream) -> None:
+        """The publisher dropped the connection. libzmq reconnects by itself after an ordinary
+        close, but never after it refused a frame over ZMQ_MAXMSGSIZE, which would silence the
+        pod for good: the SUB is reopened (its `last` kept, so the next batch shows the gap)."""
+        assert st.monitor is not None
+        seen = False
+        while True:
+            try:
+                st.monitor.recv_multipart(zmq.NOBLOCK)
+                seen = True
+            except zmq.Again:
+                break
+        if seen:
+            with self._lock:
+                self.signals.reconnected(st.engine)
+            self._close_sub(st)
+            self._open(st)
 
     def _close_all(self) -> None:
         for st in self._streams.values():

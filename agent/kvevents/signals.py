@@ -47,6 +47,7 @@ class StreamStats:
     lost_messages: int = 0  # of which never recovered
     unbuffered_messages: int = 0  # before a late join, older than the engine's replay buffer
     restarts: int = 0
+    reconnects: int = 0  # publisher disconnected (a frame over max_message_bytes, or the pod left)
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)
     last_seq: int | None = None
     last_event_ts: float | None = None
@@ -148,6 +149,9 @@ class KvSignals:
         if not math.isfinite(ts):
             ts = st.last_event_ts if st.last_event_ts is not None else 0.0
         self.index(engine.model).clear_engine(engine.key, ts)
+
+    def reconnected(self, engine: EngineId) -> None:
+        self.stream(engine).reconnects += 1
 
     def gap(self, engine: EngineId, missed: int) -> None:
         st = self.stream(engine)

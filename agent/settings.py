@@ -347,6 +347,13 @@ class AgentSettings(BaseSettings):
         return (env_settings, init_settings)  # environment wins over the file
 
     @model_validator(mode="after")
+    def _one_exporter_per_series(self) -> AgentSettings:
+        if self.export.fleet == "leader" and self.shard.count > 1:
+            raise ValueError("export.fleet 'leader' with shard.count > 1 would hide the other shards' series; "
+                             "with sharding every replica exports its own shard: use export.fleet 'all'")
+        return self
+
+    @model_validator(mode="after")
     def _source_has_url(self) -> AgentSettings:
         if self.source == "prometheus" and not self.prometheus.url:
             raise ValueError("source 'prometheus' needs prometheus.url")

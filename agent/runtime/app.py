@@ -27,7 +27,7 @@ from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
@@ -50,7 +50,8 @@ from agent.runtime.isolation import CollectorHealth, IsolatedCollector
 from agent.settings import AgentSettings
 from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Snapshot
-from exporters.prom import build_registry
+from exporters.fleet import FleetExport
+from exporters.prom import SnapshotCollector
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,12 @@ class Agent:
         self.job_stats = JobStats()
         self.collector_health = CollectorHealth()
         self.health_checks: dict[str, Callable[[], str | None]] = {}
-        self.registry = build_registry(lambda: self._snapshot, (self.job_stats, self.collector_health))
+        # export.fleet=leader: the runtime points this at the Lease (exporters/fleet.py)
+        self.is_fleet_exporter: Callable[[], bool] | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self._fleet(SnapshotCollector(lambda: self._snapshot)))
+        self.registry.register(self.job_stats)
+        self.registry.register(self.collector_health)
         for c in collectors:
             self.add_collector(c)
         self.jobs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
@@ -174,9 +180,23 @@ class Agent:
         """Exactly what /metrics serves (classic text format)."""
         return generate_latest(self.registry).decode()
 
-    def add_collector(self, collector: Collector, name: str | None = None) -> None:
-        """Register an extra collector, isolated: if it raises, only its series are missing."""
-        wrapped = IsolatedCollector(collector, name)
+    def pod_namespaces(self) -> dict[str, str]:
+        """pod -> the namespace it was discovered in (the `namespace` label of the fleet series)."""
+        return {st.target.pod: st.target.namespace for st in self._snapshot.targets if st.target.namespace}
+
+    def exporting_fleet(self) -> bool:
+        """Whether this replica serves the fleet series now (always, unless export.fleet=leader)."""
+        return self.is_fleet_exporter is None or self.is_fleet_exporter()
+
+    def _fleet(self, collector: Collector) -> FleetExport:
+        return FleetExport(collector, is_exporter=self.exporting_fleet, pod_namespaces=self.pod_namespaces)
+
+    def add_collector(self, collector: Collector, name: str | None = None, *, fleet: bool = False) -> None:
+        """Register an extra collector, isolated: if it raises, only its series are missing.
+        `fleet`: its series describe the scraped pods (served by the exporting replica only, with
+        the pods' namespace; exporters/fleet.py)."""
+        name = name or type(collector).__name__
+        wrapped = IsolatedCollector(self._fleet(collector) if fleet else collector, name)
         self.collector_health.add(wrapped)
         self.add_health_check(f"collector:{wrapped.name}", wrapped.problem)
 

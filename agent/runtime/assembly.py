@@ -140,8 +140,9 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     env = os.environ if env is None else env
     clock = clock if clock is not None else SteadyWallClock(time.time, monotonic)
     act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
-    needs_kube = settings.tuner.enabled or (settings.kv_events.enabled and settings.kv_events.discovery
-                                            and settings.targets.kubernetes.enabled)
+    needs_kube = (settings.tuner.enabled or (settings.export.fleet == "leader" and settings.actuation.leader_election)
+                  or (settings.kv_events.enabled and settings.kv_events.discovery
+                      and settings.targets.kubernetes.enabled))
     if api_client is None and needs_kube:
         from agent.k8s.wiring import load_api_client
 
@@ -160,7 +161,32 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
         _add_kv_events(rt, settings, pod_api, clock, kv_context)
     if settings.tuner.enabled:
         _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now)
+    if settings.export.fleet == "leader":
+        _export_on_lease(rt, settings, api_client, monotonic=monotonic, now=now)
     return rt
+
+
+def _export_on_lease(rt: Runtime, settings: AgentSettings, api_client: Any, *, monotonic: Callable[[], float],
+                     now: Callable[[], datetime.datetime]) -> None:
+    """export.fleet=leader: only the Lease holder serves the fleet series (exporters/fleet.py). The
+    tuner's elector when there is one; else one of its own over the same Lease settings."""
+    if rt.elector is None:
+        if not settings.actuation.leader_election or api_client is None:
+            raise RuntimeConfigError("key 'export.fleet': 'leader' needs leader election (actuation.leader_election "
+                                     "and a Kubernetes API); use 'all' for a single replica")
+        from agent.k8s import KubeApi, LeaseElector
+        from agent.k8s.settings import LeaseSettings
+
+        a = settings.actuation
+        lease = LeaseSettings(**({"name": a.lease_name} if a.lease_name else {}))
+        namespace = a.lease_namespace or settings.targets.kubernetes.namespace
+        if not namespace:
+            raise RuntimeConfigError("key 'actuation.lease_namespace': export.fleet=leader needs the Lease's namespace")
+        identity = a.identity or os.environ.get("POD_NAME") or os.uname().nodename
+        rt.elector = LeaseElector(KubeApi(api_client, field_manager="tierpilot"), namespace, lease, identity,
+                                  clock=monotonic, now=now)
+    rt.agent.is_fleet_exporter = rt.elector.is_leader
+    log.info("export.fleet=leader: fleet series served while %s holds the Lease", rt.elector.identity)
 
 
 def _fleet_store(settings: AgentSettings, agent: Agent) -> Any:
@@ -201,7 +227,7 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     cfg = settings.kv_events
     kv = KvEventManager(cfg.manager_settings(), clock=clock, context=context)
     rt.kv = kv
-    rt.agent.add_collector(KvEventsCollector(kv.snapshot))
+    rt.agent.add_collector(KvEventsCollector(kv.snapshot), fleet=True)
     interval = settings.scrape.interval_s
     rt.kv_feed = lambda: feed_kv_counters(rt.agent.store, kv, window_s=interval * 2.5, ts=clock())
     rt.agent.add_job(JobSpec("kv_counters", interval, rt.kv_feed))

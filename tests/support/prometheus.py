@@ -144,9 +144,11 @@ def write_config(
     rule_files: Sequence[Path] = (),
     metrics_path: str = "/metrics",
     static_configs: Sequence[dict] | None = None,
+    scrape_configs: Sequence[dict] | None = None,
 ) -> None:
     """`static_configs` (each {"targets": [...], "labels": {...}}) replaces the plain target list,
-    e.g. to attach the `pod` label Kubernetes service discovery would."""
+    e.g. to attach the `pod` label Kubernetes service discovery would; `scrape_configs` replaces
+    the whole job list (e.g. the jobs the Prometheus Operator generates)."""
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [
@@ -159,6 +161,8 @@ def write_config(
             }
         ],
     }
+    if scrape_configs is not None:
+        config["scrape_configs"] = list(scrape_configs)
     if rule_files:
         config["rule_files"] = [str(p) for p in rule_files]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -174,13 +178,15 @@ def start_prometheus(
     wait_for_first_scrape: bool = True,
     timeout: float = 30.0,
     static_configs: Sequence[dict] | None = None,
+    scrape_configs: Sequence[dict] | None = None,
 ) -> PrometheusServer:
     """Start Prometheus scraping `targets` ("host:port"); wait for readiness and first samples."""
     if not Path(PROMETHEUS_BIN).exists():
         pytest.skip(f"prometheus binary not found at {PROMETHEUS_BIN}; run `make setup`")
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
-    write_config(config, targets, scrape_interval, job, rule_files, static_configs=static_configs)
+    write_config(config, targets, scrape_interval, job, rule_files, static_configs=static_configs,
+                 scrape_configs=scrape_configs)
     last_error = ""
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = free_port()

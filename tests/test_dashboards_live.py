@@ -43,6 +43,7 @@ pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+NAMESPACE = "llm-serving"
 ROUTES = {  # path -> (fixture, role, pod)
     "/vllm": ("vllm_0_33_dp2.prom", "vllm", "vllm-0"),
     "/lmcache": ("lmcache_inprocess.prom", "lmcache", "vllm-0"),
@@ -128,8 +129,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusS
             with Agent(settings, StaticTargets(targets), collectors=collectors) as agent:
                 address = urllib.parse.urlsplit(agent.url).netloc
                 workdir = tmp_path_factory.mktemp("prom")
+                # `namespace` is a target label the ServiceMonitor/PodMonitor adds: attach it as
+                # Kubernetes service discovery would, so the namespace variable has a value to list
                 with run_prometheus([address], workdir, job=SETTINGS.alerts.agent_job,
-                                    rule_files=[build.REPO_ROOT / build.RULES_FILE]) as prom:
+                                    rule_files=[build.REPO_ROOT / build.RULES_FILE],
+                                    static_configs=[{"targets": [address], "labels": {"namespace": NAMESPACE}}]
+                                    ) as prom:
                     prom.wait_for("tierpilot_ttft_seconds_bucket", timeout=30)
                     # changes the annotations mark, after Prometheus has seen the counters at rest
                     tuner.actuation("applied")
@@ -163,10 +168,8 @@ def test_variable_query_returns_values(live, uid, variable):
     prom, _ = live
     match = expand(f"{variable.metric}{{{variable.selector}}}" if variable.selector else variable.metric, ALL)
     values = prom.api(f"label/{variable.label}/values", **{"match[]": match})
-    if variable.label == "namespace":
-        # `namespace` is a target label the ServiceMonitor/PodMonitor adds; this Prometheus scrapes
-        # a static target, so the only check here is that Prometheus accepts the query.
-        assert isinstance(values, list)
+    if variable.label == "namespace":  # the target label the scrape config attaches (see `live`)
+        assert values == [NAMESPACE], f"{uid} ${variable.name}: label_values({match}, namespace) = {values}"
         return
     assert values, f"{uid} ${variable.name}: label_values({match}, {variable.label}) is empty"
 

@@ -27,9 +27,11 @@ from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.trial import FrozenTrial, TrialState
 
 from contracts.knobs import Knobs
+from contracts.redact import redact_url
 from tuners.base import Candidate, TrialRecord
 from tuners.objective import Evaluation, ObjectiveSpec
 from tuners.space import CandidateError, SearchSpace
+from tuners.storage_errors import one_line
 
 log = logging.getLogger("tierpilot.tuner")
 
@@ -80,7 +82,7 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as exc:  # sqlalchemy raises many types; the message matters
-        raise ValueError(f"cannot open optuna storage {url!r}: {exc}") from exc
+        raise ValueError(f"cannot open optuna storage {redact_url(url)!r}: {one_line(exc)}") from exc
 
 
 class OptunaTuner:

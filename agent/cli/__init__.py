@@ -32,6 +32,20 @@ class LazyGroup(click.Group):
         except (ImportError, AttributeError) as exc:  # pragma: no cover - a packaging bug
             raise click.ClickException(f"subcommand {name!r} is unavailable: {exc}") from exc
 
+    def invoke(self, ctx: click.Context) -> object:
+        """A fault of the study storage (database down, corrupt SQLite page, disk full) is one line
+        naming the root cause, not a traceback ending in optuna's misleading "invalid data"."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            from tuners.storage_errors import is_storage_error, one_line
+
+            if is_storage_error(exc):
+                raise click.ClickException(f"study storage: {one_line(exc)}") from None
+            raise
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][2]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):

@@ -22,55 +22,15 @@ time budget, so the candidate never outlives the agent.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable, Mapping
 
-import optuna
-import sqlalchemy.exc
-
-from contracts.redact import redact_text
 from tuners.controller import StepReport, TuningController
 from tuners.guardrails import Guardrails
+from tuners.storage_errors import is_storage_error, one_line
 
 log = logging.getLogger("tierpilot.runtime")
 QUIET_STATES = frozenset({"measuring", "holding", "blocked", "baseline", "retry"})
-STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, sqlite3.Error)
-
-
-def is_storage_error(exc: BaseException) -> bool:
-    """A fault of the optuna study storage (database down, disk full, corrupt file...)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, STORAGE_ERRORS):
-            return True
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return False
-
-
-def root_cause(exc: BaseException) -> BaseException:
-    """The innermost cause (`raise ... from`, else the exception being handled when it was raised):
-    optuna's StorageInternalError blames "invalid data" when the database is simply gone."""
-    seen = {id(exc)}
-    while True:
-        nxt = exc.__cause__ or exc.__context__
-        if nxt is None or id(nxt) in seen:
-            return exc
-        seen.add(id(nxt))
-        exc = nxt
-
-
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """`Type: first line of the root cause's message`, credentials redacted: for logs, health and
-    reports (never a traceback)."""
-    root = root_cause(exc)
-    text = [line.strip() for line in str(root).strip().splitlines() if line.strip()]
-    msg = text[0] if text else ""
-    if msg.startswith("(") and ") " in msg:  # SQLAlchemy's "(psycopg2.OperationalError) ..."
-        msg = msg.split(") ", 1)[1]
-    return redact_text(f"{type(root).__name__}: {msg}")[:limit]
 
 
 class TuningLoop:

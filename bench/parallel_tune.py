@@ -1,7 +1,8 @@
 """Benchmark: twin searches in parallel on one optuna study in a real PostgreSQL.
 
 For 1, 2 and 4 worker processes at the same trial budget (and the same seeds), prints:
-- wall time per search and the speed-up against 1 worker, in this process;
+- wall time per search and the speed-up against 1 worker, in this process; every arm, 1 worker
+  included, runs in freshly spawned processes, so each pays the same start-up (imports, workload);
 - the best TTFT p95 each search found, and a two-sided Mann-Whitney U test of the parallel
   searches' best values against the serial ones (a large p: no evidence the parallel search finds
   worse configurations at the same budget).

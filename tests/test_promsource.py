@@ -187,3 +187,10 @@ def test_target_prometheus_cannot_scrape_is_down_with_reason(api):
     assert not status.up and status.reason == "target_down" and "10.0.0.1:8000" in status.detail
     text = json.dumps([t.pod for t in snap.tiers])
     assert "vllm-0" in text  # its last series Prometheus still has are kept
+
+
+def test_query_concurrency_gate_survives_one_event_loop_per_cycle(api):
+    agent = _agent(api.url, concurrency=1)  # every query waits for the gate
+    for _ in range(2):  # scrape_now runs each cycle on a fresh event loop
+        snap = agent.scrape_now()
+        assert snap.targets[0].up and snap.tiers

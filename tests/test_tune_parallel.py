@@ -35,7 +35,7 @@ def test_workers_share_one_study_on_postgres(postgres_url):  # noqa: F811
     assert result.best is not None and result.best.value == min(values)
     # resuming (here with one in-process worker) adds to the same study
     more = parallel_tune(WorkloadSpec(preset="sessions", max_requests=250), ClusterArgs({"pods": 2}), LIMITS,
-                         storage=postgres_url, study="par", trials=3, workers=1, seed=4)
+                         storage=postgres_url, study="par", trials=3, workers=1, seed=4, in_process=True)
     assert more.trials == 13
 
 

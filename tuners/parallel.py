@@ -101,8 +101,10 @@ def _worker(index: int, n_trials: int, workload: WorkloadSpec, cluster: ClusterA
 
 def parallel_tune(workload: WorkloadSpec, cluster: ClusterArgs, limits: DeploymentLimits, *, storage: str,
                   study: str, trials: int, workers: int, objective: ObjectiveSpec | None = None,
-                  sampler: str = "tpe", seed: int | None = 0, enqueue_defaults: bool = True) -> ParallelResult:
-    """Run `trials` twin trials of `study` in `storage` on `workers` processes."""
+                  sampler: str = "tpe", seed: int | None = 0, enqueue_defaults: bool = True,
+                  in_process: bool = False) -> ParallelResult:
+    """Run `trials` twin trials of `study` in `storage` on `workers` processes (`in_process` with
+    one worker: in this process, without a spawn)."""
     from tuners.offline import DEFAULTS
     from tuners.optuna_tuner import OptunaTuner
 
@@ -119,7 +121,7 @@ def parallel_tune(workload: WorkloadSpec, cluster: ClusterArgs, limits: Deployme
         except CandidateError:
             pass
     shares = split_budget(trials, workers)
-    if workers == 1:  # in process: the serial reference, without a spawn
+    if workers == 1 and in_process:
         reports = [_worker(0, shares[0], workload, cluster, limits, storage, study, objective, sampler, seed)]
     else:
         ctx = multiprocessing.get_context("spawn")

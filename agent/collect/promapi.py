@@ -76,10 +76,13 @@ class PrometheusApi:
         self.base = settings.url
         self.clock = clock
         self._gate: asyncio.Semaphore | None = None
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
 
     def _semaphore(self) -> asyncio.Semaphore:
-        if self._gate is None:
-            self._gate = asyncio.Semaphore(self.settings.concurrency)
+        """One gate per event loop (`scrape_now` runs each cycle on a fresh loop)."""
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate_loop is not loop:
+            self._gate, self._gate_loop = asyncio.Semaphore(self.settings.concurrency), loop
         return self._gate
 
     async def query(self, session: aiohttp.ClientSession, promql: str,

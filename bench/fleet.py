@@ -1,0 +1,227 @@
+"""Benchmark: large fleets. 2,000 scrape targets served from one loopback server process with
+realistic payloads (vLLM 0.33 + LMCache as prometheus_client renders them, bench/scrape.py; the
+emulated cluster's pods; the reference samples that parse), then:
+
+1. direct scrape, sharded: for 1, 2 and 4 shards, one replica's cycle over its rendezvous share
+   of the targets (median wall time and CPU time of that replica's cycles). Replicas run on their
+   own cores in production, so the fleet's cycle is the slowest replica's. Scaling efficiency
+   = (1-shard CPU) / (N x the mean replica's CPU); target: within 20% of linear (>= 0.8).
+2. `source: prometheus`: one real Prometheus (Debian's) scrapes the same 2,000 payloads (with the
+   `pod` label); the agent's cycle (all queries + normalise + snapshot) at 200 and at 2,000 pods.
+   Targets: < 1 s at 2,000 pods, and the 2,000-pod cycle within 2x of the 200-pod one.
+3. KV events, sharded: decoded vLLM event batches of 8 pods applied to one replica (the whole
+   fleet) or to 2 (each its rendezvous share, with the mergeable fleet sketches on); block events
+   per second of the fleet (events / the slowest replica's time), in this process.
+
+The machine is shared (2 cores, other engineers' tests): wall times move with its load, CPU
+times much less; the load average is printed next to the figures.
+Run: .venv/bin/python bench/fleet.py [--targets 2000] [--skip-prometheus]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.scrape import SERVER, render_payload
+
+SHARED = Path(os.environ.get("TIERPILOT_SHARED", "/work/shared"))
+
+
+def load() -> str:
+    a, b, _ = os.getloadavg()
+    return f"load average {a:.1f}/{b:.1f}"
+
+
+def payload_pool() -> list[str]:
+    """Distinct payloads the targets cycle through: rendered, emulated, and reference samples."""
+    from agent.collect.parse import ParseError, parse
+    from emulator.cluster.exposition import render_python_client
+    from emulator.cluster.pod_metrics import PodIdentity, VllmPodMetrics
+
+    pool = [render_payload(i) for i in range(24)]
+    emulated = render_python_client(VllmPodMetrics(PodIdentity(), time.time()).snapshot())
+    pool.append(emulated.decode() if isinstance(emulated, bytes) else emulated)
+    for path in sorted((SHARED / "reference" / "samples").glob("*vllm*.prom")):
+        text = path.read_text()
+        try:
+            parse(text)
+        except ParseError:
+            continue
+        pool.append(text)
+    return pool
+
+
+def start_server(payloads: list[str]) -> tuple[subprocess.Popen, int, str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(payloads, f)
+    server = subprocess.Popen([sys.executable, "-c", SERVER, f.name], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    return server, int(server.stdout.readline()), f.name  # type: ignore[union-attr]
+
+
+def direct(targets: list, shard_counts: list[int], cycles: int) -> None:
+    from agent.collect.discovery import StaticTargets
+    from agent.collect.scrape import new_session
+    from agent.collect.shard import owned
+    from agent.runtime.app import Agent
+    from agent.settings import load_settings
+
+    print(f"\n1. direct scrape, {len(targets)} targets, sharded ({load()})")
+    print("   shards  targets/replica  replica cycle wall ms (median, max over replicas)  replica CPU ms (mean)"
+          "  efficiency")
+    base_cpu = None
+    for n in shard_counts:
+        walls, cpus = [], []
+        for index in range(n):
+            mine = list(owned(targets, index, n))
+            clock = [1.0e9]
+            settings = load_settings(env={}, scrape={"timeout_s": 30, "concurrency": 256})
+            agent = Agent(settings, StaticTargets(mine), clock=lambda c=clock: c[0])
+
+            async def run(agent: Agent = agent, mine: list = mine, clock: list = clock) -> tuple[list, list]:
+                w, c = [], []
+                async with new_session(256) as session:
+                    await agent.cycle.run(session, mine)  # warm-up: connections, first samples
+                    for _ in range(cycles):
+                        clock[0] += 15.0
+                        w0, c0 = time.perf_counter(), time.process_time()
+                        snap = await agent.cycle.run(session, mine)
+                        w.append(time.perf_counter() - w0)
+                        c.append(time.process_time() - c0)
+                        down = [s.reason for s in snap.targets if not s.up]
+                        assert not down, down[:3]
+                return w, c
+
+            w, c = asyncio.run(run())
+            walls.append(statistics.median(w))
+            cpus.append(statistics.median(c))
+        mean_cpu = statistics.mean(cpus)
+        if base_cpu is None:
+            base_cpu = mean_cpu
+        eff = base_cpu / (n * mean_cpu)
+        print(f"   {n:>6}  {len(targets) // n:>15}  {statistics.median(walls) * 1000:>26.0f}, {max(walls) * 1000:>6.0f}"
+              f"  {mean_cpu * 1000:>36.0f}  {eff:>9.2f}")
+
+
+def via_prometheus(port: int, n_targets: int, cycles: int) -> None:
+    from agent.collect.discovery import StaticTargets
+    from agent.runtime.app import Agent
+    from agent.settings import load_settings
+    from tests.support.prometheus import start_prometheus
+
+    small = min(200, n_targets)
+    configs = [{"targets": [f"127.0.0.1:{port}"],
+                "labels": {"__metrics_path__": f"/pod/{i}/metrics", "pod": f"vllm-{i}",
+                           "subset": "small" if i < small else "rest"}} for i in range(n_targets)]
+    work = Path(tempfile.mkdtemp(prefix="tierpilot-fleet-prom-"))
+    print(f"\n2. source: prometheus, one real Prometheus scraping {n_targets} targets every 10 s ({load()})")
+    t0 = time.perf_counter()
+    # every target shares one host:port, so `up` counts scrape pools' series, not addresses
+    prom = start_prometheus([], work, scrape_interval="10s", job="fleet", static_configs=configs,
+                            wait_for_first_scrape=False, timeout=120)
+    try:
+        prom.wait_for('up{job="fleet"}', timeout=180, min_series=n_targets)
+        time.sleep(25)  # at least two scrapes of every target, so increases exist
+        print(f"   Prometheus up with {n_targets} targets scraped twice in {time.perf_counter() - t0:.0f} s")
+        for size, selector in ((small, 'subset="small"'), (n_targets, 'job="fleet"')):
+            settings = load_settings(env={}, source="prometheus",
+                                     prometheus={"url": prom.url, "roles": {"vllm": selector}, "backfill": False,
+                                                 "timeout_s": 60})
+            agent = Agent(settings, StaticTargets(()))
+            agent.scrape_now()  # warm-up
+            walls, cpus = [], []
+            for _ in range(cycles):
+                w0, c0 = time.perf_counter(), time.process_time()
+                snap = agent.scrape_now()
+                walls.append(time.perf_counter() - w0)
+                cpus.append(time.process_time() - c0)
+            pods = len({t.pod for t in snap.tiers})
+            assert pods == size, (pods, size, [s.reason for s in snap.targets if not s.up][:3])
+            print(f"   {size:>5} pods: agent cycle wall median {statistics.median(walls) * 1000:.0f} ms "
+                  f"(min {min(walls) * 1000:.0f}), agent CPU {statistics.median(cpus) * 1000:.0f} ms; "
+                  f"{len(snap.tiers)} tier series")
+            if size == small:
+                small_wall = statistics.median(walls)
+        print(f"   2,000/200 cycle ratio: {statistics.median(walls) / small_wall:.2f}x (target <= 2x); "
+              f"at {n_targets}: {'< 1 s' if statistics.median(walls) < 1 else '>= 1 s'} ({load()})")
+    finally:
+        prom.stop()
+
+
+def kv_events(n_msgs: int) -> None:
+    from agent.collect.shard import shard_of
+    from agent.kvevents.fleet import BlockSketches
+    from agent.kvevents.signals import EngineId, KvSignals
+    from agent.kvevents.wire import decode_payload
+    from bench.kvevents import make_messages
+
+    pods = [f"vllm-{i}" for i in range(8)]
+    streams = {p: make_messages(n_msgs // len(pods), "map", seed=i)[0] for i, p in enumerate(pods)}
+    blocks = sum(make_messages(n_msgs // len(pods), "map", seed=i)[1] for i in range(len(pods)))
+
+    def replica(mine: list[str], sketches: bool) -> float:
+        sig = KvSignals()
+        if sketches:
+            sig.blocks = BlockSketches()
+        t0 = time.process_time()
+        for k in range(n_msgs // len(pods)):
+            for p in mine:
+                sig.apply(EngineId(p, "m"), decode_payload(streams[p][k]))
+        return time.process_time() - t0
+
+    print(f"\n3. KV events, {len(pods)} pods, {blocks:,} block events ({load()})")
+    one = min(replica(pods, False) for _ in range(2))
+    one_sk = min(replica(pods, True) for _ in range(2))
+    print(f"   1 replica (no sketches):       {blocks / one:>10,.0f} block events/s")
+    print(f"   1 replica (with sketches):     {blocks / one_sk:>10,.0f} block events/s "
+          f"(sketch cost {one_sk / one - 1:+.0%})")
+    shares = [[p for p in pods if shard_of(p, 2) == i] for i in range(2)]
+    times = [min(replica(s, True) for _ in range(2)) for s in shares]
+    print(f"   2 replicas (sketches on): {[len(s) for s in shares]} pods each; fleet "
+          f"{blocks / max(times):>10,.0f} block events/s = {one / max(times):.2f}x one replica "
+          f"(the slower replica sets the pace)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", type=int, default=2000)
+    ap.add_argument("--shards", default="1,2,4")
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--kv-messages", type=int, default=4000)
+    ap.add_argument("--skip-prometheus", action="store_true")
+    args = ap.parse_args()
+    from contracts.tier_model import Target
+
+    print(f"machine: {os.cpu_count()} cores, {load()} (shared and noisy; CPU times are the steadier figure)")
+    t0 = time.perf_counter()
+    pool = payload_pool()
+    payloads = [pool[i % len(pool)] for i in range(args.targets)]
+    print(f"payloads: {len(pool)} distinct ({statistics.mean(len(p) for p in pool) / 1024:.0f} KiB mean) over "
+          f"{args.targets} targets; built in {time.perf_counter() - t0:.1f} s")
+    server, port, data = start_server(payloads)
+    try:
+        targets = [Target(f"http://127.0.0.1:{port}/pod/{i}/metrics", "vllm", f"vllm-{i}")
+                   for i in range(args.targets)]
+        direct(targets, [int(x) for x in args.shards.split(",")], args.cycles)
+        if not args.skip_prometheus:
+            via_prometheus(port, args.targets, args.cycles)
+    finally:
+        server.terminate()
+        server.wait(10)
+        os.unlink(data)
+    kv_events(args.kv_messages)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Benchmark: the agent under hostile targets, against the Deployment's 1 GiB memory limit.
+
+Each attack runs in a fresh child process (so its peak RSS is its own): one agent with default
+settings scrapes 20 good vLLM + LMCache pods (payloads rendered by bench/scrape.py) and one
+attacker, for 3 cycles. Printed per attack: the child's peak RSS against 1 GiB, the median cycle
+wall time (and its ratio to the no-attack run in the same table), the reason the attacker is down,
+and whether the 20 good pods' tier numbers are exactly those of the no-attack run.
+
+Also printed: the parser's cost on the line that froze the old parser (`junk{` + `a="1"  ` x n)
+at 16, 32, 64, 128 labels, as time per line and the growth ratio 128/16 (linear: about 8x the
+length, so about 8x the time; the old regexes took 29 s at 16 labels and hours at 20).
+
+Targets: every attack survived, peak RSS < 1 GiB, good pods unchanged, a reason for the attacker.
+The servers listen on 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+GOOD_PODS = 20
+CYCLES = 3
+LIMIT_MB = 1024.0
+SECRET = "AKIAIOSFODNN7EXAMPLE"
+
+
+def attacks() -> dict[str, dict]:
+    """name -> route: body (bytes) or a behaviour (redirect, drip, huge)."""
+    many = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n' for i in range(250_000))
+    return {
+        "none": {},
+        "freezing line (40 labels)": {"body": ("ok 1\n" + freezing_line(40) + "\n").encode()},
+        "8 MB label value": {"body": ('x{a="' + "v" * (8 << 20) + '"} 1\n').encode()},
+        "250k series (15 MB)": {"body": many.encode()},
+        "50 copies of a series": {"body": ('vllm:prefix_cache_hits_total{engine="0",model_name="m"} 5\n' * 50)
+                                  .encode()},
+        "100 labels": {"body": ("vllm:num_requests_running{" + ",".join(f'l{i}="v"' for i in range(100))
+                                + "} 1\n").encode()},
+        "50 MB body": {"huge": 50 << 20},
+        "slow drip": {"drip": True},
+        "redirect to a metadata service": {"redirect": "/latest/meta-data/iam"},
+        "HTML with a secret": {"body": f"<html>{SECRET}</html>\n".encode()},
+    }
+
+
+def serve(good: list[str], routes: dict[str, dict]) -> tuple[http.server.ThreadingHTTPServer, int]:
+    closing = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, body: bytes, status: int = 200, headers: dict | None = None) -> None:
+            self.send_response(status)
+            for k, v in {"Content-Type": "text/plain; version=0.0.4", **(headers or {})}.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            parts = self.path.strip("/").split("/")
+            if parts[0] == "good":
+                self._send(good[int(parts[1])].encode())
+                return
+            if parts[0] == "latest":  # the "metadata service": must never be asked
+                self._send(f"{SECRET}\n".encode())
+                return
+            route = routes[json.loads(bytes.fromhex(parts[1]))]
+            try:
+                if "redirect" in route:
+                    self._send(b"", 302, {"Location": f"http://127.0.0.2:{self.server.server_port}"
+                                                      f"{route['redirect']}"})
+                elif "huge" in route:
+                    self.send_response(200)
+                    self.end_headers()
+                    chunk = b"# filler " + b"." * 1014 + b"\n"
+                    for _ in range(route["huge"] // len(chunk)):
+                        self.wfile.write(chunk)
+                    self.close_connection = True
+                elif "drip" in route:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "100000")
+                    self.end_headers()
+                    while not closing.wait(0.5):
+                        self.wfile.write(b"#")
+                        self.wfile.flush()
+                else:
+                    self._send(route["body"])
+            except OSError:
+                pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 256
+
+    httpd = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd.closing = closing  # type: ignore[attr-defined]
+    return httpd, httpd.server_address[1]
+
+
+CHILD = r"""
+import json, resource, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from agent.collect.discovery import StaticTargets
+from agent.runtime.app import Agent
+from agent.settings import load_settings
+from contracts.tier_model import Target
+port, n_good, attack, cycles = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+base = f"http://127.0.0.1:{port}"
+targets = [Target(f"{base}/good/{i}", "vllm", f"vllm-{i}") for i in range(n_good)]
+if attack != "none":
+    targets.append(Target(f"{base}/attack/{json.dumps(attack).encode().hex()}", "vllm", "attacker"))
+agent = Agent(load_settings(env={}, scrape={"backoff_base_s": 0}), StaticTargets(targets))
+times = []
+for _ in range(cycles):
+    t = time.perf_counter()
+    snap = agent.scrape_now()
+    times.append(time.perf_counter() - t)
+status = {s.target.pod: s for s in snap.targets}
+att = status.get("attacker")
+good = sorted((t.pod, t.tier, t.lookup_tokens, t.hit_tokens) for t in snap.tiers if t.pod != "attacker")
+exported = agent.metrics_text()
+from agent.runtime.app import snapshot_json
+exported += snapshot_json(snap)
+print(json.dumps({
+    "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "cycle_ms": statistics.median(times) * 1000,
+    "reason": "" if att is None else (att.reason or "up"),
+    "good_up": all(status[t.pod].up for t in targets if t.pod != "attacker"),
+    "good": good,
+    "leaked": "AKIA" in exported,
+}))
+"""
+
+
+def run_child(port: int, attack: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(port), str(GOOD_PODS), attack, str(CYCLES)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    if out.returncode != 0:
+        return {"crashed": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"rc {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def freezing_line(labels: int) -> str:
+    return "junk{" + 'a="1"  ' * labels
+
+
+def parser_figures() -> None:
+    from agent.collect.parse import ParseError, parse
+
+    per_line = {}
+    for n in (16, 32, 64, 128):
+        text = freezing_line(n) + "\n"
+        reps = 2000
+        best = float("inf")
+        for _ in range(5):
+            t = time.process_time()
+            for _ in range(reps):
+                try:
+                    parse(text)
+                except ParseError:
+                    pass
+            best = min(best, (time.process_time() - t) / reps)
+        per_line[n] = best
+    cells = ", ".join(f"{n} labels {per_line[n] * 1e6:.1f} us" for n in per_line)
+    length = len(freezing_line(128)) / len(freezing_line(16))
+    print(f"parser on the freezing line: {cells}; growth 128/16 = {per_line[128] / per_line[16]:.1f}x for "
+          f"{length:.1f}x the length (old parser: 29 s at 16 labels)")
+
+
+def main() -> None:
+    from scrape import render_payload
+
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (wall times scale with other work)")
+    parser_figures()
+    good = [render_payload(i) for i in range(GOOD_PODS)]
+    routes = attacks()
+    httpd, port = serve(good, routes)
+    print(f"{GOOD_PODS} good pods + 1 attacker, {CYCLES} cycles per attack, default settings; limit {LIMIT_MB:.0f} MB")
+    rows = []
+    reference = None
+    try:
+        for name in routes:
+            r = run_child(port, name)
+            if name == "none":
+                reference = r
+            rows.append((name, r))
+    finally:
+        httpd.closing.set()  # type: ignore[attr-defined]
+        httpd.shutdown()
+    base_ms = reference["cycle_ms"] if reference and "cycle_ms" in reference else None
+    print(f"{'attack':34s} {'peak RSS':>9s} {'cycle':>9s} {'vs none':>8s}  {'attacker':18s} good pods  leak")
+    survived = True
+    for name, r in rows:
+        if "crashed" in r:
+            survived = False
+            print(f"{name:34s} CRASHED: {r['crashed']}")
+            continue
+        same = reference is not None and r["good"] == reference["good"] and r["good_up"]
+        ok = r["rss_mb"] < LIMIT_MB and same and not r["leaked"] and (name == "none" or r["reason"] not in ("", "up"))
+        survived &= ok
+        ratio = f"{r['cycle_ms'] / base_ms:.2f}x" if base_ms else "-"
+        print(f"{name:34s} {r['rss_mb']:7.0f}MB {r['cycle_ms']:7.0f}ms {ratio:>8s}  {r['reason'] or '-':18s} "
+              f"{'unchanged' if same else 'CHANGED':9s}  {'LEAK' if r['leaked'] else 'no'}")
+    peak = max((r["rss_mb"] for _, r in rows if "rss_mb" in r), default=0.0)
+    print(f"worst peak RSS {peak:.0f} MB of {LIMIT_MB:.0f} MB ({peak / LIMIT_MB:.0%}); "
+          f"target: every attack survived, < 1 GiB, good pods unchanged -> {'OK' if survived else 'MISSED'}")
+    print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB, the servers)")
+
+
+if __name__ == "__main__":
+    main()

@@ -129,7 +129,7 @@ class ScaledRealtimeDriver:
         n = 0
         with self.lock:
             while self._next < len(self._arrivals) and self._arrivals[self._next] <= now and n < self._max_batch:
-                self._serve(self._next)
+                self._serve(self._next, now)
                 self._next += 1
                 n += 1
             self._refresh_gauges(now)
@@ -138,7 +138,7 @@ class ScaledRealtimeDriver:
         self.served += n
         return n
 
-    def _serve(self, index: int) -> None:
+    def _serve(self, index: int, now: float) -> None:
         r = self.port.submit(index)
         pod = self.cluster.pods.get(r.pod)
         if pod is None:
@@ -156,7 +156,8 @@ class ScaledRealtimeDriver:
         cold, capacity, routing, tail = r.miss_tokens
         self.recorder.add_served(Served(r.trace_ts, r.pod, o.prompt_tokens, o.gpu_hit_tokens, o.cpu_hit_tokens,
                                         o.l2_hit_tokens, o.ttft_s, self.phase_of(r.trace_ts), len(lat),
-                                        (sum(lat) / len(lat) / 1e6) if lat else 0.0, cold, capacity, routing, tail))
+                                        (sum(lat) / len(lat) / 1e6) if lat else 0.0, cold, capacity, routing, tail,
+                                        now))
 
     def _refresh_gauges(self, now: float) -> None:
         l2 = self.port.l2_load()

@@ -32,6 +32,7 @@ class Served:
     capacity_tokens: int = 0
     routing_tokens: int = 0
     tail_tokens: int = 0
+    recorded_s: float = math.nan  # cluster time the pod's counters took the request in (driver step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,12 +168,18 @@ class Recorder:
         """Rows with lo < trace_ts <= hi."""
         return [r for r in self.served_since(lo) if r.trace_ts <= hi]
 
-    def served_since(self, lo_trace_s: float) -> list[Served]:
-        """Rows with trace_ts > lo (newest last), scanning from the newest end."""
+    def recorded_between(self, lo: float, hi: float) -> list[Served]:
+        """Rows the pods' counters took in at lo < recorded_s <= hi: the truth a scrape at `hi`
+        can see, to compare with the agent's window ending there."""
+        return [r for r in self.served_since(lo, recorded=True) if r.recorded_s <= hi]
+
+    def served_since(self, lo_trace_s: float, *, recorded: bool = False) -> list[Served]:
+        """Rows with trace_ts (or recorded_s) > lo, newest last, scanning from the newest end
+        (both times grow with the arrival order)."""
         with self._lock:
             out = []
             for r in reversed(self._served):
-                if r.trace_ts <= lo_trace_s:
+                if (r.recorded_s if recorded else r.trace_ts) <= lo_trace_s:
                     break
                 out.append(r)
         out.reverse()

@@ -4,7 +4,8 @@ The demo's world without the tuner: the twin drives the emulated pods in scaled 
 real agent scrapes them over HTTP and follows their KV events, and a probe reads the agent's
 `/metrics` every `probe_s` wall seconds and compares it with the truth (`accuracy.AccuracyMeter`).
 Two rolling restarts happen at fixed cluster times: a plain rollout, then a configuration change
-(CPU offload size, which restarts every vLLM pod). Used by `bench/accuracy.py` and the tests.
+(CPU offload size, which restarts every vLLM pod). The tiers are sized so each one hits and the
+shared pool evicts, so every signal has a truth to compare with. Used by `bench/accuracy.py` and the tests.
 """
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ class AccuracySettings:
     restart_downtime_s: float = 0.2  # wall seconds a restarting pod is unreachable
     restarts_at: tuple[float, ...] = (0.35, 0.65)  # rolling restarts, as shares of the run
     rate_rps: float = 4.0
+    # Sized so every tier works: CPU offload larger than the GPU cache (CPU hits), and a shared
+    # pool small enough to evict (L2 evictions); the configuration change moves the CPU size.
+    knobs: Knobs = dataclasses.field(default_factory=lambda: DEFAULT_KNOBS.replace(cpu_gib=40.0))
+    changed_cpu_gib: float = 60.0
+    l2_tokens: int = 2_000_000
 
     @property
     def margin_s(self) -> float:
@@ -80,8 +86,8 @@ class AccuracyRun:
         span = s.wall_s * s.time_scale
         self.workload = build_workload(span, s.seed, rate_rps=s.rate_rps)
         self.names = pod_names(s.pods)
-        self.twin_cluster = TwinClusterSpec(pods=s.pods, pod_names=self.names)
-        caps = self.twin_cluster.capacities(DEFAULT_KNOBS)
+        self.twin_cluster = TwinClusterSpec(pods=s.pods, pod_names=self.names, l2_tokens=s.l2_tokens)
+        caps = self.twin_cluster.capacities(s.knobs)
         identity = PodIdentity(model_name=MODEL, kv_bytes_per_token=caps.kv_bytes_per_token,
                                num_gpu_blocks=caps.gpu_tokens // 16, ttft_buckets=TTFT_BUCKETS)
         self.recorder = Recorder(window_trace_s=s.window_s)
@@ -90,19 +96,19 @@ class AccuracyRun:
         self.cluster.start()
         self.publishers = open_pod_publishers(self.names, model=MODEL)
         self.kv_sink = TwinEventPublisher(self.publishers, clock_offset=0.0, tokens="empty")
-        self.twin = Twin(self.twin_cluster, DEFAULT_KNOBS, event_sink=self.kv_sink)
+        self.twin = Twin(self.twin_cluster, s.knobs, event_sink=self.kv_sink)
         port = TwinPortAdapter(self.twin, list(iter_requests(self.workload.frame)))
         self.driver = ScaledRealtimeDriver(port, self.cluster, self.recorder, time_scale=s.time_scale,
                                            on_step=self.kv_sink.flush_step)
         self.cluster.on_restart(self._on_restart)
-        self.actuator = LocalActuator(self.cluster, reconfigure=self._reconfigure)
+        self.actuator = LocalActuator(self.cluster, initial=s.knobs, reconfigure=self._reconfigure)
         targets = [Target(url=t["url"], role=t["role"], pod=t["pod"]) for t in self.cluster.targets()]
         kv = [EndpointSpec(pod=n, model=MODEL, endpoint=p.endpoint, replay_endpoint=p.replay_endpoint,
                            topic=f"kv@{n}@") for n, p in self.publishers.items()]
         self.agent = DemoAgent(targets, clock=self.driver.trace_now, port=0, kv_endpoints=kv,
                                kv_bytes_per_token=caps.kv_bytes_per_token, window_s=s.window_s,
                                scrape_interval_s=s.scrape_s)
-        self.meter = AccuracyMeter(s.window_s, self.recorder.served_between, self.recorder.evictions_at,
+        self.meter = AccuracyMeter(s.window_s, self.recorder.recorded_between, self.recorder.evictions_at,
                                    ttft_bounds=TTFT_BUCKETS, l2_bounds_s=L2_BOUNDS_S)
         self.error: BaseException | None = None
 
@@ -125,8 +131,7 @@ class AccuracyRun:
                     for name in self.names:
                         self.cluster.restart_pod(name)
                 else:  # a configuration change that restarts the engines
-                    cur = self.actuator.current()
-                    self.actuator.apply(cur.replace(cpu_gib=cur.cpu_gib * 2 if cur.cpu_gib else 10.0))
+                    self.actuator.apply(self.actuator.current().replace(cpu_gib=self.s.changed_cpu_gib))
         except BaseException as exc:  # noqa: BLE001 - reported by run()
             self.error = exc
 

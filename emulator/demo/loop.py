@@ -159,7 +159,7 @@ class Demo:
             self.port, self.cluster, self.recorder, time_scale=self.scale,
             phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self.kv_sink.flush_step)
         self.cluster.on_restart(self._restart_publisher)
-        self.accuracy = AccuracyMeter(DRIFT_SIGNALS_WINDOW_S, self.recorder.served_between, self.recorder.evictions_at,
+        self.accuracy = AccuracyMeter(DRIFT_SIGNALS_WINDOW_S, self.recorder.recorded_between, self.recorder.evictions_at,
                                       ttft_bounds=DEMO_TTFT_BUCKETS, l2_bounds_s=L2_BOUNDS_S)
 
         self.actuator = LocalActuator(self.cluster, reconfigure=self._reconfigure, dry_run=s.dry_run,
@@ -258,7 +258,7 @@ class Demo:
             export = parse_agent_export(text)
             self.accuracy.observe(export)
             if export.taken_at == export.taken_at:  # the agent's per-pod mean, over the agent's window
-                like = pod_mean_truth(self.recorder.served_between(export.taken_at - DRIFT_SIGNALS_WINDOW_S,
+                like = pod_mean_truth(self.recorder.recorded_between(export.taken_at - DRIFT_SIGNALS_WINDOW_S,
                                                                    export.taken_at))
         phase = sum(1 for p in self.workload.phase_starts_s[1:] if now >= p)
         self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,

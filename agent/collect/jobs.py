@@ -44,6 +44,7 @@ class TargetOutcome:
     status: TargetStatus
     signals: tuple[Signal, ...]
     restarted: bool = False  # its counters went down since its previous scrape: a new process
+    at: float | None = None  # data-clock time the request went out (the page is rendered then)
 
 
 def _unmapped_detail(role: str, text: str, payload: Payload) -> str:
@@ -131,11 +132,15 @@ class ScrapeCycle:
         return TargetOutcome(TargetStatus(target, False, duration_s, reason, detail, errors=errors), ())
 
     async def scrape_target(self, session: aiohttp.ClientSession, target: Target) -> TargetOutcome:
+        sent = self.clock()
         res = await fetch(session, target.url, timeout_s=self.settings.scrape.timeout_s,
                           max_body_bytes=self.settings.scrape.max_body_bytes)
         if isinstance(res, FetchFailure):
             return self._failed(target, res.reason, res.detail, res.duration_s)
-        return self.process(target, res.text, res.duration_s)
+        # A target renders its page as the request arrives (as Prometheus, stamp the sample with
+        # the request's time): the answer can come back much later from a busy agent, and each
+        # target's request goes out at its own time within the cycle.
+        return dataclasses.replace(self.process(target, res.text, res.duration_s), at=sent)
 
     def forget_gone(self, targets: Sequence[Target]) -> None:
         live = {t.key for t in targets}
@@ -148,25 +153,28 @@ class ScrapeCycle:
     async def run(self, session: aiohttp.ClientSession, targets: Sequence[Target]) -> Snapshot:
         """One full cycle over `targets`; returns the new snapshot."""
         start = time.perf_counter()
-        fetched_at = self.clock()  # the payloads are rendered as the fetches start, not when the last ends
+        fetched_at = self.clock()  # the cycle's time when no target answered
         self.forget_gone(targets)
         due = [t for t in targets if self.backoff.ready(t.key)]
         outcomes = await asyncio.gather(*(self.scrape_target(session, t) for t in due))
         signals: list[Signal] = []
         restarted: set[tuple[str, str]] = set()  # (pod, source) of targets whose process restarted
+        read_at: dict[tuple[str, str], float] = {}  # (pod, source) -> when its target was read
         for out in outcomes:
             self.statuses[out.status.target.key] = out.status
             signals.extend(out.signals)
             if out.restarted:
                 restarted.update((s.pod, s.source) for s in out.signals)
+            if out.at is not None:
+                read_at.update(((s.pod, s.source), out.at) for s in out.signals)
         for t in targets:  # skipped while backing off: still down, reason kept
             if t.key not in {o.status.target.key for o in outcomes}:
                 prev = self.statuses.get(t.key)
                 self.statuses[t.key] = TargetStatus(
                     t, False, 0.0, prev.reason if prev else "backoff", "skipped: backing off",
                     errors=dict(self.errors.get(t.key, {})), skipped=True)
-        now = fetched_at
-        self.store.ingest(resolve(signals, self.mappings), ts=now, restarted=restarted)
+        now = max(read_at.values(), default=fetched_at)  # the newest data; the window ends here
+        self.store.ingest(resolve(signals, self.mappings), ts=now, restarted=restarted, read_at=read_at)
         statuses = [self.statuses[t.key] for t in targets]
         return build_snapshot(
             self.store.window(now=now), statuses, taken_at=now, live_pods={t.pod for t in targets},

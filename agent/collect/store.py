@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -102,13 +102,17 @@ class WindowStore:
 
     # -- writing -----------------------------------------------------------------------------
     def ingest(self, signals: Sequence[Signal], ts: float | None = None,
-               restarted: Collection[tuple[str, str]] = ()) -> IngestReport:
+               restarted: Collection[tuple[str, str]] = (),
+               read_at: Mapping[tuple[str, str], float] | None = None) -> IngestReport:
         """Append one scrape. `restarted` names the (pod, source) pairs whose process restarted
         since their previous scrape (a counter of their target went down): every counter of
         theirs counts its whole value as the increase (it restarted from zero, even where the new
         value is not below the old one, e.g. a histogram bucket the old process rarely hit), and
-        their series missing from this scrape restart from zero when they reappear."""
-        ts = self.clock() if ts is None else ts
+        their series missing from this scrape restart from zero when they reappear.
+        `read_at` gives the time each (pod, source) was actually read, when it differs from `ts`
+        (the cycle's start): its rows, deltas and rates use it."""
+        cycle_ts = self.clock() if ts is None else ts
+        read_at = read_at or {}
         cols: dict[str, list] = {k: [] for k in SCHEMA}
         last = self._last
         reset_pods: set[str] = set()
@@ -116,6 +120,7 @@ class WindowStore:
         for s in signals:
             le = None if s.le != s.le else s.le
             key = (s.pod, s.model, s.name, le, s.source)
+            ts = read_at.get((s.pod, s.source), cycle_ts)
             seen.add(key)
             prev = last.get(key)
             delta = dt = None
@@ -138,11 +143,12 @@ class WindowStore:
             cols["dt"].append(dt)
         if restarted:
             for key in [k for k in last if (k[0], k[4]) in restarted and k not in seen]:
-                last[key] = (ts, 0.0)
+                last[key] = (read_at.get((key[0], key[4]), cycle_ts), 0.0)
         frame = pl.DataFrame(cols, schema=SCHEMA)
+        newest = max(cols["ts"], default=cycle_ts)
         with self._lock:
-            self._frames.append((ts, frame))
-            self._prune_locked(ts)
+            self._frames.append((newest, frame))
+            self._prune_locked(cycle_ts)
             self._cache = None
         return IngestReport(frame.height, tuple(sorted(reset_pods)))
 

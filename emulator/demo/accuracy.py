@@ -211,12 +211,14 @@ class AccuracyMeter:
     """Keeps the probe history the rate comparison needs; turns each export into error samples.
 
     `rows(lo, hi)` gives the truth rows with lo < trace_ts <= hi; `evictions_at(t)` the truth
-    eviction tallies ((tier, pod) -> entries) at cluster time t."""
+    eviction tallies ((tier, pod) -> entries) at cluster time t. The first window after the start
+    (the agent's window not yet full) is warm-up, not measured."""
 
     def __init__(self, window_s: float, rows: Callable[[float, float], Sequence[Served]],
                  evictions_at: Callable[[float], dict[tuple[str, str], float]], *,
-                 ttft_bounds: Sequence[float], l2_bounds_s: Sequence[float]) -> None:
+                 ttft_bounds: Sequence[float], l2_bounds_s: Sequence[float], start_s: float = 0.0) -> None:
         self.window_s = window_s
+        self.start_s = start_s  # cluster time the workload started: samples begin one window later
         self.rows = rows
         self.evictions_at = evictions_at
         self.ttft_bounds = tuple(ttft_bounds)
@@ -228,6 +230,8 @@ class AccuracyMeter:
         t = export.taken_at
         if not math.isfinite(t) or (self._history and t <= self._history[-1][0]):
             return []  # no snapshot yet, or the same snapshot as last time
+        if t < self.start_s + self.window_s:
+            return []  # warm-up: the agent's window is not full yet
         rows = self.rows(t - self.window_s, t)
         wide = self.rows(t - 2 * self.window_s, t)
         pairs = window_errors(export, rows, ttft_bounds=self.ttft_bounds, l2_bounds_s=self.l2_bounds_s,

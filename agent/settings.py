@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.kvevents.settings import KvEventsSettings
+from contracts.redact import redact_url
 from contracts.tier_model import ROLES, Role
 from exporters.settings import OtelSettings
 
@@ -69,7 +70,7 @@ class StaticTarget(_Frozen):
     @classmethod
     def _url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {v!r}")
+            raise ValueError(f"url must start with http:// or https://, got {redact_url(v)!r}")
         return v
 
 
@@ -145,7 +146,7 @@ class PrometheusSourceSettings(_Frozen):
     @classmethod
     def _url(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {v!r}")
+            raise ValueError(f"url must start with http:// or https://, got {redact_url(v)!r}")
         return v.rstrip("/") if v else v
 
     @model_validator(mode="after")

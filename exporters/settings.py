@@ -14,8 +14,8 @@ class OtelSettings(BaseModel):
 
     endpoint: str | None = Field(None, description="OTLP endpoint; unset disables OpenTelemetry export")
     protocol: Literal["http", "grpc"] = "http"
-    interval_s: float = Field(15.0, gt=0, description="export interval")
-    timeout_s: float = Field(10.0, gt=0)
+    interval_s: float = Field(15.0, gt=0, le=3600.0, description="export interval")
+    timeout_s: float = Field(10.0, gt=0, le=300.0)
     headers: dict[str, str] = Field(default_factory=dict)
     service_name: str = "tierpilot-agent"
     genai_operation: str = Field("chat", description="gen_ai.operation.name on TTFT")

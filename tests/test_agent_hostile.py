@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -170,3 +171,32 @@ def test_redaction():
     assert redact_url("http://10.0.0.5/m?api_token=abc&x=1") == "http://10.0.0.5/m?api_token=***&x=1"
     assert redact_text("connect to https://a:b@h/x failed") == "connect to https://***@h/x failed"
     assert redact_url("http://10.0.0.5:8000/metrics") == "http://10.0.0.5:8000/metrics"
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"scrape": {"max_body_bytes": 10**12}}, "scrape.max_body_bytes"),
+    ({"scrape": {"sample_limit": 10**9}}, "scrape.sample_limit"),
+    ({"scrape": {"label_value_length_limit": 10**9}}, "scrape.label_value_length_limit"),
+    ({"scrape": {"concurrency": 10**6}}, "scrape.concurrency"),
+    ({"store": {"retention_s": 1e12}}, "store.retention_s"),
+    ({"tuner": {"trials_per_phase": 10**9}}, "tuner.trials_per_phase"),
+    ({"tuner": {"warm_start": {"max_requests": 10**12}}}, "tuner.warm_start.max_requests"),
+    ({"tuner": {"limits": {"pods": 10**9}}}, "tuner.limits.pods"),
+    ({"tuner": {"guardrails": {"cooldown_s": 1e12}}}, "tuner.guardrails.cooldown_s"),
+])
+def test_every_size_setting_has_an_upper_bound(override, key):
+    from agent.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=rf"key '{re.escape(key)}': Input should be less than or equal to"):
+        load_settings(env={}, **override)
+
+
+def test_a_bad_targets_file_never_logs_its_credentials(tmp_path, caplog):
+    from agent.collect.discovery import FileTargets
+
+    path = tmp_path / "targets.yaml"
+    path.write_text(f'targets:\n  - {{url: "ftp://scraper:{SECRET}@10.0.0.5/m", role: vllm, pod: p}}\n')
+    with caplog.at_level(logging.ERROR):
+        source = FileTargets(path)
+    assert source.targets() == () and "url must start with http" in source.last_error
+    assert SECRET not in source.last_error and SECRET not in caplog.text

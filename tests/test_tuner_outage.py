@@ -117,3 +117,19 @@ def test_guardrail_timers_ignore_wall_clock_jumps():
     mono[0] += 10
     assert g.blocked() == "cooldown"
     assert g.next_allowed(wall[0]) == pytest.approx(wall[0] + 890)
+
+
+def test_runtime_stop_rolls_an_in_flight_trial_back(kube, vllm, tmp_path):  # noqa: F811
+    """The SIGTERM path: run_forever -> Runtime.stop stops the scheduler, then the tuning loop
+    rolls the trial back while the actuator and the Lease are still there."""
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    fake = FakeTime()
+    rt = runtime(kube, vllm, tmp_path, fake, f"sqlite:///{tmp_path}/s.db", "stop")
+    rt.elector.try_acquire_or_renew()
+    assert run_to_trial(rt, vllm, fake)[-1] == "trial_started"
+    baseline = rt.tuning.controller.baseline.knobs
+    assert rt.actuator.current() != baseline
+    rt.start()
+    rt.stop()
+    assert rt.actuator.current() == baseline
+    assert rt.tuning.guardrails.in_flight is None

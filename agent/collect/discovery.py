@@ -28,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from yarl import URL
 
 from agent.settings import DEFAULT_PORTS, KubernetesSettings, RoleDiscovery, StaticTarget
+from contracts.redact import redact_text
 from contracts.tier_model import Role, Target
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,8 @@ class FileTargets:
                 self._targets = parse_target_file(self.path.read_text(), str(self.path))
                 self.last_error = ""
             except (ValueError, OSError) as exc:
-                self.last_error = str(exc)
-                log.error("keeping the previous targets: %s", exc)
+                self.last_error = redact_text(str(exc))
+                log.error("keeping the previous targets: %s", self.last_error)
         return self._targets
 
 

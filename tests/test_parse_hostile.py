@@ -132,3 +132,14 @@ def test_duplicate_series_are_dropped_and_counted_never_summed():
     p = parse(text)
     assert [s.value for s in p.by_name["c_total"]] == [1.0, 7.0]
     assert p.duplicates == 50
+
+
+def test_long_metric_names_are_held_to_the_value_length_and_never_cached():
+    from agent.collect import parse as parse_module
+
+    name = "m" * 5000
+    parse(f"{name} 1\n")
+    assert name not in parse_module._GOOD_NAMES
+    with pytest.raises(LimitExceeded) as err:
+        parse(f"{name} 1\n", None, Limits(label_value_length=4096))
+    assert err.value.reason == "label_length"

@@ -45,6 +45,7 @@ _LINE = re.compile(
 )
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*+")
 _GOOD_NAMES: set[str] = set()
+_CACHED_NAME_CHARS = 200
 _LABELS = re.compile(_BLOCK)
 _LABEL_PAIR = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+" + _VALUE)
 _METRIC_TYPES = frozenset(
@@ -183,7 +184,11 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
                     lines -= 1
                     continue
                 raise ParseError(lineno, "bad metric name" if name else "not a sample line")
-            good_names.add(name)
+            if limits.label_value_length and len(name) > limits.label_value_length:  # __name__ is a label
+                raise LimitExceeded(lineno, "label_length",
+                                    f"metric name of {len(name)} chars > {limits.label_value_length}")
+            if len(name) <= _CACHED_NAME_CHARS:  # the cache stays small whatever targets send
+                good_names.add(name)
         if wanted is not None and name not in wanted:
             # not needed: check it ends in a number (value, timestamp or exemplar value) and that
             # it keeps to the label limits (cheap bounds first; the full grammar only when needed)

@@ -20,8 +20,10 @@ re-apply the last good configuration if the target runs anything else.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
+from typing import Protocol
 
 import optuna
 
@@ -35,7 +37,9 @@ from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec, TtftObservations
 from tuners.optuna_tuner import OptunaTuner
+from tuners.payoff import TtftSummary
 from tuners.space import CandidateError, SearchSpace
+from tuners.stats import scale_observations
 from tuners.warmstart import WarmStart
 
 
@@ -44,7 +48,13 @@ class ControllerSettings:
     """study: base study name (phases are `<study>.phaseNNN`). sampler/seed: the live sampler.
     trials_per_phase: live trials before holding. warm_start_k: twin candidates enqueued first.
     min_improvement: relative gain needed to replace the last good configuration.
-    max_apply_retries: retriable actuation failures before the trial fails."""
+    max_apply_retries: retriable actuation failures before the trial fails.
+    plan_after_baseline: ask the warm start once the phase's baseline window is measured (so it
+    sees the new regime's requests), not when the phase opens.
+    live_search: False = only the warm start's candidates are tried live (the search happened on
+    the twin) and one that is not worse than the baseline is kept.
+    drift_quiet_s: drift signals are ignored this long after each change the tuner makes (a
+    rollout disturbs what the agent measures; it is not a workload shift)."""
 
     study: str = "tierpilot"
     sampler: str = "tpe"
@@ -54,6 +64,9 @@ class ControllerSettings:
     warm_start_k: int = 3
     min_improvement: float = 0.01
     max_apply_retries: int = 5
+    plan_after_baseline: bool = False
+    live_search: bool = True
+    drift_quiet_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +81,25 @@ class StepReport:
     drift: DriftEvent | None = None
 
 
+class WindowPredictor(Protocol):
+    """The twin's TTFT for a configuration over one live window (`tuners.twin_oracle.WindowTwin`)."""
+
+    def predict(self, knobs: Knobs, since: float, until: float) -> TtftSummary | None:
+        ...
+
+
 class TuningController:
-    """Drift -> phase -> ask -> actuate via guardrails -> evaluate -> tell -> rollback."""
+    """Drift -> phase -> ask -> actuate via guardrails -> evaluate -> tell -> rollback.
+
+    With `counterfactual`, a trial is judged against the baseline corrected for how the workload
+    moved between the two windows: the baseline's TTFT scaled by the twin's prediction for the last
+    good configuration over the trial's window / over the baseline's window. Every finished window
+    also exports the twin's prediction error for the configuration that ran in it."""
 
     def __init__(self, *, space: SearchSpace, objective: ObjectiveSpec | None, storage: optuna.storages.BaseStorage,
                  guardrails: Guardrails, evaluator: LiveEvaluator, metrics: TunerMetrics,
                  settings: ControllerSettings = ControllerSettings(), warm_start: WarmStart | None = None,
-                 drift: DriftDetector | None = None) -> None:
+                 drift: DriftDetector | None = None, counterfactual: WindowPredictor | None = None) -> None:
         self.space = space
         self.objective = ObjectiveSpec(metric=(objective or ObjectiveSpec()).metric)
         self.storage = storage
@@ -91,6 +116,12 @@ class TuningController:
         self._retry: tuple[Candidate, float, int] | None = None  # (candidate, retry at, attempts)
         self.stopped: str | None = None
         self.holding = False
+        self.counterfactual = counterfactual
+        self.prediction_errors: list[tuple[float, float]] = []  # (window end, error ratio)
+        self._plan_pending = False
+        self._planned = 0
+        self._now = 0.0
+        self._drift_quiet_until = -math.inf
 
     # -- lifecycle ---------------------------------------------------------------------------
     def resume(self, now: float) -> list[int]:
@@ -119,9 +150,11 @@ class TuningController:
 
     def step(self, now: float, signals: Mapping[str, float] | None = None) -> StepReport:
         """One scheduler tick. See the module docstring for the order of work."""
+        self._now = now
         if self.tuner is None:
             self.resume(now)
-        event = self.drift.update(signals, now) if (self.drift is not None and signals) else None
+        quiet = now < self._drift_quiet_until
+        event = self.drift.update(signals, now) if (self.drift is not None and signals and not quiet) else None
         if event is not None:
             self.metrics.drift_event(event.signal)
             self._on_drift(event, now)
@@ -201,9 +234,39 @@ class TuningController:
             return StepReport(now, self.phase, "failed", cand.number, str(exc))
         if result is None:
             return StepReport(now, self.phase, "measuring", cand.number if cand else None)
+        self._prediction_error(result)
         if cand is None:
             return self._baseline_done(result, now)
         return self._judge(cand, result, now)
+
+    def _prediction_error(self, result: LiveResult) -> None:
+        if self.counterfactual is None:
+            return
+        pred = self.counterfactual.predict(result.knobs, result.since, result.until)
+        live = result.evaluation.ttft_p95_s
+        if pred is None or not (live > 0 and math.isfinite(pred.p95_s)):
+            return
+        err = pred.p95_s / live - 1.0
+        self.prediction_errors.append((result.until, err))
+        self.metrics.set_twin_prediction_error(err)
+        log_event("twin_prediction", knobs=result.knobs, since=result.since, until=result.until,
+                  predicted_p95_s=pred.p95_s, measured_p95_s=live, error=err)
+
+    def _drift_factor(self, result: LiveResult) -> float:
+        """How much slower the last good configuration would have been over the trial's window than
+        over the baseline's, on the twin (1.0 without a counterfactual)."""
+        assert self.tuner is not None and self.baseline is not None
+        good = self.tuner.last_good() or self.baseline.knobs
+        if self.counterfactual is None:
+            return 1.0
+        then = self.counterfactual.predict(good, self.baseline.since, self.baseline.until)
+        now = self.counterfactual.predict(good, result.since, result.until)
+        if then is None or now is None or not (then.mean_s > 0 and now.mean_s > 0):
+            return 1.0
+        factor = now.mean_s / then.mean_s
+        log_event("counterfactual", knobs=good, baseline_window=[self.baseline.since, self.baseline.until],
+                  trial_window=[result.since, result.until], factor=factor)
+        return factor
 
     def _baseline_done(self, result: LiveResult, now: float) -> StepReport:
         assert self.tuner is not None
@@ -214,13 +277,17 @@ class TuningController:
             self.tuner.set_last_good(result.knobs, trial=rec.number if rec else None, value=value)
             self.guardrails.mark_good(result.knobs, trial=rec.number if rec else None)
         self._update_best()
+        if self._plan_pending:
+            self._plan_pending = False
+            self._enqueue_warm_start()
         return StepReport(now, self.phase, "baseline_done", rec.number if rec else None,
                           f"{self.objective.metric}={value:.4g}s")
 
     def _judge(self, cand: Candidate, result: LiveResult, now: float) -> StepReport:
         assert self.tuner is not None and self.baseline is not None
         ev = result.evaluation
-        base_obs: TtftObservations | None = self.baseline.evaluation.ttft
+        factor = self._drift_factor(result)
+        base_obs: TtftObservations | None = scale_observations(self.baseline.evaluation.ttft, factor)
         verdict = self.guardrails.judge(ev.ttft, base_obs, trial=cand.number) if ev.ttft and base_obs else None
         if verdict is not None and verdict.worse:
             self._rollback(cand.number, verdict.reason)
@@ -234,8 +301,9 @@ class TuningController:
         value = ev.metric(self.objective.metric)
         self.metrics.set_trial_objective(value)
         good_value = self.tuner.last_good_value()
+        good_value = None if good_value is None else good_value * factor
         state = "told"
-        if (verdict is None or verdict.conclusive) and (
+        if not self.settings.live_search or (verdict is None or verdict.conclusive) and (
                 good_value is None or value < good_value * (1.0 - self.settings.min_improvement)):
             self.tuner.set_last_good(cand.knobs, trial=cand.number, value=value)
             self.guardrails.mark_good(cand.knobs, trial=cand.number)
@@ -283,18 +351,31 @@ class TuningController:
             previous = latest_good_before(self.storage, s.study, phase)
             if previous is not None and self.tuner.last_good() is None:
                 self.tuner.set_last_good(previous)  # carry the fallback across phases
-            if self.warm_start is not None and s.warm_start_k > 0:
-                for knobs in self.warm_start.candidates(s.warm_start_k):
-                    try:
-                        self.tuner.enqueue(knobs, source="twin")
-                    except CandidateError as exc:
-                        log_event("warm_start_skipped", error=str(exc))
+            self._planned = 0
+            if s.plan_after_baseline:
+                self._plan_pending = True
+            else:
+                self._enqueue_warm_start()
         log_event("phase", phase=phase, reason=reason, study=self.tuner.study_name)
+
+    def _enqueue_warm_start(self) -> None:
+        assert self.tuner is not None
+        if self.warm_start is None or self.settings.warm_start_k <= 0:
+            return
+        for knobs in self.warm_start.candidates(self.settings.warm_start_k):
+            try:
+                self.tuner.enqueue(knobs, source="twin")
+                self._planned += 1
+            except CandidateError as exc:
+                log_event("warm_start_skipped", error=str(exc))
 
     def _phase_done(self) -> bool:
         assert self.tuner is not None
         done = [t for t in self.tuner.trials() if t.state != "running" and t.attrs.get("source") != "baseline"]
-        return len(done) >= self.settings.trials_per_phase
+        limit = self.settings.trials_per_phase
+        if not self.settings.live_search:
+            limit = min(limit, self._planned)
+        return len(done) >= limit
 
     def _hold(self, now: float) -> StepReport:
         assert self.tuner is not None
@@ -316,6 +397,7 @@ class TuningController:
     def _config_changed(self) -> None:
         if self.drift is not None:
             self.drift.reset(CONFIG_DEPENDENT)
+        self._drift_quiet_until = self._now + self.settings.drift_quiet_s
 
     def _update_best(self) -> None:
         assert self.tuner is not None

@@ -36,13 +36,24 @@ class DriftSettings:
     delta: drift allowance per point, in noise units (shifts smaller than this are ignored).
     threshold: alarm when the cumulative deviation exceeds this many noise units.
     min_rel_sigma: noise floor as a fraction of the level (a constant signal still needs a
-    real shift to alarm)."""
+    real shift to alarm). track: after warm-up the reference level follows the signal with this
+    weight per point (an exponential average, memory ~1/track points), so a slow trend (a cache
+    of documents filling up, sessions lengthening) is absorbed while a step still alarms; 0 = a
+    fixed level. refractory: points ignored after an alarm before the new regime's warm-up starts
+    (the signal's own window still mixes the old and new regimes). min_rel_shift: an alarm also
+    needs the median of the last `confirm` points to differ from the warm-up level by this share
+    of it (a shift too small to matter to the cache is not a new regime); 0 = no such check.
+    confirm: points in that median."""
 
     method: str = "page_hinkley"
     warmup: int = 20
     delta: float = 0.5
     threshold: float = 16.0
     min_rel_sigma: float = 0.02
+    track: float = 0.0
+    refractory: int = 0
+    min_rel_shift: float = 0.0
+    confirm: int = 6
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -51,6 +62,8 @@ class DriftSettings:
             raise ValueError(f"drift.warmup: need >= 3 points, got {self.warmup}")
         if self.delta < 0 or self.threshold <= 0:
             raise ValueError("drift.delta must be >= 0 and drift.threshold > 0")
+        if not 0.0 <= self.track < 1.0 or self.refractory < 0 or self.min_rel_shift < 0 or self.confirm < 1:
+            raise ValueError("drift.track must be in [0, 1); refractory, min_rel_shift >= 0; confirm >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +87,10 @@ class SignalDetector:
         self.settings = settings
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, *, refractory: bool = False) -> None:
+        self._skip = self.settings.refractory if refractory else 0
         self._warm: list[float] = []
-        self._mu = math.nan
+        self._mu = self._mu0 = math.nan
         self._sigma = math.nan
         self._n = 0
         self._sum_z = 0.0
@@ -97,16 +111,20 @@ class SignalDetector:
         if not math.isfinite(x):
             return None
         s = self.settings
+        if self._skip > 0:
+            self._skip -= 1
+            return None
         self._recent = (self._recent + [x])[-s.warmup:]
         if not self.warm:
             self._warm.append(x)
             if len(self._warm) >= s.warmup:
                 arr = np.asarray(self._warm)
-                self._mu = float(np.median(arr))
+                self._mu = self._mu0 = float(np.median(arr))
                 mad = float(np.median(np.abs(arr - self._mu))) * 1.4826
                 self._sigma = max(mad, float(np.std(arr)) * 0.5, abs(self._mu) * s.min_rel_sigma, 1e-12)
             return None
         z = (x - self._mu) / self._sigma
+        self._mu += s.track * (x - self._mu)
         self._n += 1
         if s.method == "cusum":
             self._up = max(0.0, self._up + z - s.delta)
@@ -122,8 +140,12 @@ class SignalDetector:
             self._up = self._m_up - self._m_up_min
             self._down = self._m_down_max - self._m_down
         hit = ("up", self._up) if self._up > s.threshold else ("down", self._down) if self._down > s.threshold else None
+        if hit is not None and s.min_rel_shift > 0:
+            moved = abs(float(np.median(self._recent[-s.confirm:])) - self._mu0)
+            if moved < s.min_rel_shift * max(abs(self._mu0), 1e-12):
+                return None  # statistically a change, too small to be a new regime: keep watching
         if hit is not None:
-            self.reset()  # an alarm ends this regime: learn the new level before alarming again
+            self.reset(refractory=True)  # an alarm ends this regime: learn the new level before alarming again
         return hit
 
     @property
@@ -159,7 +181,8 @@ class DriftDetector:
         if event is not None:
             log_event("drift", signal=event.signal, direction=event.direction, at=event.at,
                       level_before=event.level_before, level_recent=event.level_recent, score=event.score)
-            self.reset()
+            for det in self.detectors.values():
+                det.reset(refractory=True)
         return event
 
     def reset(self, names: tuple[str, ...] | None = None) -> None:

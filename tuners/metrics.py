@@ -15,6 +15,8 @@ Families (documented in docs/metrics.md, section "Tuner (tuners)"):
 - tierpilot_tuner_phase                      gauge: tuning phase number (bumps on drift)
 - tierpilot_tuner_trial_in_flight            gauge: 1 while a live trial is applied and measured
 - tierpilot_dry_run                          gauge: 1 in dry-run mode (the one dry-run gauge of the agent)
+- tierpilot_tuner_twin_prediction_error_ratio gauge: (twin-predicted - measured) / measured TTFT p95 of
+                                             the running configuration over the latest live window
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class TunerMetrics(Collector):
         self._phase = 0
         self._in_flight = False
         self._dry_run = False
+        self._twin_error: float | None = None
 
     # -- updates -----------------------------------------------------------------------------
     def trial_finished(self, state: str) -> None:
@@ -117,6 +120,10 @@ class TunerMetrics(Collector):
     def set_dry_run(self, dry_run: bool) -> None:
         with self._lock:
             self._dry_run = dry_run
+
+    def set_twin_prediction_error(self, ratio: float | None) -> None:
+        with self._lock:
+            self._twin_error = ratio
 
     # -- reads (tests, CLI) ------------------------------------------------------------------
     def trials(self, state: str) -> int:
@@ -193,4 +200,11 @@ class TunerMetrics(Collector):
         ):
             g = GaugeMetricFamily(name, doc, labels=["target"])
             g.add_metric([t], float(value))
+            yield g
+        twin_error = self._twin_error
+        if twin_error is not None:
+            g = GaugeMetricFamily("tierpilot_tuner_twin_prediction_error_ratio",
+                                  "(Twin-predicted - measured) / measured TTFT p95 of the running configuration "
+                                  "over the latest live window.", labels=["target"])
+            g.add_metric([t], twin_error)
             yield g

@@ -181,3 +181,26 @@ def _aligned_counts(candidate: TtftObservations, baseline: TtftObservations) -> 
         raise ValueError(f"regression test: bucket bounds differ between windows ({bc} vs {bb})")
     return (np.asarray([c for _, c in candidate.buckets], float),
             np.asarray([c for _, c in baseline.buckets], float))
+
+
+def scale_observations(obs: TtftObservations | None, factor: float) -> TtftObservations | None:
+    """The observations as if every TTFT were `factor` times longer. Samples are multiplied;
+    bucket counts are re-binned onto the same bounds (cumulative counts interpolated linearly at
+    bound / factor), so they still align with other windows of the same histogram."""
+    if obs is None or factor == 1.0 or not (factor > 0 and math.isfinite(factor)):
+        return obs
+    if obs.samples is not None:
+        return TtftObservations(samples=tuple(x * factor for x in obs.samples))
+    bounds = np.array([b for b, _ in obs.buckets or ()], dtype=float)
+    counts = np.array([c for _, c in obs.buckets or ()], dtype=float)
+    if bounds.size == 0:
+        return obs
+    finite = np.isfinite(bounds)
+    cum = np.cumsum(counts)
+    xs = np.concatenate([[0.0], bounds[finite]])
+    ys = np.concatenate([[0.0], cum[finite]])
+    scaled = np.where(finite, np.interp(np.where(finite, bounds, 0.0) / factor, xs, ys), cum[-1])
+    scaled = np.maximum.accumulate(np.minimum(scaled, cum[-1]))
+    scaled[-1] = cum[-1] if not finite[-1] else scaled[-1]
+    per_bucket = np.diff(np.concatenate([[0.0], scaled]))
+    return TtftObservations(buckets=tuple(zip(bounds.tolist(), np.maximum(per_bucket, 0.0).tolist())))

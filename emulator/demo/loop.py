@@ -174,7 +174,7 @@ class Demo:
         tuning = build_tuning(
             actuator=self.actuator, window_source=self.agent.window_source, clock=self.driver.trace_now,
             twin_cluster=self.twin_cluster, history=self.workload.recent, metrics=self.tuner_metrics, seed=s.seed,
-            dry_run=s.dry_run, wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
+            dry_run=s.dry_run, restart_downtime_s=s.restart_downtime_s * self.scale, wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
             wrap_warm_start=lambda warm: _InjectingWarmStart(
                 warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study))
         self.space = tuning.space

@@ -24,13 +24,14 @@ import polars as pl
 
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from emulator.cluster.twin_fleet import DEFAULT_RESTART_DOWNTIME_S, TwinFleet
-from emulator.demo.tuning_setup import DRIFT_SIGNALS_WINDOW_S, build_tuning
+from emulator.demo.tuning_setup import DRIFT, DRIFT_SIGNALS, DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import TRACE_HASH_OFFSET, DemoWorkload, build_workload
 from simulator.cluster import ClusterSpec
 from simulator.records import WORKLOAD_SCHEMA, iter_requests
 from simulator.replay import replay
 from simulator.synthetic import generate, preset_phases
 from simulator.workload import load_trace
+from tuners.drift import DriftDetector
 from tuners.metrics import TunerMetrics
 from tuners.payoff import ActionCounts, PhaseScore, score_phases
 
@@ -67,13 +68,13 @@ def workload(name: str, seed: int) -> tuple[DemoWorkload, ClusterSpec]:
         rag, _ = preset_phases("shift", rate_rps=4.0)
         first = generate((dataclasses.replace(rag, duration_s=p1_s),), seed=seed)
         tr = load_trace(shared_dir() / "traces" / "mooncake_fast25_conversation_trace.jsonl")
-        tr = thin_conversations(tr, 6, seed).filter(pl.col("timestamp_ms") < int(p2_s * 1000)).with_columns(
+        tr = thin_conversations(tr, 3, seed).filter(pl.col("timestamp_ms") < int(p2_s * 1000)).with_columns(
             (pl.col("timestamp_ms") + int(p1_s * 1000)).alias("timestamp_ms"),
             pl.col("hash_ids").list.eval(pl.element() + TRACE_HASH_OFFSET).alias("hash_ids"),
             pl.lit(1, dtype=pl.Int32).alias("phase"))
         frame = pl.concat([first.select(list(WORKLOAD_SCHEMA)), tr.select(list(WORKLOAD_SCHEMA))])
-        labels = ("phase 1: shared prompts + RAG", "phase 2: Mooncake conversations (1 in 6)")
-        return DemoWorkload(frame, (0.0, p1_s), labels, p1_s + p2_s), ClusterSpec(pods=4)
+        labels = ("phase 1: shared prompts + RAG", "phase 2: Mooncake conversations (1 in 3)")
+        return DemoWorkload(frame, (0.0, p1_s), labels, p1_s + p2_s), ClusterSpec(pods=8)
     raise ValueError(f"workload: unknown {name!r}; valid: {', '.join(WORKLOADS)}")
 
 
@@ -87,6 +88,8 @@ class LiveRun:
     detection_delays_s: tuple[float, ...]  # per real shift: delay of its first alarm (inf: missed)
     end_knobs: tuple[Knobs, ...]  # configuration in force at the end of each phase
     states: tuple[tuple[float, str, str], ...]  # (time, controller state, message) of every non-quiet step
+    signals: tuple[tuple[float, dict[str, float]], ...]  # the drift signals of every tick
+    prediction_errors: tuple[tuple[float, float], ...]  # (window end, twin p95 error ratio)
 
 
 def _phase_of(starts: Sequence[float], t: float) -> int:
@@ -100,12 +103,14 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
                       restart_downtime_s=restart_downtime_s, dry_run=dry_run)
     clock = [0.0]
     tuning = build_tuning(actuator=fleet, window_source=fleet, clock=lambda: clock[0], twin_cluster=cluster,
-                          history=wl.recent, metrics=TunerMetrics(target="bench"), seed=seed, dry_run=dry_run)
+                          history=wl.recent, metrics=TunerMetrics(target="bench"), seed=seed, dry_run=dry_run,
+                          restart_downtime_s=restart_downtime_s)
     ctl = tuning.controller
     starts = wl.phase_starts_s
     end_knobs: list[Knobs] = []
     alarms: list[float] = []
     states: list[tuple[float, str, str]] = []
+    signals: list[tuple[float, dict[str, float]]] = []
     t = WARMUP_TRACE_S
     fleet.advance(t)
     last_t = wl.frame["timestamp_ms"].max() / 1000.0
@@ -114,7 +119,8 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
         while len(end_knobs) < phase:
             end_knobs.append(fleet.current())
         clock[0] = t
-        rep = ctl.step(t, fleet.signals(t, DRIFT_SIGNALS_WINDOW_S))
+        signals.append((t, fleet.signals(t, DRIFT_SIGNALS_WINDOW_S)))
+        rep = ctl.step(t, signals[-1][1])
         if rep.state == "drift":
             alarms.append(t)
         if rep.state not in ("measuring", "holding", "blocked", "baseline", "retry"):
@@ -131,6 +137,14 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
         p = _phase_of(starts, a.at)
         actions[p] = actions[p] + ActionCounts(restarts=int(a.pods_restarted), applies=1,
                                                rollbacks=int(a.kind == "rollback"))
+    delays = classify_alarms(starts, alarms, actions)
+    return LiveRun(ttft, actions, tuple(alarms), tuple(delays), tuple(end_knobs), tuple(states), tuple(signals),
+                   tuple(ctl.prediction_errors))
+
+
+def classify_alarms(starts: Sequence[float], alarms: Sequence[float], actions: dict[int, ActionCounts]) -> list[float]:
+    """Count each alarm into its phase's actions as true (the first within `DETECT_WITHIN_S` of a
+    real shift) or false; returns each real shift's detection delay (inf: missed)."""
     delays, true_alarms = [], set()
     for s in starts[1:]:
         hit = next((a for a in alarms if s <= a <= s + DETECT_WITHIN_S), None)
@@ -140,8 +154,19 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
     for a in alarms:
         p = _phase_of(starts, a)
         true = a in true_alarms
-        actions[p] = actions[p] + ActionCounts(true_alarms=int(true), false_alarms=int(not true))
-    return LiveRun(ttft, actions, tuple(alarms), tuple(delays), tuple(end_knobs), tuple(states))
+        actions[p] = actions.get(p, ActionCounts()) + ActionCounts(true_alarms=int(true), false_alarms=int(not true))
+    return delays
+
+
+def held_alarms(wl: DemoWorkload, run: LiveRun) -> tuple[list[float], dict[int, ActionCounts], list[float]]:
+    """The drift detector over the held run: the same signals (they come from the request stream,
+    not the configuration), the same detector settings, nothing applied. Returns the alarm times,
+    per-phase true/false counts and each shift's detection delay."""
+    det = DriftDetector(DRIFT, signals=DRIFT_SIGNALS)
+    alarms = [t for t, sig in run.signals if sig and det.update(sig, t) is not None]
+    counts: dict[int, ActionCounts] = {}
+    delays = classify_alarms(wl.phase_starts_s, alarms, counts)
+    return alarms, counts, delays
 
 
 def phase_ttfts(frame: pl.DataFrame, cluster: ClusterSpec, knobs: Knobs) -> dict[int, np.ndarray]:
@@ -186,5 +211,5 @@ def score_run(wl: DemoWorkload, held: dict[int, np.ndarray], run: LiveRun, hind:
     return score_phases(wl.labels, held, run.ttft, hind.ttft, run.actions)
 
 
-__all__ = ["CONTROL_TICK_S", "WORKLOADS", "Hindsight", "LiveRun", "held_ttfts", "hindsight", "hindsight_grid",
+__all__ = ["CONTROL_TICK_S", "WORKLOADS", "Hindsight", "LiveRun", "held_alarms", "held_ttfts", "hindsight", "hindsight_grid",
            "run_live", "score_run", "workload"]

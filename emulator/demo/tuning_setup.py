@@ -15,7 +15,8 @@ import optuna
 import polars as pl
 
 from contracts.actuator import Actuator
-from contracts.knobs import DEFAULT_KNOBS
+from contracts.knobs import DEFAULT_KNOBS, Knobs
+from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from tuners.controller import ControllerSettings, TuningController
@@ -25,12 +26,14 @@ from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec
+from tuners.planner import PlanSettings, TransitionPlanner
 from tuners.space import DeploymentLimits, SearchSpace
+from tuners.twin_oracle import RecentTwin, WindowTwin
 from tuners.warmstart import TwinWarmStart, WarmStart
 
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
-WARM_START_TRIALS = 30
+WARM_START_TRIALS = 20
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
 DRIFT_SIGNALS_WINDOW_S = 60.0
@@ -40,6 +43,11 @@ ROUTER_NEIGHBOURS = tuple(DEFAULT_KNOBS.replace(router=r) for r in ("session", "
 # out: the long-prompt fraction (multi-turn sessions ramp it up turn after turn) and the arrival
 # rate (a rolling restart makes the agent's request rate dip and recover).
 DRIFT_SIGNALS = ("reuse_ratio", "prompt_tokens_mean")
+# Page-Hinkley over 10-second ticks of 60-second windows. The level follows slow trends (a RAG
+# corpus getting cached raises the reuse ratio for many minutes); after an alarm the detector waits
+# 18 ticks (the new regime settles: sessions ramp up) before learning it; an alarm needs the signal
+# to have moved by a quarter of its level. Chosen on bench/live_tuning.py's held runs.
+DRIFT = DriftSettings(warmup=20, threshold=15.0, track=0.1, refractory=18, min_rel_shift=0.25)
 
 History = Callable[[float, float], pl.DataFrame]
 
@@ -52,13 +60,18 @@ class Tuning:
     limits: DeploymentLimits
 
 
+def restarts_pods(before: Knobs, after: Knobs) -> bool:
+    """Whether going from `before` to `after` is a rolling restart of the vLLM pods."""
+    return bool(set(before.diff(after)) & POD_RESTART_KNOBS)
+
+
 def demo_limits(pods: int) -> DeploymentLimits:
     return DeploymentLimits(pods=pods, node_memory_headroom_gib=32.0, l2_pool_gib=2048.0, l2_backend="curvine")
 
 
 def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Callable[[], float],
                  twin_cluster: TwinClusterSpec, history: History, metrics: TunerMetrics, seed: int,
-                 dry_run: bool = False, wrap_evaluator: Callable[[Any], Any] | None = None,
+                 dry_run: bool = False, restart_downtime_s: float = 6.0, wrap_evaluator: Callable[[Any], Any] | None = None,
                  wrap_warm_start: Callable[[WarmStart], WarmStart] | None = None) -> Tuning:
     limits = demo_limits(twin_cluster.pods)
     space = SearchSpace.from_limits(limits)
@@ -75,16 +88,26 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                            replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
         return wrap_evaluator(ev) if wrap_evaluator else ev
 
-    warm: WarmStart = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed,
-                                    include=ROUTER_NEIGHBOURS)
+    search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed,
+                           include=ROUTER_NEIGHBOURS)
+
+    def planning_twin() -> RecentTwin:
+        now = clock()
+        return RecentTwin(history(now, RECENT_WORKLOAD_S + WARM_HISTORY_S), twin_cluster,
+                          measure_from_s=now - RECENT_WORKLOAD_S, downtime_s=restart_downtime_s)
+
+    warm: WarmStart = TransitionPlanner(planning_twin, actuator.current, restarts=restarts_pods,
+                                        routers=limits.routers, search=search, settings=PlanSettings())
     if wrap_warm_start is not None:
         warm = wrap_warm_start(warm)
     controller = TuningController(
         space=space, objective=objective, storage=optuna.storages.InMemoryStorage(),
         guardrails=guardrails, evaluator=live, metrics=metrics,
         settings=ControllerSettings(study="demo", seed=seed, trials_per_phase=6, warm_start_k=3,
-                                    min_improvement=0.02),
-        warm_start=warm, drift=DriftDetector(DriftSettings(warmup=20, threshold=15.0), signals=DRIFT_SIGNALS))
+                                    min_improvement=0.02, plan_after_baseline=True, live_search=False,
+                                    drift_quiet_s=DRIFT_SIGNALS_WINDOW_S),
+        warm_start=warm, drift=DriftDetector(DRIFT, signals=DRIFT_SIGNALS),
+        counterfactual=WindowTwin(history, twin_cluster, warm_s=WARM_HISTORY_S))
     return Tuning(controller, guardrails, space, limits)
 
 

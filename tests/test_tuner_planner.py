@@ -1,0 +1,258 @@
+"""Pricing a live change on the twin (tuners/planner.py), judging it against the twin's
+counterfactual for the same window, and the drift detector's trend / refractory / size checks."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+
+from contracts.knobs import Knobs
+from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
+from tuners.controller import ControllerSettings, TuningController
+from tuners.drift import DriftSettings, SignalDetector
+from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.live import LiveEvaluator, LiveSettings
+from tuners.metrics import TunerMetrics
+from tuners.objective import TtftObservations
+from tuners.payoff import TtftSummary
+from tuners.planner import (
+    PlanSettings,
+    TransitionPlanner,
+    decide,
+    horizon_outcome,
+    net_gain,
+    weighted_p95_mean,
+)
+from tuners.space import Choice, DeploymentLimits, SearchSpace
+from tuners.stats import scale_observations
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# -- the arithmetic ---------------------------------------------------------------------------
+def test_weighted_p95_and_mean() -> None:
+    v = np.arange(1.0, 101.0)
+    p95, mean = weighted_p95_mean(v, np.ones(100))
+    assert p95 == 95.0 and mean == pytest.approx(50.5)
+    # the same values, the top half weighted 3x: the mean moves up, the p95 too
+    w = np.where(v > 50, 3.0, 1.0)
+    p95w, meanw = weighted_p95_mean(v, w)
+    assert meanw == pytest.approx((sum(range(1, 51)) + 3 * sum(range(51, 101))) / 200)
+    assert p95w > p95
+
+
+def test_horizon_weights_the_transition_by_its_share_of_the_horizon() -> None:
+    transition, steady = np.full(10, 2.0), np.full(40, 1.0)
+    # 100 s of transition in a 1,000 s horizon: 10% of the requests at 2 s
+    p95, mean = horizon_outcome(transition, steady, 100.0, 1000.0)
+    assert mean == pytest.approx(1.1) and p95 == 2.0  # exactly 10% above 1 s: p95 in the slow part
+    p95, mean = horizon_outcome(transition, steady, 40.0, 1000.0)  # 4%: p95 stays at 1 s
+    assert mean == pytest.approx(1.04) and p95 == 1.0
+
+
+def test_net_gain_counts_the_transition() -> None:
+    stay = np.full(100, 1.0)
+    steady = np.full(100, 0.8)  # 20% better once warm
+    cold = np.full(100, 3.0)  # while pods restart with empty caches
+    g95, gmean = net_gain(stay, steady, steady, 150.0, 900.0)
+    assert g95 == pytest.approx(0.2) and gmean == pytest.approx(0.2)
+    # a short horizon: the transition's cost outweighs the gain
+    g95, gmean = net_gain(stay, cold, steady, 150.0, 300.0)
+    assert gmean == pytest.approx(1 - (0.5 * 3.0 + 0.5 * 0.8)) and gmean < 0 and g95 < 0
+    # a long horizon: it pays back (the mean; the p95 still sees the 150 s of cold requests)
+    g95, gmean = net_gain(stay, cold, steady, 150.0, 15000.0)
+    assert gmean == pytest.approx(1 - (0.01 * 3.0 + 0.99 * 0.8)) and gmean > 0.15
+    assert g95 == pytest.approx(0.2)
+
+
+# -- deciding on a twin -------------------------------------------------------------------------
+DEFAULT = Knobs()
+KV = DEFAULT.replace(router="kvaware")
+BIG = KV.replace(chunk_tokens=512)
+
+
+class ScriptedTwin:
+    """A PlanningTwin with hand-made TTFT per configuration; a restart makes the window slow."""
+
+    transition_s = 150.0
+
+    def __init__(self, steady: dict[Knobs, float], restart_ttft: float) -> None:
+        self._steady = steady
+        self.restart_ttft = restart_ttft
+        self.calls: list[tuple] = []
+
+    def steady(self, knobs: Knobs) -> np.ndarray:
+        return np.full(100, self._steady[knobs])
+
+    def switch(self, before: Knobs, after: Knobs, *, restart: bool) -> np.ndarray:
+        self.calls.append((before, after, restart))
+        return np.full(100, self.restart_ttft if restart else self._steady[after])
+
+
+def restarts(a: Knobs, b: Knobs) -> bool:
+    return a.chunk_tokens != b.chunk_tokens or a.cpu_gib != b.cpu_gib
+
+
+def test_decide_prices_restarts_and_sorts_accepted_first() -> None:
+    twin = ScriptedTwin({DEFAULT: 1.0, KV: 0.9, BIG: 0.8}, restart_ttft=4.0)
+    out = decide(twin, KV, [BIG], restarts=restarts, margin=0.03, horizon_s=900.0)
+    assert len(out) == 1 and out[0].restart and not out[0].accepted and out[0].gain_mean < 0
+    out = decide(twin, KV, [BIG], restarts=restarts, margin=0.03, horizon_s=90_000.0)
+    assert out[0].accepted
+    hot = decide(twin, DEFAULT, [DEFAULT, KV], restarts=lambda a, b: False, margin=0.01, horizon_s=900.0)
+    assert [d.knobs for d in hot] == [KV] and hot[0].accepted and not hot[0].restart  # the running one is skipped
+
+
+class ListSearch:
+    def __init__(self, found: list[Knobs]) -> None:
+        self.found = found
+
+    def candidates(self, k: int) -> list[Knobs]:
+        return self.found[:k]
+
+
+def test_planner_decides_the_hot_router_first_and_prices_restarts_against_it() -> None:
+    session = DEFAULT.replace(router="session")
+    twin = ScriptedTwin({DEFAULT: 1.0, KV: 0.9, session: 1.1, DEFAULT.replace(router="prefixaware"): 0.95,
+                         BIG: 0.5}, restart_ttft=0.85)  # cold for a while, but no slower than staying
+    planner = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts,
+                                routers=("roundrobin", "session", "prefixaware", "kvaware"),
+                                search=ListSearch([DEFAULT.replace(chunk_tokens=512)]),
+                                settings=PlanSettings(horizon_s=900.0, margin=0.03))
+    plan = planner.candidates(3)
+    assert plan == [KV, BIG]  # the search's candidate took the chosen router
+    assert (KV, BIG, True) in twin.calls  # priced from the hot change, with its restarts
+    hot = [d for d in planner.decisions if not d.restart]
+    assert {d.knobs.router for d in hot} == {"session", "prefixaware", "kvaware"}
+
+
+def test_planner_holds_when_nothing_pays() -> None:
+    twin = ScriptedTwin({DEFAULT: 1.0, KV: 1.0, DEFAULT.replace(router="session"): 1.2,
+                         DEFAULT.replace(router="prefixaware"): 1.05, DEFAULT.replace(chunk_tokens=512): 0.97},
+                        restart_ttft=3.0)
+    planner = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts,
+                                routers=("roundrobin", "session", "prefixaware", "kvaware"),
+                                search=ListSearch([DEFAULT.replace(chunk_tokens=512)]))
+    assert planner.candidates(3) == []
+    assert all(not d.accepted for d in planner.decisions)
+
+
+# -- judging against the twin's counterfactual ----------------------------------------------------
+SPACE = SearchSpace((Choice("router", ("roundrobin", "kvaware")),), DeploymentLimits(pods=2))
+T0 = 1_000_000.0
+
+
+def load(t: float) -> float:
+    """The workload gets 40% heavier from T0 + 150 s on (it keeps moving within a phase)."""
+    return 1.4 if t >= T0 + 150 else 1.0
+
+
+def median(k: Knobs) -> float:
+    return 0.18 if k.router == "kvaware" else 0.20
+
+
+class MovingFleet(FakeFleet):
+    def _second(self, t: int) -> np.ndarray:
+        return super()._second(t) * load(float(t))
+
+
+class TwinOfTheFleet:
+    """What the twin predicts: the configuration's median times the workload's load."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, knobs: Knobs, since: float, until: float) -> TtftSummary:
+        self.calls += 1
+        x = median(knobs) * load(since) * np.exp(0.25 * np.random.default_rng(1).standard_normal(400))
+        return TtftSummary.of(x)
+
+
+def run_one_trial(counterfactual) -> tuple[str, TuningController, TunerMetrics]:
+    clock = FakeClock(T0)
+    actuator = FakeActuator(clock)
+    fleet = MovingFleet(actuator, median, rate=2.0)
+    metrics = TunerMetrics()
+    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=0, max_changes_per_hour=60),
+                       clock=clock)
+    ctl = TuningController(space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(),
+                           guardrails=guard,
+                           evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=60, window_s=120,
+                                                                              min_requests=30)),
+                           metrics=metrics, warm_start=ListSearch([KV]), counterfactual=counterfactual,
+                           settings=ControllerSettings(study="cf", seed=1, trials_per_phase=5,
+                                                       plan_after_baseline=True, live_search=False))
+    states = []
+    for _ in range(200):
+        rep = ctl.step(clock.now)
+        states.append(rep.state)
+        if rep.state in ("improved", "told", "rolled_back"):
+            break
+        clock.advance(10)
+    return states[-1], ctl, metrics
+
+
+def test_a_drifting_baseline_condemns_a_good_change_and_the_counterfactual_does_not() -> None:
+    state, _ctl, _m = run_one_trial(None)
+    assert state == "rolled_back"  # 0.18 x 1.4 looks worse than the 0.20 measured before the load rose
+    twin = TwinOfTheFleet()
+    state, ctl, metrics = run_one_trial(twin)
+    assert state == "improved" and ctl.guardrails.actuator.current() == KV
+    assert twin.calls >= 3  # baseline window, trial window (twice: error and counterfactual)
+    assert ctl.prediction_errors and all(abs(e) < 0.35 for _t, e in ctl.prediction_errors)
+    from prometheus_client import CollectorRegistry, generate_latest
+    reg = CollectorRegistry()
+    reg.register(metrics)
+    assert b"tierpilot_tuner_twin_prediction_error_ratio" in generate_latest(reg)
+
+
+def test_planned_phase_holds_after_its_candidates() -> None:
+    _state, ctl, _m = run_one_trial(TwinOfTheFleet())
+    rep = ctl.step(ctl.guardrails.clock() + 30)
+    assert rep.state == "holding"
+
+
+# -- scaling observations ---------------------------------------------------------------------------
+def test_scale_observations_samples_and_buckets() -> None:
+    s = scale_observations(TtftObservations(samples=(0.1, 0.2)), 2.0)
+    assert s is not None and s.samples == pytest.approx((0.2, 0.4))
+    b = TtftObservations(buckets=((0.1, 10.0), (0.2, 10.0), (0.4, 0.0), (math.inf, 0.0)))
+    sb = scale_observations(b, 2.0)
+    assert sb is not None and [le for le, _ in sb.buckets] == [0.1, 0.2, 0.4, math.inf]
+    assert sum(c for _, c in sb.buckets) == pytest.approx(20.0)
+    assert sb.quantile(0.5) == pytest.approx(2.0 * b.quantile(0.5), rel=0.05)
+    assert scale_observations(b, 1.0) is b
+
+
+# -- drift: trends, refractory period, size of a shift ------------------------------------------------
+def feed(det: SignalDetector, xs) -> list[int]:
+    return [i for i, x in enumerate(xs) if det.update(float(x))]
+
+
+def test_tracking_absorbs_a_slow_trend_but_not_a_step() -> None:
+    rng = np.random.default_rng(3)
+    trend = 0.6 + 0.0015 * np.arange(200) + 0.01 * rng.standard_normal(200)
+    assert feed(SignalDetector("reuse_ratio", DriftSettings(warmup=20, threshold=15.0)), trend)
+    tracked = DriftSettings(warmup=20, threshold=15.0, track=0.1)
+    assert not feed(SignalDetector("reuse_ratio", tracked), trend)
+    step = np.concatenate([np.full(60, 0.8), np.full(40, 0.3)]) + 0.01 * rng.standard_normal(100)
+    alarms = feed(SignalDetector("reuse_ratio", tracked), step)
+    assert alarms and 60 <= alarms[0] <= 63
+
+
+def test_refractory_and_minimum_shift_keep_one_alarm_per_shift() -> None:
+    rng = np.random.default_rng(5)
+    # a step, then the new regime ramps up a little: without a refractory period it alarms again
+    xs = np.concatenate([np.full(60, 0.8), np.linspace(0.3, 0.45, 30), np.full(80, 0.45)])
+    xs = xs + 0.01 * rng.standard_normal(xs.size)
+    plain = feed(SignalDetector("reuse_ratio", DriftSettings(warmup=10, threshold=15.0)), xs)
+    assert len(plain) >= 2
+    settled = DriftSettings(warmup=10, threshold=15.0, refractory=30, min_rel_shift=0.25)
+    assert len(feed(SignalDetector("reuse_ratio", settled), xs)) == 1
+    # a statistically clear but small move (10%) is not a new regime
+    small = np.concatenate([np.full(60, 0.8), np.full(60, 0.72)]) + 0.005 * rng.standard_normal(120)
+    assert feed(SignalDetector("reuse_ratio", DriftSettings(warmup=20, threshold=15.0)), small)
+    assert not feed(SignalDetector("reuse_ratio", DriftSettings(warmup=20, threshold=15.0, min_rel_shift=0.25)),
+                    small)

@@ -26,7 +26,7 @@ def scored():
 
 
 def test_tuned_is_never_worse_than_held_on_the_demo_workload(scored) -> None:
-    _wl, run, scores = scored
+    _wl, _run, scores = scored
     whole = next(s for s in scores if s.label == WHOLE_RUN)
     assert whole.speedup_p95 >= 1.0 and whole.speedup_mean >= 1.0, whole
     for s in scores:

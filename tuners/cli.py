@@ -3,17 +3,22 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from tuners.objective import METRICS, Evaluation, ObjectiveSpec
+from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
 from tuners.optuna_tuner import DEFAULT_STORAGE, SAMPLERS
-from tuners.space import L2_BACKENDS, DeploymentLimits
+from tuners.space import L2_BACKENDS, DeploymentLimits, SearchSpace, TargetAcceptance
 
 EPILOG = """\b
 Examples:
   tierpilot tune --workload shift --trials 40
+  tierpilot tune --workload rag --trials 40 --targets deploy/overlays/production-stack/targets.yaml \
+      --out best.yaml && tierpilot k8s check --targets deploy/overlays/production-stack/targets.yaml \
+      --config best.yaml
   tierpilot tune --trace ../shared/traces/mooncake_fast25_synthetic_trace.jsonl --max-requests 1500 \\
       --pods 16 --trials 60 --sampler tpe --plot-dir plots --out best.yaml
   tierpilot replay --trace ... --config best.yaml      # replay with the tuned knobs
@@ -29,11 +34,21 @@ Examples:
               help="tpe (multivariate TPE), random, or grid (every grid point of the space, in random order).")
 @click.option("--storage", default=DEFAULT_STORAGE, show_default=True,
               help="Optuna storage URL: sqlite:///FILE or postgresql+psycopg2://USER@HOST:PORT/DB. "
-                   "An existing study of the same name is resumed.")
+                   "An existing study of the same name is resumed if it was run with the same settings.")
 @click.option("--study", help="Study name [default: tune-<trace or workload name>].")
+@click.option("--new-study", is_flag=True,
+              help="If the study exists with other settings, start a new one named <study>-2, -3, ... "
+                   "(the old study is kept) instead of stopping with the differences.")
+@click.option("--targets", "targets_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The deployment's targets YAML (the file `tierpilot k8s` uses): search only the knobs "
+                   "its targets own and the values they accept; the other knobs keep the cluster's values.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler and the synthetic workload.")
 @click.option("--metric", type=click.Choice(METRICS), default="ttft_p95", show_default=True,
               help="Objective to minimise.")
+@click.option("--memory-ms-per-gib", type=click.FloatRange(0), default=DEFAULT_MEMORY_MS_PER_GIB,
+              show_default=True,
+              help="Exchange rate of the objective: TTFT milliseconds one GiB of fleet CPU memory is worth "
+                   "(objective = TTFT + rate x GiB). 0 tunes TTFT alone. See docs/tuner.md.")
 @click.option("--multi-objective", is_flag=True,
               help="Also maximise hit ratio and minimise memory cost; report the Pareto front.")
 @click.option("--plot-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -53,7 +68,8 @@ Examples:
 @click.option("--cpu-budget-gib", type=click.FloatRange(0), help="Fleet-wide cap on CPU GiB x pods (a constraint).")
 @click.option("--l2-backend", type=click.Choice(tuple(L2_BACKENDS)), default="twin", show_default=True,
               help="Which eviction policies and watermarks exist: curvine (lru/lfu + watermarks), "
-                   "lmcache (lru/lfu/fifo), twin (all).")
+                   "lmcache (lru/lfu/fifo), twin (all). --targets narrows this further to what the "
+                   "deployment's targets accept.")
 @click.option("--max-requests", type=click.IntRange(1), help="Replay only the first N requests.")
 @click.option("--duration", type=click.FloatRange(0, min_open=True), help="Replay only the first S seconds.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
@@ -61,15 +77,18 @@ Examples:
                    "two). Each runs its share of --trials; see docs/tuner.md.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, storage: str, study: str | None,
-         seed: int, metric: str, multi_objective: bool, plot_dir: Path | None, out: Path | None, pods: int,
+         new_study: bool, targets_file: Path | None, seed: int, metric: str, memory_ms_per_gib: float,
+         multi_objective: bool, plot_dir: Path | None, out: Path | None, pods: int,
          gpu_tokens: int | None, l2_tokens: int | None, model: str | None, profile: str | None,
          node_memory_gib: float, cpu_gib_step: float, cpu_budget_gib: float | None, l2_backend: str,
-         max_requests: int | None, duration: float | None, workers: int, quiet: bool) -> None:
+         max_requests: int | None, duration: float | None, workers: int, quiet: bool,
+         load_targets: Callable[[Path], TargetAcceptance] | None = None) -> None:
     """Tune the cache-tier knobs on the digital twin with optuna (ask/tell, persistent study).
 
     Each trial replays the workload with one candidate configuration; the objective is the
-    replay's TTFT p95 (or p50). The defaults (LMCache: chunk 256, CPU 5 GiB, LRU; round-robin
-    routing) are tried first and printed next to the best configuration found.
+    replay's TTFT p95 (or p50) plus the fleet's CPU memory at --memory-ms-per-gib. The defaults
+    (LMCache: chunk 256, CPU 5 GiB, LRU; round-robin routing) are tried first and printed next to
+    the best configuration found. A study is resumed only with the settings it was run with.
     """
     import optuna
 
@@ -92,20 +111,40 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
         limits = DeploymentLimits(pods=pods, node_memory_headroom_gib=node_memory_gib, cpu_gib_step=cpu_gib_step,
                                   cpu_budget_gib=cpu_budget_gib, l2_pool_gib=max(l2_gib, 1e-9),
                                   l2_backend=l2_backend)
-        objective = ObjectiveSpec(metric=metric, multi=multi_objective)
+        objective = ObjectiveSpec(metric=metric, multi=multi_objective, memory_ms_per_gib=memory_ms_per_gib)
+        space = SearchSpace.from_limits(limits)
+        acc = None
+        if targets_file is not None:
+            if load_targets is None:
+                raise click.UsageError("--targets needs the agent's Kubernetes module: run `tierpilot tune`")
+            acc = load_targets(targets_file)
+            space = space.for_targets(acc)
+            if not space.dimensions:
+                raise ValueError(f"{targets_file}: its targets own no knob of the search space")
+        defaults = space.validate(space.fixed.replace(**_tuned_defaults(space))) if acc else None
     except (ValueError, OSError) as exc:  # WorkloadError, ClusterError, CandidateError are ValueErrors
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(" ".join(str(exc).split())) from None
     name = study or f"tune-{trace.stem if trace else preset}"
+    settings = _study_settings(trace, preset, seed, max_requests, duration, cluster, limits, acc)
+    name = _study_name(storage, name, settings, space, objective, new_study)
     click.echo(f"workload: {trace or preset} ({workload.height:,} requests), {pods} pods; "
-               f"study {name!r} in {storage}; sampler {sampler}; objective {', '.join(objective.names)}")
+               f"study {name!r} in {storage}; sampler {sampler}; objective {', '.join(objective.names)}"
+               + (f"; {objective.memory_ms_per_gib:g} ms per GiB" if not multi_objective else ""))
+    if acc is not None:
+        click.echo(f"targets {targets_file}: tuning {', '.join(d.name for d in space.dimensions)}; "
+                   f"fixed: {', '.join(f'{k}={v}' for k, v in acc.fixed.items()) or 'nothing'}")
 
     if workers > 1:
+        if acc is not None:
+            raise click.UsageError("--targets with --workers > 1 is not supported: the workers build the "
+                                   "unrestricted space; run --targets with one worker")
         spec = {"trace": trace, "preset": preset, "seed": seed, "max_requests": max_requests, "duration_s": duration}
         _tune_parallel(workload_spec=spec,
                        cluster_kw=dict(pods=pods, gpu_tokens=gpu_tokens, l2_tokens=l2_tokens, model=model,
                                        **cluster_kw),
                        cluster=cluster, workload=workload, limits=limits, objective=objective, storage=storage,
-                       study=name, trials=trials, workers=workers, sampler=sampler, seed=seed, out=out)
+                       study=name, trials=trials, workers=workers, sampler=sampler, seed=seed, out=out,
+                       settings=settings)
         return
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -124,15 +163,15 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
 
         try:
             tuner, result = tune_on_twin(workload, cluster, limits, trials=trials, objective=objective,
-                                         storage=storage, study=name, sampler=sampler, seed=seed,
-                                         on_trial=on_trial)
+                                         space=space, storage=storage, study=name, sampler=sampler, seed=seed,
+                                         on_trial=on_trial, settings=settings, defaults=defaults)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"{len(result.records)} trials run ({result.replays} replays, {result.replay_seconds:.1f} s); "
                f"study now holds {len(tuner.trials())} trials")
     if result.best is None or result.best_evaluation is None:
         raise click.ClickException("no feasible trial finished; nothing to report")
-    _print_comparison(result.best.knobs, result.best_evaluation, DEFAULTS, result.defaults)
+    _print_comparison(result.best.knobs, result.best_evaluation, defaults or DEFAULTS, result.defaults, objective)
     if multi_objective:
         click.echo(f"\nPareto front ({len(result.pareto)} configurations):")
         for rec in result.pareto[:15]:
@@ -143,7 +182,9 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
         meta = {"study": name, "storage": storage, "trial": result.best.number, "objective": metric,
                 f"{metric}_s": result.best_evaluation.metric(metric),
                 "defaults_" + f"{metric}_s": result.defaults.metric(metric),
-                "workload": str(trace or preset), "requests": workload.height, "pods": pods}
+                "workload": str(trace or preset), "requests": workload.height, "pods": pods,
+                "memory_ms_per_gib": memory_ms_per_gib, "objective_value": result.best.value,
+                **({"targets": str(targets_file)} if targets_file else {})}
         out.write_text(best_yaml(result.best.knobs, meta))
         click.echo(f"wrote {out}")
     if plot_dir is not None:
@@ -153,7 +194,7 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
 
 def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, workload: object, limits: object,
                    objective: ObjectiveSpec, storage: str, study: str, trials: int, workers: int, sampler: str,
-                   seed: int, out: Path | None) -> None:
+                   seed: int, out: Path | None, settings: dict[str, Any]) -> None:
     from tuners.evaluators import TwinEvaluator
     from tuners.offline import DEFAULTS, best_yaml
     from tuners.parallel import ClusterArgs, WorkloadSpec, parallel_tune
@@ -161,7 +202,7 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
     try:
         result = parallel_tune(WorkloadSpec(**workload_spec), ClusterArgs(cluster_kw), limits,  # type: ignore[arg-type]
                                storage=storage, study=study, trials=trials, workers=workers,
-                               objective=objective, sampler=sampler, seed=seed)
+                               objective=objective, sampler=sampler, seed=seed, settings=settings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{sum(r.trials for r in result.workers)} trials on {workers} workers in "
@@ -170,7 +211,7 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
         raise click.ClickException("no feasible trial finished; nothing to report")
     evaluator = TwinEvaluator(workload, cluster, limits)  # type: ignore[arg-type]
     best_ev, defaults = evaluator.evaluate(result.best.knobs), evaluator.evaluate(DEFAULTS)
-    _print_comparison(result.best.knobs, best_ev, DEFAULTS, defaults)
+    _print_comparison(result.best.knobs, best_ev, DEFAULTS, defaults, objective)
     if out is not None:
         metric = objective.metric
         out.write_text(best_yaml(result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
@@ -179,26 +220,76 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
         click.echo(f"wrote {out}")
 
 
+def _tuned_defaults(space: SearchSpace) -> dict[str, Any]:
+    """The LMCache defaults for the knobs the targets let us tune (the rest stay as the cluster runs)."""
+    from tuners.offline import DEFAULTS
+
+    tuned = {k for d in space.dimensions for k in (("l2_high_watermark", "l2_low_watermark")
+                                                    if d.name == "l2_watermarks" else (d.name,))}
+    return {k: v for k, v in DEFAULTS.to_dict().items() if k in tuned}
+
+
+def _study_settings(trace: Path | None, preset: str | None, seed: int, max_requests: int | None,
+                    duration: float | None, cluster: Any, limits: DeploymentLimits,
+                    acc: TargetAcceptance | None) -> dict[str, Any]:
+    """What a resumed study must share with this command (JSON-safe)."""
+    return {
+        "workload": str(trace.resolve() if trace else preset), "seed": seed, "max_requests": max_requests,
+        "duration_s": duration, "pods": cluster.pods, "gpu_tokens": cluster.gpu_tokens,
+        "l2_tokens": cluster.l2_tokens, "model": cluster.model_spec.name, "profile": cluster.hardware.name,
+        "limits": {"node_memory_headroom_gib": limits.node_memory_headroom_gib,
+                   "cpu_gib_step": limits.cpu_gib_step, "cpu_budget_gib": limits.cpu_budget_gib,
+                   "l2_backend": limits.l2_backend},
+        "targets": None if acc is None else {"file": acc.source,
+                                             "fixed": {k: v for k, v in sorted(acc.fixed.items())}},
+    }
+
+
+def _study_name(storage: str, name: str, settings: dict[str, Any], space: SearchSpace, objective: ObjectiveSpec,
+                new_study: bool) -> str:
+    """`name`, unless its stored settings differ: then a clear error, or with --new-study a fresh name."""
+    from tuners.optuna_tuner import free_study_name, study_settings, study_settings_differences
+
+    try:
+        diffs = study_settings_differences(storage, name, study_settings(settings, space, objective))
+        if not diffs:
+            return name
+        if not new_study:
+            raise click.ClickException(
+                f"study {name!r} in {storage} was run with other settings: {'; '.join(diffs)}. It is not "
+                f"resumed: pass --new-study to start a new study (that one is kept), or --study NAME")
+        fresh = free_study_name(storage, name)
+    except ValueError as exc:
+        raise click.ClickException(" ".join(str(exc).split())) from None
+    click.echo(f"study {name!r} was run with other settings ({'; '.join(diffs)}); starting {fresh!r}")
+    return fresh
+
+
 def _knob_line(k: object) -> str:
     d = k.to_dict()  # type: ignore[attr-defined]
     return " ".join(f"{key}={value}" for key, value in d.items())
 
 
-def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation) -> None:
+def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation,
+                      objective: ObjectiveSpec) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="best configuration vs defaults (LMCache defaults + roundrobin)")
+    table = Table(title="Best configuration vs the defaults (twin replay)")
     table.add_column("")
     table.add_column("defaults", justify="right")
     table.add_column("best", justify="right")
     table.add_column("change", justify="right")
-    for label, a, b, fmt in (
+    rows = [
         ("TTFT p95 (s)", defaults.ttft_p95_s, best.ttft_p95_s, "{:.3f}"),
         ("TTFT p50 (s)", defaults.ttft_p50_s, best.ttft_p50_s, "{:.3f}"),
         ("hit ratio", defaults.hit_ratio, best.hit_ratio, "{:.3f}"),
         ("CPU memory (GiB, fleet)", defaults.memory_gib, best.memory_gib, "{:.1f}"),
-    ):
+    ]
+    if not objective.multi:
+        rows.append((f"objective (s, {objective.memory_ms_per_gib:g} ms/GiB)", objective.values(defaults)[0],
+                     objective.values(best)[0], "{:.3f}"))
+    for label, a, b, fmt in rows:
         change = f"{b / a:.2f}x" if a else "-"
         table.add_row(label, fmt.format(a), fmt.format(b), change)
     dk, bk = default_knobs.to_dict(), best_knobs.to_dict()  # type: ignore[attr-defined]

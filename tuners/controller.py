@@ -101,7 +101,8 @@ class TuningController:
                  settings: ControllerSettings = ControllerSettings(), warm_start: WarmStart | None = None,
                  drift: DriftDetector | None = None, counterfactual: WindowPredictor | None = None) -> None:
         self.space = space
-        self.objective = ObjectiveSpec(metric=(objective or ObjectiveSpec()).metric)
+        base = objective or ObjectiveSpec()
+        self.objective = ObjectiveSpec(metric=base.metric, memory_ms_per_gib=base.memory_ms_per_gib)
         self.storage = storage
         self.guardrails = guardrails
         self.evaluator = evaluator

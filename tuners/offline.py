@@ -62,23 +62,27 @@ def tune_on_twin(workload: pl.DataFrame, cluster: Any, limits: DeploymentLimits,
                  objective: ObjectiveSpec, space: SearchSpace | None = None, storage: str | None,
                  study: str, sampler: str = "tpe", seed: int | None = 0, profile: Any = None,
                  on_trial: Callable[[TrialRecord], None] | None = None,
-                 enqueue_defaults: bool = True) -> tuple[OptunaTuner, OfflineResult]:
-    """Run `trials` twin trials (resuming `study` if it exists in `storage`)."""
+                 enqueue_defaults: bool = True, settings: dict[str, Any] | None = None,
+                 defaults: Knobs | None = None) -> tuple[OptunaTuner, OfflineResult]:
+    """Run `trials` twin trials (resuming `study` if it exists in `storage` with the same `settings`;
+    StudySettingsError otherwise). `defaults`: the baseline to enqueue first and report against
+    [default: the LMCache defaults]."""
     space = space or SearchSpace.from_limits(limits)
+    baseline = defaults or DEFAULTS
     tuner = OptunaTuner(space, objective, storage=storage, study_name=study, sampler=sampler, seed=seed,
-                        owner="tierpilot-tune")
+                        owner="tierpilot-tune", settings=settings)
     tuner.resume()
     evaluator = TwinEvaluator(workload, cluster, limits, profile=profile, cache=EvaluationCache())
     if enqueue_defaults and not tuner.trials():
         try:
-            tuner.enqueue(space.validate(DEFAULTS), source="defaults")
+            tuner.enqueue(space.validate(baseline), source="defaults")
         except CandidateError:
             pass  # the defaults lie outside this deployment's space; still reported below
     records = run_trials(tuner, evaluator, trials, on_trial=on_trial)
-    defaults = evaluator.evaluate(DEFAULTS)
+    defaults_ev = evaluator.evaluate(baseline)
     best = tuner.best()
     best_ev = evaluator.evaluate(best.knobs) if best else None
-    return tuner, OfflineResult(best, best_ev, defaults, tuner.pareto_front(), records,
+    return tuner, OfflineResult(best, best_ev, defaults_ev, tuner.pareto_front(), records,
                                 evaluator.replays, evaluator.replay_seconds)
 
 

@@ -12,6 +12,10 @@
 - Crash safety: each trial carries its `owner`; `resume()` fails this owner's trials still
   RUNNING (in flight when the previous process died). Finished trials are already in storage.
 - The last good configuration lives in the study's user attributes.
+- Settings: a tuner given `settings` (what `tierpilot tune` was asked: workload, fleet, backend,
+  targets, objective) stores them on a new study and refuses to resume a study whose stored
+  settings differ, naming every difference (`StudySettingsError`), so a study is never silently
+  continued under other conditions. The search space's distributions are part of the settings.
 """
 from __future__ import annotations
 
@@ -38,10 +42,64 @@ log = logging.getLogger("tierpilot.tuner")
 SAMPLERS: tuple[str, ...] = ("tpe", "random", "grid")
 DEFAULT_STORAGE = "sqlite:///tierpilot.db"
 LAST_GOOD_ATTR = "last_good"
+SETTINGS_ATTR = "settings"
 # Random trials before TPE models the space. Budgets here are small (20 live trials per phase,
 # tens on the twin) and the space has 5-6 dimensions: 5 start-up trials beat optuna's 10 on
 # every workload of bench/tuning.py (measured on seeds kept apart from the reported ones).
 DEFAULT_STARTUP_TRIALS = 5
+
+
+class StudySettingsError(ValueError):
+    """An existing study was created with other settings; the message names each difference."""
+
+
+def space_signature(space: SearchSpace) -> dict[str, str]:
+    """The search space as JSON-safe text: one entry per dimension and its range or choices."""
+    return {d.name: d.describe() for d in space.dimensions}
+
+
+def study_settings(settings: dict[str, Any], space: SearchSpace, objective: ObjectiveSpec) -> dict[str, Any]:
+    """What a study records and compares on resume: the caller's settings, the space, the objective."""
+    return {**settings, "space": space_signature(space), "objective": list(objective.names)}
+
+
+def settings_differences(stored: Any, wanted: dict[str, Any]) -> list[str]:
+    """`key: stored -> wanted` for every setting that differs (a key on one side only included)."""
+    return _differences(stored if isinstance(stored, dict) else {}, wanted, "")
+
+
+def _differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str) -> list[str]:
+    out = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key, "(unset)"), wanted.get(key, "(unset)")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a} -> {b}")
+    return out
+
+
+def study_settings_differences(storage: str | optuna.storages.BaseStorage | None, name: str,
+                               settings: dict[str, Any]) -> list[str] | None:
+    """None when no study `name` with trials exists in `storage`; else the settings differences."""
+    store = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    try:
+        study = optuna.load_study(study_name=name, storage=store)
+    except KeyError:
+        return None
+    if not study.get_trials(deepcopy=False):
+        return None
+    return settings_differences(study.user_attrs.get(SETTINGS_ATTR), settings)
+
+
+def free_study_name(storage: str | optuna.storages.BaseStorage | None, name: str) -> str:
+    """`name-2`, `name-3`, ...: the first name no study in `storage` uses."""
+    store = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    taken = set(optuna.get_all_study_names(store))
+    n = 2
+    while f"{name}-{n}" in taken:
+        n += 1
+    return f"{name}-{n}"
 
 
 class _AskTellGridSampler(GridSampler):
@@ -91,7 +149,8 @@ class OptunaTuner:
     def __init__(self, space: SearchSpace, objective: ObjectiveSpec | None = None, *,
                  storage: str | optuna.storages.BaseStorage | None = DEFAULT_STORAGE,
                  study_name: str = "tierpilot", sampler: str = "tpe", seed: int | None = None,
-                 owner: str = "tierpilot", n_startup_trials: int = DEFAULT_STARTUP_TRIALS) -> None:
+                 owner: str = "tierpilot", n_startup_trials: int = DEFAULT_STARTUP_TRIALS,
+                 settings: dict[str, Any] | None = None) -> None:
         self.space = space
         objective = objective or ObjectiveSpec()
         self.objective = objective
@@ -106,6 +165,16 @@ class OptunaTuner:
         if existing != objective.directions:
             raise ValueError(f"study {study_name!r} exists with directions {existing}, "
                              f"but this objective needs {objective.directions}; use another --study")
+        if settings is not None:
+            wanted = study_settings(settings, space, objective)
+            if self.study.get_trials(deepcopy=False):
+                diffs = settings_differences(self.study.user_attrs.get(SETTINGS_ATTR), wanted)
+                if diffs:
+                    raise StudySettingsError(
+                        f"study {study_name!r} was run with other settings ({'; '.join(diffs)}); "
+                        f"it is not resumed. Pass --new-study to start a new study (this one is kept), "
+                        f"or --study NAME")
+            self.study.set_user_attr(SETTINGS_ATTR, wanted)
         self.study.set_user_attr("objective", {"metric": objective.metric, "names": list(objective.names)})
         self._distributions = space.distributions()
         self._open: dict[int, optuna.Trial] = {}

@@ -102,9 +102,10 @@ def _worker(index: int, n_trials: int, workload: WorkloadSpec, cluster: ClusterA
 def parallel_tune(workload: WorkloadSpec, cluster: ClusterArgs, limits: DeploymentLimits, *, storage: str,
                   study: str, trials: int, workers: int, objective: ObjectiveSpec | None = None,
                   sampler: str = "tpe", seed: int | None = 0, enqueue_defaults: bool = True,
-                  in_process: bool = False) -> ParallelResult:
+                  in_process: bool = False, settings: dict[str, Any] | None = None) -> ParallelResult:
     """Run `trials` twin trials of `study` in `storage` on `workers` processes (`in_process` with
-    one worker: in this process, without a spawn)."""
+    one worker: in this process, without a spawn). `settings`: recorded on the study (see
+    OptunaTuner)."""
     from tuners.offline import DEFAULTS
     from tuners.optuna_tuner import OptunaTuner
 
@@ -114,7 +115,7 @@ def parallel_tune(workload: WorkloadSpec, cluster: ClusterArgs, limits: Deployme
     start = time.perf_counter()
     space = SearchSpace.from_limits(limits)
     parent = OptunaTuner(space, objective, storage=storage, study_name=study, sampler=sampler, seed=seed,
-                         owner="tune-parent")
+                         owner="tune-parent", settings=settings)
     if enqueue_defaults and not parent.trials():
         try:
             parent.enqueue(space.validate(DEFAULTS), source="defaults")

@@ -53,6 +53,23 @@ class CandidateError(KnobError):
 
 
 @dataclasses.dataclass(frozen=True)
+class TargetAcceptance:
+    """What the deployment's actuation targets accept (built from the targets file `tierpilot k8s`
+    uses, by agent/k8s/offline.py).
+
+    accepts: knob -> the values some target can express (None: any number); a knob is absent when
+    no target owns it.
+    fixed: the value of every knob no target owns (`fixed_knobs` of the targets file, else the
+    component default): the tuner must leave those alone.
+    source: the targets file, for messages.
+    """
+
+    accepts: Mapping[str, tuple[Any, ...] | None]
+    fixed: Mapping[str, Any]
+    source: str = "targets"
+
+
+@dataclasses.dataclass(frozen=True)
 class DeploymentLimits:
     """What the deployment allows; the search space is derived from it.
 
@@ -213,6 +230,7 @@ class SearchSpace:
     dimensions: tuple[Dimension, ...]
     limits: DeploymentLimits = dataclasses.field(default_factory=lambda: DeploymentLimits())
     fixed: Knobs = dataclasses.field(default_factory=Knobs)
+    targets: TargetAcceptance | None = None
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.dimensions]
@@ -246,6 +264,28 @@ class SearchSpace:
             high, low = limits.watermarks[0]
             fixed = fixed.replace(l2_high_watermark=high, l2_low_watermark=low)
         return cls(tuple(dims), limits, fixed)
+
+    def for_targets(self, acc: TargetAcceptance) -> SearchSpace:
+        """Only what the targets accept: dimensions of knobs no target owns are dropped (the knob
+        keeps its fixed value), choices are cut to the values the owning targets can express.
+        CandidateError when a dimension has no value left."""
+        dims: list[Dimension] = []
+        for d in self.dimensions:
+            knobs = _dimension_knobs(d.name)
+            if not all(k in acc.accepts for k in knobs):
+                continue
+            allowed = acc.accepts[knobs[0]]
+            if isinstance(d, Choice) and allowed is not None and d.name != WATERMARKS_PARAM:
+                values = tuple(v for v in d.values if v in allowed)
+                if not values:
+                    raise CandidateError(f"{acc.source}: {d.name} accepts {', '.join(map(str, allowed))}, none of "
+                                         f"which the search space offers ({', '.join(map(str, d.values))})")
+                d = Choice(d.name, values)
+            dims.append(d)
+        fixed = self.fixed.to_dict()
+        fixed.update({k: v for k, v in acc.fixed.items() if k not in acc.accepts})
+        return dataclasses.replace(self, dimensions=tuple(dims),
+                                   fixed=Knobs.from_mapping(fixed, source=acc.source), targets=acc)
 
     # -- optuna views ------------------------------------------------------------------------
     def distributions(self) -> dict[str, BaseDistribution]:
@@ -319,6 +359,8 @@ class SearchSpace:
         for name, value in self.constraints(knobs).items():
             if value > 0:
                 problems.append(f"constraint {name} violated by {value:g}")
+        if self.targets is not None:
+            problems += target_violations(knobs, self.targets)
         return problems
 
     def validate(self, knobs: Knobs) -> Knobs:
@@ -335,6 +377,25 @@ class SearchSpace:
         if lim.cpu_budget_gib is not None:
             out["fleet_cpu_budget_gib"] = memory_cost_gib(knobs, lim) - lim.cpu_budget_gib
         return out
+
+
+def target_violations(knobs: Knobs, acc: TargetAcceptance) -> list[str]:
+    """Knob values the targets cannot express, and changes to knobs no target owns."""
+    out = []
+    for name, value in knobs.to_dict().items():
+        if name in acc.accepts:
+            allowed = acc.accepts[name]
+            if allowed is not None and value not in allowed:
+                out.append(f"{name}={value!r} is not accepted by the targets in {acc.source}; "
+                           f"valid: {', '.join(map(str, allowed))}")
+        elif name in acc.fixed and value != acc.fixed[name]:
+            out.append(f"{name}={value!r}: no target in {acc.source} owns {name}; the cluster keeps "
+                       f"{acc.fixed[name]!r}")
+    return out
+
+
+def _dimension_knobs(name: str) -> tuple[str, ...]:
+    return ("l2_high_watermark", "l2_low_watermark") if name == WATERMARKS_PARAM else (name,)
 
 
 def memory_cost_gib(knobs: Knobs, limits: DeploymentLimits) -> float:

@@ -47,7 +47,8 @@ class TwinWarmStart:
                  seed: int | None = 0, include: tuple[Knobs, ...] = ()) -> None:
         self.evaluator_factory = evaluator_factory
         self.space = space
-        self.objective = ObjectiveSpec(metric=(objective or ObjectiveSpec()).metric)
+        base = objective or ObjectiveSpec()
+        self.objective = ObjectiveSpec(metric=base.metric, memory_ms_per_gib=base.memory_ms_per_gib)
         self.trials = trials
         self.sampler = sampler
         self.seed = seed

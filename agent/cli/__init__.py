@@ -9,7 +9,7 @@ import click
 # name -> (module, attribute, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "replay": ("simulator.cli", "replay", "Replay a trace or synthetic workload on the digital twin."),
-    "tune": ("tuners.cli", "tune", "Tune the cache-tier knobs on the digital twin with optuna."),
+    "tune": ("agent.cli.tune", "tune", "Tune the cache-tier knobs on the digital twin with optuna."),
     "run": ("agent.cli.run", "run", "Run the long-lived agent (scrape, export, drift, tune, apply)."),
     "scrape-once": ("agent.cli.run", "scrape_once", "Scrape targets once and print the unified tier view."),
     "demo": ("emulator.demo.cli", "demo", "Run the whole loop on a built-in emulated cluster."),

@@ -1,6 +1,7 @@
 """`python -m agent.k8s`: operate the Kubernetes actuator by hand (same code path as the agent).
 
     python -m agent.k8s check   deploy/overlays/plain-vllm/targets.yaml
+    python -m agent.k8s check   --targets deploy/overlays/plain-vllm/targets.yaml --config best.yaml
     python -m agent.k8s current deploy/overlays/plain-vllm/targets.yaml
     python -m agent.k8s apply   deploy/overlays/plain-vllm/targets.yaml best.yaml --dry-run
     python -m agent.k8s rollback deploy/overlays/plain-vllm/targets.yaml
@@ -62,15 +63,41 @@ def main(ctx: click.Context, kubeconfig: str | None) -> None:
     ctx.ensure_object(dict)["kubeconfig"] = kubeconfig
 
 
+FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
 @main.command()
-@TARGETS
-def check(targets: Path) -> None:
-    """Validate TARGETS offline; print the tunable knobs and the Role rules they need."""
+@click.argument("targets_arg", metavar="[TARGETS]", required=False, type=FILE)
+@click.option("--targets", "targets_opt", type=FILE, help="The targets YAML (same as the TARGETS argument).")
+@click.option("--config", type=FILE,
+              help="A knobs YAML (e.g. the tuner's best.yaml) to validate against the targets, offline: "
+                   "each value a target cannot express is listed with the reason; exit 1 if any.")
+def check(targets_arg: Path | None, targets_opt: Path | None, config: Path | None) -> None:
+    """Validate TARGETS offline; print the tunable knobs, the values they accept and the Role rules
+    they need. With --config, say whether `apply` would accept that configuration."""
+    from agent.k8s.offline import acceptance, refusals
+
+    if (targets_arg is None) == (targets_opt is None):
+        raise click.UsageError("give the targets file once: TARGETS or --targets FILE")
+    targets = targets_arg or targets_opt
+    assert targets is not None
     settings = load_settings(targets)
     maps = load_mappings()
+    if config is not None:
+        knobs = Knobs.from_yaml_file(config)
+        refused = refusals(settings, maps, knobs)
+        for line in refused:
+            click.echo(f"refused: {line}")
+        if refused:
+            raise click.ClickException(f"{config}: {len(refused)} value(s) the targets in {targets} refuse")
+        click.echo(f"{config}: every value is accepted by the targets in {targets}")
+        return
     for t in settings.targets:
         m = maps[t.kind]
         click.echo(f"{t.kind:18s} {settings.ns(t)}/{t.name}: {', '.join(t.knobs or m.knobs)} ({m.takes_effect})")
+    acc = acceptance(settings, maps)
+    for knob, values in acc.accepts.items():
+        click.echo(f"  {knob}: {', '.join(map(str, values)) if values is not None else 'any number'}")
     click.echo(yaml.safe_dump({"rules": required_rules(settings)}, sort_keys=False), nl=False)
 
 

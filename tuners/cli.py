@@ -275,7 +275,7 @@ def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: objec
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Best configuration vs the defaults (twin replay)")
+    table = Table(title="best configuration vs defaults (twin replay)")
     table.add_column("")
     table.add_column("defaults", justify="right")
     table.add_column("best", justify="right")

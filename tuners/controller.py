@@ -125,13 +125,15 @@ class TuningController:
         self._drift_quiet_until = -math.inf
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def resume(self, now: float) -> list[int]:
-        """Reopen the latest phase after a restart; fail orphaned trials; restore last good."""
+    def resume(self, now: float, *, adopt: bool = False) -> list[int]:
+        """Reopen the latest phase after a restart; fail orphaned trials; restore last good.
+        `adopt`: this replica just took the Lease; the previous leader's trial in flight is failed
+        and its candidate measured again (OptunaTuner.resume)."""
         latest = latest_phase(self.storage, self.settings.study)
         self._open_phase(max(latest, 0), now, reason="resume" if latest >= 0 else "start",
                          fresh=latest < 0)
         assert self.tuner is not None
-        orphans = self.tuner.resume()
+        orphans = self.tuner.resume(adopt=adopt)
         for _ in orphans:
             self.metrics.trial_finished("failed")
         good = self.tuner.last_good() or self.guardrails.actuator.last_good()

@@ -241,14 +241,25 @@ class OptunaTuner:
         return isinstance(sampler, GridSampler) and sampler.is_exhausted(self.study)
 
     # -- crash safety, last good -------------------------------------------------------------
-    def resume(self) -> list[int]:
-        """Fail this owner's trials left RUNNING by a crash. Returns their numbers."""
+    def resume(self, *, adopt: bool = False) -> list[int]:
+        """Fail this owner's trials left RUNNING by a crash. Returns their numbers.
+
+        `adopt` (a new Lease holder: the previous one stopped acting before the Lease could move)
+        also takes over the trials other owners left RUNNING: each is failed and its candidate
+        enqueued again, so the new leader measures it and no trial is lost."""
         orphans = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if (t.user_attrs.get("candidate") or {}).get("owner", self.owner) == self.owner]
+                   if adopt or (t.user_attrs.get("candidate") or {}).get("owner", self.owner) == self.owner]
         for t in orphans:
-            self._set_attrs(t.number, {"outcome": "failed", "failure": "in flight when the agent restarted"})
+            owner = (t.user_attrs.get("candidate") or {}).get("owner", self.owner)
+            mine = owner == self.owner
+            reason = "in flight when the agent restarted" if mine else f"in flight when {owner} lost the Lease"
+            self._set_attrs(t.number, {"outcome": "failed", "failure": reason})
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            log.warning(json.dumps({"event": "trial_orphaned", "study": self.study_name, "trial": t.number}))
+            if not mine and set(t.params) == set(self._distributions):
+                self.study.enqueue_trial(dict(t.params), user_attrs={"source": "adopted", "adopted_from": t.number},
+                                         skip_if_exists=False)
+            log.warning(json.dumps({"event": "trial_orphaned", "study": self.study_name, "trial": t.number,
+                                    "owner": owner, "requeued": not mine}))
         return [t.number for t in orphans]
 
     def set_last_good(self, knobs: Knobs, *, trial: int | None = None, value: float | None = None) -> None:

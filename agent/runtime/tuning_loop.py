@@ -72,7 +72,8 @@ class TuningLoop:
                     self.controller = self.make_controller()
                     self.terms += 1
                     log.info("tuning: leader term %d starts; resuming from the study storage", self.terms)
-                    self.controller.resume(now)
+                    # with a Lease, this replica is the only one acting: it adopts trials left in flight
+                    self.controller.resume(now, adopt=self.is_leader is not None)
                 report = self.controller.step(now, self.signals())
             except Exception as exc:  # noqa: BLE001 - every path out of a trial must free the slot
                 report = self._step_failed(now, exc)

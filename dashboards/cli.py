@@ -26,7 +26,8 @@ def dashboards() -> None:
 
     Dashboards and rules are declared in Python (dashboards/*.py) and rendered to committed files:
     dashboards/json/*.json (import into Grafana), dashboards/alerts/tierpilot.rules.yaml (plain
-    Prometheus) and deploy/prometheusrule/prometheusrule.yaml (Prometheus Operator).
+    Prometheus), deploy/prometheusrule/prometheusrule.yaml (Prometheus Operator) and the Helm
+    chart's copies in deploy/helm/tierpilot/files/.
     """
 
 

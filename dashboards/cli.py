@@ -56,8 +56,9 @@ def build(root: Path | None, check: bool, ttft_slo: float | None, slo_objective:
         if runbook_base_url:
             changes["runbook_base_url"] = runbook_base_url
         settings = BuildSettings(**changes)
-    except ValidationError as exc:
-        raise click.UsageError(str(exc)) from exc
+    except ValidationError as exc:  # one line per field, never pydantic's multi-line report
+        raise click.UsageError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                         for e in exc.errors())) from None
     root = root or builder.REPO_ROOT
     if check:
         drift = builder.check(root, settings)

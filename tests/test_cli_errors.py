@@ -95,3 +95,10 @@ def test_python_m_agent_k8s_prints_one_line(no_cluster):
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("Error: kubeconfig"), proc.stderr
+
+
+def test_dashboards_build_reports_a_bad_value_in_one_line():
+    result = CliRunner().invoke(main, ["dashboards", "build", "--check", "--ttft-slo", "-1"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "Error: ttft_seconds: Input should be greater than 0"
+    assert "pydantic.dev" not in result.output and "validation error" not in result.output

@@ -38,7 +38,8 @@ from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import render_view
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
-from emulator.demo.report import verdict_lines, write_report
+from emulator.demo.report import prediction_line, verdict_lines, write_report
+from emulator.demo.scorecard import action_counts, demo_scorecard
 from emulator.demo.settings import DemoSettings
 from emulator.demo.tuning_setup import DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
@@ -49,6 +50,7 @@ from tuners.controller import StepReport
 from tuners.evaluators import TwinEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.objective import Evaluation
+from tuners.payoff import PhaseScore, scorecard_lines
 from tuners.warmstart import WarmStart
 
 log = logging.getLogger("tierpilot.demo")
@@ -79,6 +81,8 @@ class DemoResult:
     final_knobs: Knobs
     agent_url: str
     requests_served: int
+    scores: list[PhaseScore] = dataclasses.field(default_factory=list)  # the headline: tuned vs held vs hindsight
+    prediction_errors: list[float] = dataclasses.field(default_factory=list)  # twin p95 error per live window
 
     def count(self, kind: str) -> int:
         return sum(1 for e in self.events if e.kind == kind)
@@ -350,6 +354,12 @@ class Demo:
         reached = max((r.phase for r in self.recorder.served()), default=-1)
         verdicts = phase_verdicts(self.workload, self.twin_cluster, tuned[: reached + 1])
         self.recorder.verdicts.extend(verdicts)
+        actions = action_counts(self.workload.phase_starts_s, list(self.recorder.events),
+                                list(self.recorder.disturbances), self.s.pods)
+        scores, method = demo_scorecard(self.workload, self.twin_cluster, self.recorder.served(),
+                                        tuned[: reached + 1], actions)
+        errors = [e for _t, e in self.controller.prediction_errors]
+        headline = scorecard_lines(scores) + ["", f"Method: {method}", "", prediction_line(errors)]
         default_p95 = next((v.default_ttft_p95_s for v in verdicts if v.phase == 1), None)
         facts = {"pods": str(self.s.pods), "seed": str(self.s.seed), "duration": f"{self.s.duration_s:g} s wall",
                  "time scale": f"{self.scale:g} cluster-seconds per second",
@@ -361,9 +371,10 @@ class Demo:
                                 window_s=DRIFT_SIGNALS_WINDOW_S, margin_s=margin)
         path = write_report(self.s.report_dir, self.recorder, title_facts=facts,
                             phase_starts=self.workload.phase_starts_s, final_config=final.to_dict(),
-                            partial=interrupted, baseline_objective_s=default_p95, sections=accuracy)
+                            partial=interrupted, baseline_objective_s=default_p95, sections=accuracy,
+                            headline=headline)
         return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
-                          self.driver.served)
+                          self.driver.served, scores, errors)
 
 
 class _Renderable:
@@ -377,7 +388,7 @@ class _Renderable:
 def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResult:
     console = console or Console()
     result = Demo(settings, console).run()
-    for line in verdict_lines(result.verdicts):
+    for line in scorecard_lines(result.scores) if result.scores else verdict_lines(result.verdicts):
         console.print(line, soft_wrap=True)  # table rows stay one line each, whatever the width
     console.print(f"report: {result.report_path}")
     return result

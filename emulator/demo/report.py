@@ -154,9 +154,21 @@ def verdict_lines(verdicts: Sequence[PhaseVerdict]) -> list[str]:
     return lines
 
 
+def prediction_line(errors: Sequence[float]) -> str:
+    """The twin's prediction error for the running configuration over the live windows."""
+    if not errors:
+        return "Twin prediction error: no live window was measured."
+    mean = sum(errors) / len(errors)
+    mae = sum(abs(e) for e in errors) / len(errors)
+    return (f"Twin prediction error (TTFT p95 of the running configuration, twin vs measured, "
+            f"`tierpilot_tuner_twin_prediction_error_ratio`): {len(errors)} live windows, mean {mean * 100:+.1f}%, "
+            f"mean absolute {mae * 100:.1f}%, last {errors[-1] * 100:+.1f}%.")
+
+
 def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str, str],
                  phase_starts: Sequence[float], final_config: dict[str, object], partial: bool,
-                 baseline_objective_s: float | None = None, sections: Sequence[str] = ()) -> Path:
+                 baseline_objective_s: float | None = None, sections: Sequence[str] = (),
+                 headline: Sequence[str] = ()) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     points, events = list(recorder.timeline), list(recorder.events)
     plot_ttft(points, events, phase_starts, report_dir / "ttft_p95.png")
@@ -167,7 +179,10 @@ def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str,
     if partial:
         out += ["**Partial report: the demo was interrupted before the end.**", ""]
     out += [f"- {k}: {v}" for k, v in title_facts.items()]
-    out += ["", "## Verdict", ""] + verdict_lines(recorder.verdicts)
+    out += ["", "## Verdict: did tuning pay for itself?", ""] + list(headline or ["No scorecard."])
+    out += ["", "### End-configuration replay", "",
+            ("Not the verdict: what the configuration in force at the end of each phase gives from a cold start, "
+            "without the cost of getting there."), ""] + verdict_lines(recorder.verdicts)
     out += ["", "## Final configuration", "", "```yaml"]
     out += [f"{k}: {v}" for k, v in final_config.items()] + ["```", ""]
     out += ["## Charts", "", "![TTFT p95 over time](ttft_p95.png)", "",

@@ -15,7 +15,7 @@ import optuna
 import polars as pl
 
 from contracts.actuator import Actuator
-from contracts.knobs import DEFAULT_KNOBS, Knobs
+from contracts.knobs import Knobs
 from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
@@ -33,12 +33,10 @@ from tuners.warmstart import TwinWarmStart, WarmStart
 
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
-WARM_START_TRIALS = 20
+WARM_START_TRIALS = 12  # twin trials searching restart-requiring knobs (the router is decided on its own)
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
 DRIFT_SIGNALS_WINDOW_S = 60.0
-# One-knob neighbours of the defaults the twin always scores (router changes are hot: no restart).
-ROUTER_NEIGHBOURS = tuple(DEFAULT_KNOBS.replace(router=r) for r in ("session", "prefixaware", "kvaware"))
 # The drift detector watches workload signals only (never the config-dependent hit ratio). Left
 # out: the long-prompt fraction (multi-turn sessions ramp it up turn after turn) and the arrival
 # rate (a rolling restart makes the agent's request rate dip and recover).
@@ -88,8 +86,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                            replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
         return wrap_evaluator(ev) if wrap_evaluator else ev
 
-    search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed,
-                           include=ROUTER_NEIGHBOURS)
+    search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed)
 
     def planning_twin() -> RecentTwin:
         now = clock()
@@ -111,7 +108,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
     return Tuning(controller, guardrails, space, limits)
 
 
-__all__ = ["DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "ROUTER_NEIGHBOURS", "SETTLE_S", "Tuning", "build_tuning",
+__all__ = ["DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Tuning", "build_tuning",
            "demo_limits"]
 
 

@@ -14,6 +14,7 @@ import zmq
 from pydantic import BaseModel
 
 from agent.kvevents import KvEventManager
+from agent.kvevents.budget import plan_streams
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings, LimitsSpec, SettingsError
 from agent.kvevents.signals import EngineId
 from agent.settings import AgentSettings
@@ -193,3 +194,15 @@ def test_sequence_jump_to_the_top_does_not_count_billions(ctx: zmq.Context) -> N
             assert s.restarts == 1 and s.missed_messages <= 1 and s.lost_messages <= 1
         finally:
             mgr.stop()
+
+
+def test_plan_keeps_indexed_models_and_skips_the_rest() -> None:
+    specs = [EndpointSpec(pod=f"p{i}", model=f"m{i % 6}", endpoint=f"tcp://127.0.0.1:{6000 + i}", dp_size=1 + i % 3)
+             for i in range(12)]
+    settings = KvEventsSettings(limits={"max_models": 2, "shadow_l2": 1000})  # type: ignore[arg-type]
+    plan = plan_streams(specs, settings, indexed_models={"m5"})
+    assert plan.models == {"m5", "m0"} and plan.skipped_models == ("m1", "m2", "m3", "m4")
+    engines = sum(s.dp_size for s in plan.specs)
+    assert len(plan.caps) == engines and plan.shadow_per_model == 500
+    assert sum(r for r, _ in plan.caps.values()) <= settings.limits.fleet_resident
+    assert plan.pending_bytes * engines <= settings.replay_pending_bytes

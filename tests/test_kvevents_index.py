@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agent.kvevents import index as index_module
 from agent.kvevents.index import FleetIndex, IndexLimits, TwoGenMap
 from agent.kvevents.signals import EngineId, KvSignals
 from agent.kvevents.sketch import SeenSketch
@@ -174,3 +175,28 @@ def test_sketch_false_positive_rate_and_ageing() -> None:
     assert sk.rotations == 2
     assert sk.contains(first).mean() < 0.01
     assert sk.nbytes == 2 * sk.bits // 8
+
+
+def test_caps_resize_and_shrink_at_once() -> None:
+    idx = FleetIndex(IndexLimits(resident_per_engine=1000, history_per_engine=1000, seen_capacity=1000))
+    idx.apply("a", 1.0, [gpu(*range(1, 400))])
+    idx.set_caps("a", 100, 100)  # its share of the pod/fleet budget shrank
+    assert len(idx.engines["a"].resident) <= 100
+    assert set(idx.holders) == set(idx.engines["a"].resident)
+    assert sum(idx.engines["a"].stats.resident.values()) == len(idx.engines["a"].resident)
+    idx.apply("a", 2.0, [gpu(*range(1000, 1400))])
+    assert len(idx.engines["a"].resident) <= 100
+
+
+def test_a_huge_message_gives_the_sketch_answers_of_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run() -> dict[str, int]:
+        idx = FleetIndex(IndexLimits(resident_per_engine=4, history_per_engine=4, seen_capacity=200_000))
+        hashes = [h * 0x9E3779B97F4A7C15 & (2**64 - 1) for h in range(1, 40_001)]
+        idx.apply("a", 1.0, [gpu(*hashes[:20_000])])
+        idx.apply("a", 2.0, [gpu(*hashes, *hashes[:100])])  # 40,100 hashes: chunked sketch calls
+        return dict(idx.engines["a"].stats.miss_blocks)
+
+    chunked = run()
+    monkeypatch.setattr(index_module, "_SKETCH_CHUNK", 10**9)
+    assert chunked == run()
+    assert chunked["cold"] == 40_000 and chunked["capacity"] >= 19_990

@@ -36,6 +36,7 @@ REUSE_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 
                                      14400.0, 86400.0)
 
 
+_SKETCH_CHUNK = 16_384  # hashes per sketch call: a 3 MB message of hashes would need ~200 MB at once
 DISTANCE_BUCKETS = 4 * 65 + 1  # 4 per octave of the store distance, plus "never / aged out"
 FAR = DISTANCE_BUCKETS - 1
 
@@ -246,7 +247,14 @@ class FleetIndex:
                 stored.extend(ev.hashes)
         seen: Iterator[bool] = iter(())
         if stored:
-            flags = self.sketch.check_and_add(np.fromiter(stored, dtype=np.uint64, count=len(stored)))
+            arr = np.fromiter(stored, dtype=np.uint64, count=len(stored))
+            if len(arr) <= _SKETCH_CHUNK:
+                flags = self.sketch.check_and_add(arr)
+            else:  # bounded temporaries (k probes x 8 bytes per hash), same answers as one call
+                parts = range(0, len(arr), _SKETCH_CHUNK)
+                flags = np.concatenate([self.sketch.contains(arr[i:i + _SKETCH_CHUNK]) for i in parts])
+                for i in parts:
+                    self.sketch.check_and_add(arr[i:i + _SKETCH_CHUNK])
             seen = iter(flags.tolist())
         for ev in events:
             kind = type(ev)

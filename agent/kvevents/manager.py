@@ -24,10 +24,12 @@ from typing import Self
 
 import zmq
 
+from agent.kvevents.budget import plan_streams
 from agent.kvevents.fleet import BlockSketches
 from agent.kvevents.merge import EventTimeMerger
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
+from agent.kvevents.sockets import disconnected, open_dealer, open_sub
 from agent.kvevents.wire import (
     END_SEQ_BYTES,
     FrameError,
@@ -209,13 +211,13 @@ class KvEventManager:
             wanted, self._wanted = self._wanted, None
         if wanted is None:
             return
-        wanted = self._within_model_limit(wanted)
-        limits = self.settings.limits
-        n_engines = sum(spec.dp_size for spec in wanted)
-        desired = {eid: (ep, rp, spec.topic) for spec in wanted for eid, ep, rp in spec.engines()}
-        caps = {eid: limits.engine_caps(spec.dp_size, n_engines) for spec in wanted for eid, _, _ in spec.engines()}
-        hwm = {eid: max(1, self.settings.rcvhwm // spec.dp_size) for spec in wanted for eid, _, _ in spec.engines()}
-        self._pending_cap = self.settings.replay_pending_bytes // max(1, n_engines)
+        plan = plan_streams(wanted, self.settings, {eid.model for eid in self._streams})
+        if plan.skipped_models and plan.skipped_models != self.skipped_models:
+            log.warning("kv-events: %d model(s) beyond limits.max_models=%d not indexed: %s",
+                        len(plan.skipped_models), self.settings.limits.max_models, ", ".join(plan.skipped_models[:5]))
+        self.skipped_models = plan.skipped_models
+        self._pending_cap = plan.pending_bytes
+        desired, hwm = plan.endpoints, plan.rcvhwm
         for eid in list(self._streams):
             st = self._streams[eid]
             if eid not in desired:
@@ -236,46 +238,19 @@ class KvEventManager:
                     self.signals.stream(eid)
                 self._open(st)
         with self._lock:  # every engine's share of its pod's and the fleet's budgets
-            for eid, (resident, history) in caps.items():
+            for eid, (resident, history) in plan.caps.items():
                 self.signals.set_caps(eid, resident, history)
-            models = {eid.model for eid in desired}
-            self.signals.keep_models(models)
-            self.signals.set_shadow_cap(max(2, limits.shadow_l2 // max(1, len(models))))
-
-    def _within_model_limit(self, wanted: tuple[EndpointSpec, ...]) -> tuple[EndpointSpec, ...]:
-        """At most `limits.max_models` models are indexed (each has its own sketch): the ones
-        already indexed first, then in the order given; endpoints of the others are skipped."""
-        limit = self.settings.limits.max_models
-        current = {eid.model for eid in self._streams}
-        order = [m for m in dict.fromkeys(spec.model for spec in wanted)]
-        keep = set(sorted(order, key=lambda m: (m not in current, order.index(m)))[:limit])
-        skipped = sorted(set(order) - keep)
-        if skipped:
-            log.warning("kv-events: %d model(s) beyond limits.max_models=%d not indexed: %s",
-                        len(skipped), limit, ", ".join(skipped[:5]))
-        self.skipped_models = tuple(skipped)
-        return tuple(spec for spec in wanted if spec.model in keep)
+            self.signals.keep_models(plan.models)
+            self.signals.set_shadow_cap(plan.shadow_per_model)
 
     def _open(self, st: _Stream) -> None:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, st.rcvhwm)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.IPV6, 1)  # without it tcp://[::1]:port connects to nothing, silently
-        sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: a wrong one is counted, not filtered unseen
-        sub.connect(st.endpoint)
-        st.sub = sub
-        st.monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        st.sub, st.monitor = open_sub(self._ctx, st.endpoint, st.rcvhwm, self.settings.max_message_bytes)
         self._poller.register(st.monitor, zmq.POLLIN)
-        self._poller.register(sub, zmq.POLLIN)
+        self._poller.register(st.sub, zmq.POLLIN)
 
     def _open_dealer(self, st: _Stream) -> zmq.Socket:
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.IPV6, 1)
-        dealer.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-        dealer.connect(st.replay_endpoint)
-        st.dealer = dealer
+        assert st.replay_endpoint is not None
+        dealer = st.dealer = open_dealer(self._ctx, st.replay_endpoint, self.settings.max_message_bytes)
         self._poller.register(dealer, zmq.POLLIN)
         return dealer
 
@@ -308,14 +283,7 @@ class KvEventManager:
         close, but never after it refused a frame over ZMQ_MAXMSGSIZE, which would silence the
         pod for good: the SUB is reopened (its `last` kept, so the next batch shows the gap)."""
         assert st.monitor is not None
-        seen = False
-        while True:
-            try:
-                st.monitor.recv_multipart(zmq.NOBLOCK)
-                seen = True
-            except zmq.Again:
-                break
-        if seen:
+        if disconnected(st.monitor):
             with self._lock:
                 self.signals.reconnected(st.engine)
             self._close_sub(st)

@@ -4,13 +4,16 @@
   the operator generates keeps the vLLM pod's `pod` and `namespace` on the tier series, and gives
   the agent's own series the agent pod's; the same scrape without honorLabels shows the bug
   (pod = the agent, exported_pod = the vLLM pod), so the check can fail;
-- no double counting: with export.fleet=leader, the fleet queries over two replicas (Lease over the
-  Kubernetes emulator) equal those over one agent;
+- no double counting: with export.fleet=leader, the overview dashboard's queries and the sum of
+  every fleet series over two replicas (Lease over the Kubernetes emulator) equal those over one
+  agent (the dashboard's max/avg/ratio/quantile panels would hide a duplicate; the sums would not);
 - no lost window: after the leader dies, the standby takes the Lease and serves at once the same
   window as an agent that scraped alone all along.
 """
 from __future__ import annotations
 
+import json
+import math
 import random
 import subprocess
 import time
@@ -28,6 +31,7 @@ from contracts.tier_model import Target
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster
 from emulator.cluster.pod_metrics import RequestOutcome
 from exporters.fleet import FleetExport, is_fleet_family
+from tests.conftest import REPO_ROOT
 from tests.support.kube import NS, FakeTime, serve
 from tests.support.prometheus import start_prometheus
 from tests.test_helm_chart import CHART, helm_path
@@ -86,6 +90,44 @@ def _agent(targets: list[Target], clock: Clock) -> Agent:
 
 def _addr(agent: Agent) -> str:
     return agent.url.removeprefix("http://").removesuffix("/metrics")
+
+
+def dashboard_queries() -> list[str]:
+    """Every query of the overview dashboard (dashboards/json), Grafana variables set to all."""
+    exprs: list[str] = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            if isinstance(x.get("expr"), str) and x["expr"]:
+                exprs.append(x["expr"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(json.loads((REPO_ROOT / "dashboards" / "json" / "tierpilot-overview.json").read_text()))
+    return exprs
+
+
+def for_job(expr: str, job: str) -> str:
+    """`expr` restricted to one scrape job; every selector of the dashboards names $namespace."""
+    out = expr.replace('namespace=~"$namespace"', f'job="{job}", namespace=~".*"')
+    assert out.count(f'job="{job}"') == expr.count("{"), expr
+    for var in ("$pod", "$model", "$role"):
+        out = out.replace(f'"{var}"', '".*"')
+    return out.replace("$__rate_interval", "30s")
+
+
+def _vector(prom, expr: str, at: float) -> dict[tuple, float]:
+    data = prom.api("query", query=expr, time=f"{at:.3f}")
+    rows = data["result"] if data["resultType"] == "vector" else [{"metric": {}, "value": data["result"]}]
+    return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in rows}
+
+
+def _same(ha: dict, one: dict, rel: float) -> bool:
+    return ha.keys() == one.keys() and all(
+        (math.isnan(ha[k]) and math.isnan(one[k])) or ha[k] == pytest.approx(one[k], rel=rel, abs=1e-9) for k in one)
 
 
 def _fleet(prom, job: str) -> dict[tuple, float]:
@@ -191,6 +233,21 @@ def test_two_replicas_behind_the_operator_count_once_and_fail_over_with_a_warm_w
             ha, one = _fleet(prom, "tierpilot"), _fleet(prom, "single")
             assert len(one) > 10 and ha == one
             assert len(prom.query('tierpilot_store_rows{job="tierpilot"}')) == 2  # both replicas report themselves
+
+            # the overview dashboard's queries: the same values from two replicas as from one agent
+            _traffic(cluster, rng)
+            clock.now += 15.0
+            for agent in agents:
+                agent.scrape_now()
+            time.sleep(4)  # Prometheus samples before and after the change for the rate panels
+            at = time.time()
+            compared = 0
+            for expr in dashboard_queries():
+                ha_v, one_v = _vector(prom, for_job(expr, "tierpilot"), at), _vector(prom, for_job(expr, "single"), at)
+                # rate panels: each job is sampled at its own offset (extrapolation differs by a few %)
+                assert _same(ha_v, one_v, rel=0.1 if "rate(" in expr else 1e-9), (expr, ha_v, one_v)
+                compared += bool(one_v) and not all(math.isnan(v) for v in one_v.values())
+            assert compared >= 10
 
             # the leader dies; the standby takes the Lease and serves the same window at once
             a.stop()

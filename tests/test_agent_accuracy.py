@@ -176,3 +176,29 @@ def test_a_restart_restarts_every_counter_of_the_target_histogram_buckets_includ
     status = next(t for t in snap.targets if t.target.pod == "vllm-0")
     assert status.reason == "counter_reset"
     assert snap.pods[0].ttft_quantiles[0.95] <= 0.5
+
+
+def test_a_pod_down_keeps_its_last_window_values_flagged_and_drops_out_after_a_window() -> None:
+    clock = {"now": 1000.0}
+    c = EmulatedCluster(ClusterSpec(pods=2, restart_downtime_s=0.0))
+    out = RequestOutcome(prompt_tokens=1000, gpu_hit_tokens=400, cpu_hit_tokens=0, l2_hit_tokens=0,
+                         output_tokens=2, ttft_s=0.1)
+    with c:
+        targets = [Target(p.vllm_endpoint.url, "vllm", name) for name, p in c.pods.items()]
+        agent = Agent(load_settings(env={}, store={"window_s": 60.0, "retention_s": 600.0},
+                                    scrape={"backoff_base_s": 0.0}),
+                      StaticTargets(targets), clock=lambda: clock["now"])
+        for _ in range(3):
+            for p in c.pods.values():
+                p.record(out)
+            agent.scrape_now()
+            clock["now"] += 10
+        c.pods["vllm-0"].vllm_endpoint.stop()
+        snap = agent.scrape_now()
+        down = next(t for t in snap.targets if t.target.pod == "vllm-0")
+        assert not down.up and down.reason == "connection_refused"
+        gpu = {t.pod: t.hit_ratio for t in snap.tiers if t.tier == "gpu"}
+        assert gpu == {"vllm-0": pytest.approx(0.4), "vllm-1": pytest.approx(0.4)}  # as of its last scrape
+        clock["now"] += 61
+        snap = agent.scrape_now()
+    assert {t.pod for t in snap.tiers} == {"vllm-1"}  # nothing of vllm-0 left in the window

@@ -127,7 +127,7 @@ def test_seeded_run_with_two_rolling_restarts_meets_the_error_bounds(accuracy_ru
     report = "\n".join(res.lines())
     for name in ("GPU hit ratio", "L2 hit ratio", "cumulative hit ratio"):
         r = rows[name]
-        assert r.steady[2] >= 100 and r.restarts[2] >= 100, (name, report)
+        assert r.steady[2] >= 40 and r.restarts[2] >= 40, (name, report)  # ~10 probes of 4 pods each
         for med, p95, _n in (r.steady, r.restarts):
             assert med <= 2.0 and p95 <= 5.0, (name, report)
     for name in ("TTFT p50", "TTFT p95"):
@@ -136,7 +136,7 @@ def test_seeded_run_with_two_rolling_restarts_meets_the_error_bounds(accuracy_ru
             assert med <= 10.0 and p95 <= 20.0, (name, report)
     for name in ("L2 read latency p50", "L2 read latency p95"):
         r, f = rows[name], floors[name]
-        assert r.steady[2] >= 50 and r.restarts[2] >= 50, (name, report)
+        assert r.steady[2] >= 20 and r.restarts[2] >= 20, (name, report)
         for (med, p95, _n), (fmed, fp95, _m) in ((r.steady, f.steady), (r.restarts, f.restarts)):
             # within the targets, or no further from the truth than the buckets allow
             assert med <= max(10.0, fmed + 2.0) and p95 <= max(20.0, fp95 + 2.0), (name, report)

@@ -108,3 +108,15 @@ def test_reset_detector_per_origin():
     assert det.observe("t2", [sig("gpu_hit_tokens", 1)]) == 0  # other target: no comparison
     assert det.observe("t1", [sig("gpu_hit_tokens", 3), sig("gpu_usage_ratio", 0.1, kind="gauge")]) == 1
     assert det.observe("t1", [sig("gpu_hit_tokens", 4)]) == 0
+
+
+def test_reset_detector_tells_a_restart_from_one_odd_series():
+    det = CounterResetDetector()
+    series = [sig(f"s{i}", 100.0) for i in range(4)]
+    det.observe("t", series)
+    det.observe("t", [sig("s0", 1.0), *series[1:]])  # one series went down: not a new process
+    assert not det.restarted("t")
+    det.observe("t", [sig("s0", 1.0), sig("s1", 2.0), sig("s2", 150.0), sig("s3", 3.0)])
+    assert det.restarted("t")  # most went down (s2, a quiet one, climbed past its old value)
+    det.observe("t", [sig("s0", 2.0), sig("s1", 3.0), sig("s2", 151.0), sig("s3", 4.0)])
+    assert not det.restarted("t")

@@ -115,8 +115,9 @@ class ScrapeCycle:
         for reason, n in result.anomalies.items():
             self._count(target, reason, n)
             faults.append((reason, f"{reason} ({n} series dropped)"))
-        restarted = bool(self.resets.observe(target.key, result.signals))
-        if restarted:
+        went_down = self.resets.observe(target.key, result.signals)
+        restarted = self.resets.restarted(target.key)  # a new process, not one odd series
+        if went_down:
             self._count(target, "counter_reset")
             faults.append(("counter_reset", "counter_reset (counters went down: a restart)"))
         self.backoff.succeeded(target.key)

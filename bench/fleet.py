@@ -45,6 +45,7 @@ def load() -> str:
 
 def payload_pool() -> list[str]:
     """Distinct payloads the targets cycle through: rendered, emulated, and reference samples."""
+    from agent.collect.mapping import load_mappings
     from agent.collect.parse import ParseError, parse
     from emulator.cluster.exposition import render_python_client
     from emulator.cluster.pod_metrics import PodIdentity, VllmPodMetrics
@@ -52,13 +53,14 @@ def payload_pool() -> list[str]:
     pool = [render_payload(i) for i in range(24)]
     emulated = render_python_client(VllmPodMetrics(PodIdentity(), time.time()).snapshot())
     pool.append(emulated.decode() if isinstance(emulated, bytes) else emulated)
+    wanted = load_mappings().wanted["vllm"]
     for path in sorted((SHARED / "reference" / "samples").glob("*vllm*.prom")):
         text = path.read_text()
         try:
-            parse(text)
+            if len(parse(text, wanted)):  # a sample with no mapped series is not a KV-cache pod
+                pool.append(text)
         except ParseError:
             continue
-        pool.append(text)
     return pool
 
 
@@ -146,8 +148,8 @@ def via_prometheus(port: int, n_targets: int, cycles: int) -> None:
                 snap = agent.scrape_now()
                 walls.append(time.perf_counter() - w0)
                 cpus.append(time.process_time() - c0)
-            pods = len({t.pod for t in snap.tiers})
-            assert pods == size, (pods, size, [s.reason for s in snap.targets if not s.up][:3])
+            up = sum(st.up for st in snap.targets)
+            assert up == len(snap.targets) == size, (up, size, [s.reason for s in snap.targets if not s.up][:3])
             print(f"   {size:>5} pods: agent cycle wall median {statistics.median(walls) * 1000:.0f} ms "
                   f"(min {min(walls) * 1000:.0f}), agent CPU {statistics.median(cpus) * 1000:.0f} ms; "
                   f"{len(snap.tiers)} tier series")
@@ -167,8 +169,8 @@ def kv_events(n_msgs: int) -> None:
     from bench.kvevents import make_messages
 
     pods = [f"vllm-{i}" for i in range(8)]
-    streams = {p: make_messages(n_msgs // len(pods), "map", seed=i)[0] for i, p in enumerate(pods)}
-    blocks = sum(make_messages(n_msgs // len(pods), "map", seed=i)[1] for i in range(len(pods)))
+    streams = {p: make_messages(n_msgs // len(pods), "0.33.0", seed=i)[0] for i, p in enumerate(pods)}
+    blocks = sum(make_messages(n_msgs // len(pods), "0.33.0", seed=i)[1] for i in range(len(pods)))
 
     def replica(mine: list[str], sketches: bool) -> float:
         sig = KvSignals()

@@ -91,7 +91,8 @@ def render(out_dir: Path, prometheus_url: str, since: str, end_ts: float | None,
     Writes one PNG per panel and a sheet with all of them (tierpilot-overview.png). Panels whose
     query fails or returns nothing are drawn as "no data" and listed at the end.
     """
-    from dashboards.render import render_overview
+    from dashboards import overview
+    from dashboards.render import draw_dashboard, fetch_dashboard, without_data
 
     chosen: dict[str, str] = {}
     for item in selection:
@@ -110,7 +111,15 @@ def render(out_dir: Path, prometheus_url: str, since: str, end_ts: float | None,
         source.query_range("vector(1)", end - 60, end, 60)
     except SourceError as exc:
         raise click.ClickException(str(exc)) from exc
-    paths = render_overview(prometheus_url, out_dir, start, end, step=step, scrape_interval=scrape_interval,
-                            selection=chosen, source=source)
-    for p in paths:
+    dashboard = overview.build(BuildSettings())
+    data = fetch_dashboard(dashboard, source, start, end, step=step, scrape_interval=scrape_interval,
+                           selection=chosen)
+    for p in draw_dashboard(dashboard, data, out_dir, start, end):
         click.echo(f"wrote {p}")
+    empty = without_data(data)
+    if empty:
+        click.echo(f"{len(empty)} of {len(data)} panels have no data:")
+        for title, why in empty:
+            click.echo(f"  {title}: {' '.join(why.split())}")
+    else:
+        click.echo(f"all {len(data)} panels have data")

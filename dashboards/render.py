@@ -213,11 +213,36 @@ def render_dashboard(dashboard: Dashboard, source: RangeSource, out_dir: Path, s
                      *, step: float | None = None, scrape_interval: float = 15.0,
                      selection: Mapping[str, str] | None = None) -> list[Path]:
     """One PNG per panel (`NN-title.png`) plus `<uid>.png`, a sheet with every panel."""
+    data = fetch_dashboard(dashboard, source, start, end, step=step, scrape_interval=scrape_interval,
+                           selection=selection)
+    return draw_dashboard(dashboard, data, out_dir, start, end)
+
+
+def fetch_dashboard(dashboard: Dashboard, source: RangeSource, start: float, end: float, *,
+                    step: float | None = None, scrape_interval: float = 15.0,
+                    selection: Mapping[str, str] | None = None) -> list[PanelData]:
+    """Every panel's series over [start, end], variables expanded as Grafana would."""
     if end <= start:
         raise ValueError(f"end ({end}) must be after start ({start})")
     step = step or choose_step(start, end, scrape_interval)
     variables = template_values(step, scrape_interval, start, end, selection)
-    data = [fetch_panel(p, source, start, end, step, variables) for p in dashboard.panels]
+    return [fetch_panel(p, source, start, end, step, variables) for p in dashboard.panels]
+
+
+def without_data(data: Sequence[PanelData]) -> list[tuple[str, str]]:
+    """(panel title, why) for every panel drawn as "no data": its query failed or gave no value."""
+    out = []
+    for d in data:
+        if d.error:
+            out.append((d.panel.title, d.error))
+        elif not any(math.isfinite(v) for x in d.series for v in x.series.values):
+            out.append((d.panel.title, "no series with a value in the window"))
+    return out
+
+
+def draw_dashboard(dashboard: Dashboard, data: Sequence[PanelData], out_dir: Path, start: float,
+                   end: float) -> list[Path]:
+    """Draw fetched panels: one PNG per panel (`NN-title.png`) plus `<uid>.png`, the sheet."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [_save_single(d, out_dir / f"{i + 1:02d}-{slug(d.panel.title)}.png") for i, d in enumerate(data)]
     paths.append(_save_sheet(dashboard, data, out_dir / f"{dashboard.uid}.png", start, end))

@@ -23,11 +23,14 @@ def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "") -> P
     for tier in ("gpu", "cpu", "l2"):
         col = tl[f"{tier}_hit_ratio"]
         if col.null_count() < len(col):  # the tier is enabled
-            ax1.plot(minutes, col.to_list(), label=f"{tier.upper()} hits / tokens reaching it",
-                     color=_COLORS[tier], lw=1.6)
+            never = not (col.fill_null(0.0) > 0).any()
+            # zorder above the axes and no clipping: a tier that never hits is a visible line at 0
+            ax1.plot(minutes, col.to_list(), label=f"{tier.upper()} hits / tokens reaching it"
+                     + (" (0 throughout)" if never else ""), color=_COLORS[tier], lw=2.4 if never else 1.6,
+                     zorder=4, clip_on=False)
     ax1.plot(minutes, tl["hit_ratio"].to_list(), label="all tiers: hits / prompt tokens", color=_COLORS["all"],
              lw=2.2, ls="--")
-    ax1.set_ylim(0, 1.02)
+    ax1.set_ylim(-0.04, 1.02)  # room below 0 so a line at 0 is not hidden by the x-axis
     ax1.set_ylabel("token hit ratio")
     ax1.grid(alpha=0.3)
     ax1.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=9, ncols=4, frameon=False)
@@ -45,7 +48,7 @@ def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "") -> P
     for start in phases["time_s"].to_list()[1:]:
         for ax in (ax1, ax2):
             ax.axvline(start / 60.0, color="red", ls=":", lw=1.2)
-        ax1.text(start / 60.0, 0.02, " phase change", color="red", va="bottom", fontsize=8)
+        ax1.text(start / 60.0, 0.06, " phase change", color="red", va="bottom", fontsize=8)
     s = result.summary()
     k = result.knobs
     fig.suptitle(

@@ -119,3 +119,19 @@ def test_render_cli_reports_an_unreachable_prometheus(tmp_path):
                                        "--prometheus", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach Prometheus at http://127.0.0.1:9" in result.output
+
+
+def test_panels_without_data_are_named_with_the_reason():
+    from dashboards.render import fetch_dashboard, without_data
+
+    class EmptyFor(FakeSource):
+        def query_range(self, expr, start, end, step):
+            return [] if "tierpilot_kv_usage_ratio" in expr else super().query_range(expr, start, end, step)
+
+    dashboard = overview.build(BuildSettings())
+    data = fetch_dashboard(dashboard, EmptyFor(fail_on="tierpilot_l2_break_even_prompt_tokens"), 0, 3600,
+                           scrape_interval=15)
+    missing = dict(without_data(data))
+    assert "bad_data" in missing["L2 break-even prompt length"]
+    assert missing["Usage per tier"] == "no series with a value in the window"
+    assert "Total hit ratio" not in missing

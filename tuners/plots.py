@@ -13,9 +13,25 @@ import optuna
 from optuna.visualization import matplotlib as ovm
 
 
+def label(name: str) -> str:
+    """An objective name as an axis label: `ttft_p95_s + memory` -> `TTFT p95 + memory cost (s)`."""
+    base, plus, rest = name.partition(" + ")
+    if base.startswith("ttft_p") and base.endswith("_s"):
+        text = f"TTFT {base[5:-2]}" + (f" + {rest} cost" if plus else "")
+        return f"{text} (s)"
+    return {"hit_ratio": "hit ratio", "memory_gib": "fleet CPU memory (GiB)"}.get(name, name)
+
+
 def _save(ax: object, path: Path, title: str) -> Path:
-    fig = ax.figure if hasattr(ax, "figure") else ax[0].figure  # type: ignore[index, union-attr]
-    fig.suptitle(title, fontsize=10)
+    """One title per figure: optuna's own axis title ("Optimization History Plot") is replaced."""
+    axes = ax if isinstance(ax, (list, tuple)) else getattr(ax, "flat", [ax])
+    first = next(iter(axes))
+    fig = first.figure  # type: ignore[union-attr]
+    for a in fig.axes:
+        for loc in ("left", "center", "right"):
+            a.set_title("", loc=loc)
+    fig.suptitle("")
+    first.set_title(title, fontsize=11)  # type: ignore[union-attr]
     fig.set_size_inches(9, 5.5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -33,7 +49,7 @@ def write_plots(study: optuna.Study, out_dir: Path, *, objective_names: tuple[st
         return written
     multi = len(study.directions) > 1
     first = (lambda t: t.values[0]) if multi else None
-    name = objective_names[0]
+    name = label(objective_names[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optuna marks its matplotlib backend experimental
         ax = ovm.plot_optimization_history(study, target=first, target_name=name)
@@ -46,7 +62,7 @@ def write_plots(study: optuna.Study, out_dir: Path, *, objective_names: tuple[st
             except (RuntimeError, ValueError, ZeroDivisionError):
                 pass  # e.g. every trial has the same value: importances are undefined
         if multi:
-            ax = ovm.plot_pareto_front(study, target_names=list(objective_names), targets=None,
+            ax = ovm.plot_pareto_front(study, target_names=[label(n) for n in objective_names], targets=None,
                                        include_dominated_trials=True)
             written.append(_save(ax, out_dir / "pareto.png", f"{study.study_name}: Pareto front"))
     return written

@@ -54,12 +54,17 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tierpilot")
-def main() -> None:
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also show the libraries' INFO logs (apscheduler, optuna, aiohttp, kubernetes...).")
+def main(verbose: bool) -> None:
     """tierpilot: observability and autotuning for tiered KV caches in LLM serving.
 
     It watches vLLM (GPU prefix cache), LMCache (CPU offload) and Curvine (shared NVMe) across a
     fleet, exports one unified set of metrics, and tunes the tier settings as the workload shifts.
     """
+    from agent.runtime.logs import quiet_libraries
+
+    quiet_libraries(verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

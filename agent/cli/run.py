@@ -69,7 +69,7 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) 
         runtime = build_runtime(settings)
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-    parts = [f"/metrics on {settings.server.host}:{settings.server.port}",
+    parts = [f"/metrics on {settings.server.host or '0.0.0.0'}:{settings.server.port}",
              f"scraping every {settings.scrape.interval_s:g}s"]
     if runtime.kv is not None:
         parts.append("KV events on")
@@ -78,8 +78,17 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) 
                      + (" (DRY-RUN)" if settings.dry_run or runtime.actuator.settings.dry_run else "")
                      + (", leader election on" if runtime.elector is not None else ""))
     click.echo("tierpilot agent: " + ", ".join(parts), err=True)
+    if not has_target_source(settings):
+        click.echo("warning: no targets configured (targets.static, targets.file, targets.kubernetes.enabled "
+                   "or source: prometheus); the agent serves only its own health metrics", err=True)
     runtime.run_forever()
     click.echo("tierpilot agent stopped", err=True)
+
+
+def has_target_source(settings) -> bool:
+    """Whether anything can ever give the agent a target to read."""
+    t = settings.targets
+    return bool(t.static or t.file or t.kubernetes.enabled or settings.source == "prometheus")
 
 
 def parse_target(spec: str) -> Target:
@@ -165,7 +174,7 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
     elif fmt == "prometheus":
         click.echo(agent.metrics_text(), nl=False)
     else:
-        render_table(snap)
+        render_table(snap, window=f"the last {settings.store.window_s:g} s" if prom_url else None)
     for st in snap.targets:
         for reason, detail in st.warnings:
             click.echo(f"warning: {st.target.url} ({st.target.role}): {reason}: {detail}", err=True)
@@ -181,48 +190,65 @@ def _fmt(v: float | None, pct: bool = False) -> str:
 
 def _evicted(t: TierView) -> str:
     """Evictions with their unit; unlike units side by side, never added."""
-    parts = [f"{v:,.0f} {unit}" for unit, v in (("chunks", t.evicted_chunks), ("files", t.evicted_files),
-                                                 ("B", t.evicted_bytes)) if v is not None]
+    parts = [f"{v:,.0f} {unit}" for unit, v in (("chunks", t.evicted_chunks), ("files", t.evicted_files))
+             if v is not None]
+    if t.evicted_bytes is not None:
+        parts.append(f"{t.evicted_bytes / 2**30:,.1f} GiB")
     return ", ".join(parts) or "-"
 
 
-def render_table(snap: Snapshot) -> None:
-    from rich.console import Console
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]):
+    """A table whose cells wrap (fold) instead of being cut when the terminal is narrow."""
+    from rich import box
     from rich.table import Table
 
-    console = Console()
-    targets = Table(title="Targets")
-    for col in ("target", "role", "pod", "up", "seconds", "reason"):
-        targets.add_column(col)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def render_table(snap: Snapshot, *, window: str | None = None, console: object = None) -> None:
+    """The unified view as tables that fit the terminal (80 columns: cells wrap, nothing is cut).
+    Tables without rows are left out. `window`: what ratios and quantiles are over ("the last 300 s");
+    None for a single scrape, where they come from lifetime totals."""
+    from rich.console import Console
+
+    ratios = f"ratios over {window}" if window else "one scrape: ratios from lifetime totals"
+    quantiles = f"over {window}" if window else "one scrape: from lifetime buckets"
+
+    out = console if console is not None else Console()
+    target_rows = []
     for st in snap.targets:
         note = st.reason + (f" ({st.detail})" if st.detail else "")
         note = "; ".join([note] * bool(note) + [reason for reason, _ in st.warnings])
-        targets.add_row(st.target.key, st.target.role, st.target.pod, "yes" if st.up else "NO",
-                        f"{st.duration_s:.3f}", note)
-    console.print(targets)
-    tiers = Table(title="Tiers (lifetime totals; ratios over the window)")
-    for col in ("pod", "model", "tier", "source", "lookup tok", "hit tok", "hit ratio", "cumulative",
-                "evictions", "usage"):
-        tiers.add_column(col)
+        target_rows.append((st.target.key, st.target.role, st.target.pod, "yes" if st.up else "NO",
+                            f"{st.duration_s:.3f}", note or "-"))
+    tables = [_table("Targets (last attempt)", ("target", "role", "pod", "up", "seconds", "note"), target_rows)]
+    groups: dict[tuple[str, str], list[TierView]] = {}
     for t in snap.tiers:
-        tiers.add_row(t.pod, t.model or "-", t.tier, t.source, _fmt(t.lookup_tokens), _fmt(t.hit_tokens),
-                      _fmt(t.hit_ratio, True), _fmt(t.cumulative_hit_ratio, True), _evicted(t),
-                      _fmt(t.usage_ratio, True))
-    console.print(tiers)
-    pods = Table(title="Traffic and latency")
-    for col in ("pod", "model", "prompt tok", "requests", "TTFT p50", "p95", "p99", "L2 break-even tok"):
-        pods.add_column(col)
+        groups.setdefault((t.pod, t.model), []).append(t)
+    for (pod, model), views in groups.items():
+        rows = [(t.tier, t.source, _fmt(t.lookup_tokens), _fmt(t.hit_tokens), _fmt(t.hit_ratio, True),
+                 _fmt(t.cumulative_hit_ratio, True), _evicted(t), _fmt(t.usage_ratio, True)) for t in views]
+        tables.append(_table(f"Tiers of {pod}{f' ({model})' if model else ''}: token counts are lifetime "
+                             f"totals; {ratios}",
+                             ("tier", "source", "lookup tok", "hit tok", "hit ratio", "cumul.", "evicted",
+                              "usage"), rows))
+    pod_rows = []
     for p in snap.pods:
         q = p.ttft_quantiles
-        pods.add_row(p.pod, p.model or "-", _fmt(p.prompt_tokens), _fmt(p.requests),
-                     *(f"{q[x] * 1000:.1f} ms" if x in q else "-" for x in (0.5, 0.95, 0.99)),
-                     _fmt(p.l2_break_even_tokens))
-    console.print(pods)
-    if snap.l2_io:
-        io = Table(title="L2 I/O latency")
-        for col in ("pod", "op", "p50", "p95", "p99"):
-            io.add_column(col)
-        for x in snap.l2_io:
-            io.add_row(x.pod, x.op, *(f"{x.quantiles[q] * 1000:.2f} ms" if q in x.quantiles else "-"
-                                      for q in (0.5, 0.95, 0.99)))
-        console.print(io)
+        pod_rows.append((p.pod + (f"\n{p.model}" if p.model else ""), _fmt(p.prompt_tokens), _fmt(p.requests),
+                         *(f"{q[x] * 1000:.1f} ms" if x in q else "-" for x in (0.5, 0.95, 0.99)),
+                         _fmt(p.l2_break_even_tokens)))
+    tables.append(_table(f"Traffic (lifetime totals) and TTFT ({quantiles})",
+                         ("pod / model", "prompt tok", "requests", "TTFT p50", "p95", "p99", "L2 break-even tok"),
+                         pod_rows))
+    io_rows = [(x.pod, x.op, *(f"{x.quantiles[q] * 1000:.2f} ms" if q in x.quantiles else "-"
+                               for q in (0.5, 0.95, 0.99))) for x in snap.l2_io]
+    tables.append(_table(f"L2 I/O latency ({quantiles})", ("pod", "op", "p50", "p95", "p99"), io_rows))
+    for table in tables:
+        if table.row_count:
+            out.print(table)  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.base import STATE_RUNNING
 
@@ -54,6 +55,8 @@ def build_scheduler(loop: asyncio.AbstractEventLoop, jobs: list[JobSpec],
     """An AsyncIOScheduler on `loop` with every job added (not started)."""
     _quiet_shutdown_cancellations()
     scheduler = AsyncIOScheduler(event_loop=loop, job_defaults={"max_instances": 1, "coalesce": True})
+    if record is not None:  # a run skipped because the previous one still runs: counted, not lost
+        scheduler.add_listener(lambda event: record(event.job_id, "skipped"), EVENT_JOB_MAX_INSTANCES)
     for spec in jobs:
         extra: dict[str, Any] = {}
         if spec.first_run_now:  # passing None would create the job paused

@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from agent.kvevents.index import CAUSES
 from agent.kvevents.manager import KvEventManager
-from agent.kvevents.settings import EndpointSpec, KvEventsSettings, SettingsError
+from agent.kvevents.settings import EndpointSpec, KvEventsSettings, SettingsError, one_line
 from agent.kvevents.signals import KvSnapshot
 
 
@@ -87,6 +88,20 @@ def snapshot_json(snap: KvSnapshot) -> dict[str, Any]:
     }
 
 
+OPTION_OF = {"endpoint": "--endpoint", "replay_endpoint": "--replay", "model": "--model", "topic": "--topic",
+             "dp_size": "--dp-size", "pod": "--endpoint"}
+
+
+def option_errors(exc: ValidationError) -> str:
+    """An endpoint built from the options, refused: one line per problem, named by its option."""
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{OPTION_OF.get(field, field)}: {msg}")
+    return "; ".join(parts) or one_line(exc)
+
+
 @click.command("kv-events")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="POD=tcp://HOST:PORT",
               help="A pod's KV-event PUB address (vLLM --kv-events-config endpoint). Repeatable.")
@@ -127,8 +142,10 @@ def kv_events(endpoints: tuple[str, ...], replays: tuple[str, ...], model: str, 
         extra = [EndpointSpec(pod=pod, model=model, endpoint=addr, replay_endpoint=replay_map.get(pod),
                               topic=topic, dp_size=dp_size)
                  for pod, addr in _pairs(endpoints, "--endpoint").items()]
+    except ValidationError as exc:  # an --endpoint/--replay value: one line naming the option
+        raise click.ClickException(option_errors(exc)) from None
     except (SettingsError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(" ".join(str(exc).split())) from None
     specs = (*settings.endpoints, *extra)
     if not specs:
         raise click.UsageError("no endpoints: give --endpoint POD=tcp://HOST:PORT or --config FILE")

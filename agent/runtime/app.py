@@ -68,7 +68,7 @@ class JobStats(Collector):
             self.counts[(job, outcome)] = self.counts.get((job, outcome), 0) + 1
 
     def collect(self) -> Iterator[Metric]:
-        fam = CounterMetricFamily("tierpilot_job_runs", "Scheduled job runs by outcome (ok/error).",
+        fam = CounterMetricFamily("tierpilot_job_runs", "Scheduled job runs by outcome (ok/error/skipped).",
                                   labels=["job", "outcome"])
         with self._lock:
             for (job, outcome), n in sorted(self.counts.items()):
@@ -318,7 +318,8 @@ class Agent:
         self._scheduler = build_scheduler(asyncio.get_running_loop(), jobs, self.job_stats.record)
         self._scheduler.start()
         self._started_at = self.monotonic()
-        log.info("agent serving %s", self.url)
+        sock = server.sockets[0].getsockname() if server and server.sockets else (self.settings.server.host, self.port)
+        log.info("agent listening on %s:%s (/metrics, /healthz); local URL %s", sock[0], sock[1], self.url)
 
     async def _teardown(self) -> None:
         if self._scheduler is not None:

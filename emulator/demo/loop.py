@@ -11,12 +11,13 @@ actuator with the guardrails on. The demo records everything (`Recorder`), shows
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -294,7 +295,8 @@ class Demo:
             self.driver.start()
             self.status = "learning the workload"
             if self.s.live_view:
-                with Live(_Renderable(self._view), console=self.console, refresh_per_second=4, transient=False):
+                with Live(_Renderable(self._view), console=self.console, refresh_per_second=4, transient=False), \
+                        logs_above_live_view(self.console):
                     self._loop()
             else:
                 self._loop()
@@ -375,6 +377,23 @@ class Demo:
                             headline=headline)
         return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
                           self.driver.served, scores, errors)
+
+
+@contextlib.contextmanager
+def logs_above_live_view(console: Console) -> Iterator[None]:
+    """While the live view runs, log records go through the view's console (printed above the
+    view, which redraws below them) instead of raw stderr writes that tear it apart."""
+    from rich.logging import RichHandler
+
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler.setLevel(min((h.level for h in saved), default=logging.WARNING) or logging.WARNING)
+    root.handlers = [handler]
+    try:
+        yield
+    finally:
+        root.handlers = saved
 
 
 class _Renderable:

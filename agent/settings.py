@@ -273,6 +273,8 @@ class TunerSection(_Frozen):
     sampler: Literal["tpe", "random", "grid"] = "tpe"
     seed: int | None = None
     objective: Literal["ttft_p95", "ttft_p50"] = "ttft_p95"
+    memory_ms_per_gib: float = Field(
+        2.0, ge=0, description="objective = TTFT + this many ms per GiB of fleet CPU buffer (0: TTFT alone)")
     step_interval_s: float = Field(30.0, gt=0, le=86_400.0, description="seconds between controller steps")
     trials_per_phase: int = Field(20, ge=1, le=100_000)
     min_improvement: float = Field(0.01, ge=0, description="relative gain to replace the last good config")

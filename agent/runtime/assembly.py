@@ -323,6 +323,8 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     import optuna
 
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
+    from agent.k8s.mapping import load_mappings
+    from agent.k8s.offline import acceptance
     from agent.runtime.tuning_bridge import StoreWindowSource, StudyLastGood, drift_signals, restrict_space
     from agent.runtime.tuning_loop import TuningLoop
     from tuners.controller import ControllerSettings, TuningController
@@ -354,8 +356,11 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                  load_last_good=rt.last_good_store.load_last_good)
     limits = DeploymentLimits(**t.limits.model_dump())
     fixed = _running_knobs(rt.actuator, act.fixed_knobs)
+    # only what the targets accept (the mapping's values per knob); unowned knobs keep what runs now
+    acc = acceptance(act, load_mappings(), source="actuation.targets_file")
+    acc = dataclasses.replace(acc, fixed={k: getattr(fixed, k) for k in acc.fixed})
     space = restrict_space(SearchSpace.from_limits(limits, tune_cpu_eviction=t.tune_cpu_eviction),
-                           rt.actuator.tunable_knobs(), fixed)
+                           rt.actuator.tunable_knobs(), fixed).for_targets(acc)
     if not space.dimensions:
         raise RuntimeConfigError(f"actuation.targets_file: the targets own no knob of the search space "
                                  f"(they own: {', '.join(sorted(rt.actuator.tunable_knobs())) or 'none'})")
@@ -368,7 +373,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
         regression=RegressionSettings(method=g.regression.method, alpha=g.regression.alpha,
                                       min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
                                       min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic)
-    objective = ObjectiveSpec(metric=t.objective)
+    objective = ObjectiveSpec(metric=t.objective, memory_ms_per_gib=t.memory_ms_per_gib)
     source = StoreWindowSource(rt.fleet_store)
     d = t.drift
     drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold),

@@ -6,7 +6,8 @@ the GenAI semantic conventions. The SDK has no observable histogram, so the agen
 wrapper adds that metric to each batch from the snapshot: vLLM's own cumulative buckets (its
 bounds are a superset of the convention's advice), cumulative temporality, one point per pod and
 model, with `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` and
-`k8s.pod.name`.
+`k8s.pod.name`. L2 I/O latency goes the same way as `tierpilot.l2.io.duration` (histogram, `s`, the
+source's buckets, attributes `pod` and `op`).
 """
 from __future__ import annotations
 
@@ -30,36 +31,48 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from contracts.tier_model import Snapshot
+from contracts.tier_model import HistogramView, Snapshot
 from exporters.settings import OtelSettings
 
 GENAI_TTFT = "gen_ai.server.time_to_first_token"
+L2_IO = "tierpilot.l2.io.duration"
 SCOPE = "tierpilot.agent"
 
 
-def genai_ttft_metric(snap: Snapshot, operation: str, provider: str, start_ns: int, now_ns: int) -> Metric | None:
-    points = []
-    for h in snap.ttft_histograms:
-        counts = list(h.cumulative_counts)
-        if len(counts) != len(h.bounds) + 1:
-            continue
-        per_bucket = [round(c - (counts[i - 1] if i else 0.0)) for i, c in enumerate(counts)]
-        points.append(HistogramDataPoint(
-            attributes={
-                "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
-                "gen_ai.request.model": h.model, "k8s.pod.name": h.pod,
-            },
-            start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-            count=round(h.count), sum=h.total,
-            bucket_counts=[max(0, c) for c in per_bucket], explicit_bounds=list(h.bounds),
-            min=None, max=None,  # type: ignore[arg-type]  # unknown from buckets; left unset in OTLP
-        ))
-    if not points:
+def _point(h: HistogramView, attributes: dict[str, str], start_ns: int, now_ns: int) -> HistogramDataPoint | None:
+    """One cumulative OTLP point from lifetime buckets (per-bucket counts, as OTLP wants)."""
+    counts = list(h.cumulative_counts)
+    if len(counts) != len(h.bounds) + 1:
         return None
-    return Metric(
-        name=GENAI_TTFT, description="Time to generate the first token for successful responses.",
-        unit="s", data=Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE),
+    per_bucket = [round(c - (counts[i - 1] if i else 0.0)) for i, c in enumerate(counts)]
+    return HistogramDataPoint(
+        attributes=attributes, start_time_unix_nano=start_ns, time_unix_nano=now_ns,
+        count=round(h.count), sum=h.total,
+        bucket_counts=[max(0, c) for c in per_bucket], explicit_bounds=list(h.bounds),
+        min=None, max=None,  # type: ignore[arg-type]  # unknown from buckets; left unset in OTLP
     )
+
+
+def _histogram(name: str, description: str, points: list[HistogramDataPoint | None]) -> Metric | None:
+    kept = [p for p in points if p is not None]
+    if not kept:
+        return None
+    return Metric(name=name, description=description, unit="s",
+                  data=Histogram(data_points=kept, aggregation_temporality=AggregationTemporality.CUMULATIVE))
+
+
+def genai_ttft_metric(snap: Snapshot, operation: str, provider: str, start_ns: int, now_ns: int) -> Metric | None:
+    return _histogram(GENAI_TTFT, "Time to generate the first token for successful responses.", [
+        _point(h, {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
+                   "gen_ai.request.model": h.model, "k8s.pod.name": h.pod}, start_ns, now_ns)
+        for h in snap.ttft_histograms])
+
+
+def l2_io_metric(snap: Snapshot, start_ns: int, now_ns: int) -> Metric | None:
+    """L2 (Curvine FUSE, else LMCache remote) I/O latency per pod and operation, the source's buckets."""
+    return _histogram(L2_IO, "L2 I/O latency per I/O.", [
+        _point(io.histogram, {"pod": io.pod, "op": io.op}, start_ns, now_ns)
+        for io in snap.l2_io if io.histogram is not None])
 
 
 class SnapshotHistogramExporter(MetricExporter):
@@ -76,10 +89,12 @@ class SnapshotHistogramExporter(MetricExporter):
         self.start_ns = time.time_ns()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
-        metric = genai_ttft_metric(self.get_snapshot(), self.settings.genai_operation,
-                                   self.settings.genai_provider, self.start_ns, time.time_ns())
-        if metric is not None:
-            scope = ScopeMetrics(scope=InstrumentationScope("tierpilot.genai"), metrics=[metric], schema_url="")
+        snap, now = self.get_snapshot(), time.time_ns()
+        added = [m for m in (genai_ttft_metric(snap, self.settings.genai_operation, self.settings.genai_provider,
+                                               self.start_ns, now),
+                             l2_io_metric(snap, self.start_ns, now)) if m is not None]
+        if added:
+            scope = ScopeMetrics(scope=InstrumentationScope("tierpilot.genai"), metrics=added, schema_url="")
             resource_metrics = list(metrics_data.resource_metrics)
             if resource_metrics:
                 first = resource_metrics[0]
@@ -190,4 +205,4 @@ class OtelExporter:
         self.provider.shutdown()
 
 
-__all__: Sequence[str] = ["GENAI_TTFT", "OtelExporter", "SnapshotHistogramExporter", "otlp_exporter"]
+__all__: Sequence[str] = ["GENAI_TTFT", "L2_IO", "OtelExporter", "SnapshotHistogramExporter", "otlp_exporter"]

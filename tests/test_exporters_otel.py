@@ -10,7 +10,7 @@ from agent.collect.discovery import StaticTargets
 from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import Target
-from exporters.otel import GENAI_TTFT, OtelExporter
+from exporters.otel import GENAI_TTFT, L2_IO, OtelExporter
 from tests.support.fake_targets import MetricsServer
 from tests.support.otlp import GrpcMetricsReceiver, oteltap_receiver
 from tests.support.prometheus import free_port
@@ -23,7 +23,9 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 def snapshot():
     with MetricsServer() as srv:
         url = srv.route("/v", text=(FIXTURES / "vllm_0_33_dp2.prom").read_text())
-        agent = Agent(load_settings(), StaticTargets([Target(url, "vllm", "vllm-0")]))
+        fuse = srv.route("/f", text=(FIXTURES / "curvine_fuse.prom").read_text())
+        agent = Agent(load_settings(), StaticTargets([Target(url, "vllm", "vllm-0"),
+                                                      Target(fuse, "curvine-fuse", "vllm-0")]))
         return agent.scrape_now()
 
 
@@ -53,6 +55,11 @@ def test_grpc_export_reaches_a_real_grpc_receiver(snapshot):
         finally:
             exporter.shutdown()
         _check_ttft(rx.wait_for(GENAI_TTFT)[0])
+        l2 = rx.wait_for(L2_IO)[0]
+        assert l2.unit == "s" and l2.histogram.aggregation_temporality == 2
+        read = next(p for p in l2.histogram.data_points if _attrs(p) == {"pod": "vllm-0", "op": "read"})
+        assert read.explicit_bounds[0] == pytest.approx(10e-6)  # curvine_fuse_io_duration_us, in seconds
+        assert sum(read.bucket_counts) == read.count > 0
         ratios = rx.wait_for("tierpilot.kv.hit_ratio")[0]
         got = {(_attrs(p)["tier"], _attrs(p)["source"]): p.as_double for p in ratios.gauge.data_points}
         assert got == {("gpu", "vllm_v1"): 0.375, ("cpu", "vllm_by_source"): 0.25, ("l2", "vllm_by_source"): 0.2}

@@ -47,7 +47,8 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         Panel(
             "Best objective so far", "stat", "s",
             (Query(f"min(tierpilot_tuner_best_objective_seconds{s})"),),
-            "Lowest objective (TTFT p95 by default, seconds) of any completed trial in the current "
+            "Lowest objective (seconds: TTFT p95 plus the fleet CPU memory at tuner.memory_ms_per_gib, "
+            "2 ms per GiB by default) of any completed trial in the current "
             "tuning phase. Lower is better.",
             width=6, height=5,
         ),

@@ -130,6 +130,9 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     click.echo(f"workload: {trace or preset} ({workload.height:,} requests), {pods} pods; "
                f"study {name!r} in {storage}; sampler {sampler}; objective {', '.join(objective.names)}"
                + (f"; {objective.memory_ms_per_gib:g} ms per GiB" if not multi_objective else ""))
+    if acc is None:
+        click.echo(f"note: no --targets: the search covers every value of the {l2_backend} backend, not only what a "
+                   f"deployment accepts; check best.yaml with `tierpilot k8s check --targets F --config best.yaml`")
     if acc is not None:
         click.echo(f"targets {targets_file}: tuning {', '.join(d.name for d in space.dimensions)}; "
                    f"fixed: {', '.join(f'{k}={v}' for k, v in acc.fixed.items()) or 'nothing'}")

@@ -244,8 +244,10 @@ def test_two_replicas_behind_the_operator_count_once_and_fail_over_with_a_warm_w
             compared = 0
             for expr in dashboard_queries():
                 ha_v, one_v = _vector(prom, for_job(expr, "tierpilot"), at), _vector(prom, for_job(expr, "single"), at)
-                # rate panels: each job is sampled at its own offset (extrapolation differs by a few %)
-                assert _same(ha_v, one_v, rel=0.1 if "rate(" in expr else 1e-9), (expr, ha_v, one_v)
+                # rate panels: each job is sampled at its own instants, so rate()'s extrapolation over
+                # one step of the counters differs (up to ~20% on a loaded machine); a duplicate would
+                # read 2x. The exact check of every fleet series is the sums above.
+                assert _same(ha_v, one_v, rel=0.35 if "rate(" in expr else 1e-9), (expr, ha_v, one_v)
                 compared += bool(one_v) and not all(math.isnan(v) for v in one_v.values())
             assert compared >= 10
 

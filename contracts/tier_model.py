@@ -102,6 +102,28 @@ class PodView:
     prompt_token_rate: float | None = None  # tokens/s over the window
     request_rate: float | None = None  # requests/s over the window
     l2_break_even_tokens: float | None = None
+    # GPU pressure, from vLLM (the latency model's load term) and its real KV capacity
+    gpu_capacity_tokens: float | None = None  # cache_config_info num_gpu_blocks x block_size
+    requests_waiting: float | None = None  # latest gauge, summed over engines
+    requests_running: float | None = None
+    preemptions: float | None = None  # lifetime total
+    preemption_rate: float | None = None  # preemptions/s over the window
+
+
+@dataclass(frozen=True, slots=True)
+EvictionMeasure = Literal["lifetime", "idle_before_evict", "reuse_gap"]
+EVICTION_MEASURES: tuple[EvictionMeasure, ...] = ("lifetime", "idle_before_evict", "reuse_gap")
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionAgeView:
+    """Quantiles (seconds) of one sampled block-age histogram of one tier of one pod: vLLM's
+    `kv_block_*` for `gpu`, LMCache MP's `l1_chunk_*` for `cpu`."""
+
+    pod: str
+    tier: Tier
+    measure: EvictionMeasure
+    quantiles: dict[float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +173,7 @@ class Snapshot:
     tiers: tuple[TierView, ...] = ()
     pods: tuple[PodView, ...] = ()
     l2_io: tuple[L2IoView, ...] = ()
+    eviction_ages: tuple[EvictionAgeView, ...] = ()
     ttft_histograms: tuple[HistogramView, ...] = ()
     targets: tuple[TargetStatus, ...] = ()
     cycle_duration_s: float = 0.0

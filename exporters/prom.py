@@ -36,6 +36,7 @@ class SnapshotCollector(Collector):
         snap = self.get_snapshot()
         yield from tier_families(snap)
         yield from histogram_families(snap)
+        yield from pressure_families(snap)
         yield from health_families(snap)
 
 
@@ -105,6 +106,35 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
         for q, v in sorted(io.quantiles.items()):
             l2.add_metric([io.pod, io.op, _q(q)], v)
     yield from (ttft, prompt, requests, break_even, l2)
+
+
+def pressure_families(snap: Snapshot) -> Iterator[Metric]:
+    """GPU pressure and capacity from vLLM, and the per-tier sampled block ages."""
+    pl = ["pod", "model"]
+    capacity = GaugeMetricFamily(
+        "tierpilot_gpu_capacity_tokens",
+        "GPU KV capacity in tokens (vllm:cache_config_info num_gpu_blocks x block_size, summed over engines).",
+        labels=pl)
+    waiting = GaugeMetricFamily("tierpilot_requests_waiting", "Requests waiting to be scheduled (vLLM gauge).",
+                                labels=pl)
+    running = GaugeMetricFamily("tierpilot_requests_running", "Requests in the running batch (vLLM gauge).",
+                                labels=pl)
+    preemptions = CounterMetricFamily("tierpilot_preemptions", "Requests preempted by vLLM (lifetime total).",
+                                      labels=pl)
+    for p in snap.pods:
+        for family, value in ((capacity, p.gpu_capacity_tokens), (waiting, p.requests_waiting),
+                              (running, p.requests_running), (preemptions, p.preemptions)):
+            if value is not None:
+                family.add_metric([p.pod, p.model], value)
+    ages = GaugeMetricFamily(
+        "tierpilot_eviction_age_seconds",
+        "Quantile of a sampled block-age histogram of one tier over the window, seconds: measure = lifetime "
+        "(allocation to eviction), idle_before_evict (last use to eviction) or reuse_gap.",
+        labels=["pod", "tier", "measure", "quantile"])
+    for a in snap.eviction_ages:
+        for q, v in sorted(a.quantiles.items()):
+            ages.add_metric([a.pod, a.tier, a.measure, _q(q)], v)
+    yield from (capacity, waiting, running, preemptions, ages)
 
 
 def health_families(snap: Snapshot) -> Iterator[Metric]:

@@ -50,6 +50,23 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "prompt_length_tokens": ("histogram", "prompt length per request, tokens"),
     "l2_read_latency_seconds": ("histogram", "L2 read latency per I/O, seconds"),
     "l2_write_latency_seconds": ("histogram", "L2 write latency per I/O, seconds"),
+    "cached_device_tokens": ("counter", "vLLM: cached prompt tokens supplied by the GPU prefix cache"),
+    "cached_external_tokens": ("counter", "vLLM: cached tokens from a connector naming no tier (LMCache)"),
+    "prompt_local_hit_tokens": ("counter", "vLLM: prompt tokens served by the local (GPU) prefix cache"),
+    "prompt_external_tokens": ("counter", "vLLM: prompt tokens received over the KV connector"),
+    "preemptions": ("counter", "vLLM: requests preempted (their KV blocks reclaimed, recomputed later)"),
+    "requests_waiting": ("gauge", "vLLM: requests waiting to be scheduled"),
+    "requests_running": ("gauge", "vLLM: requests in the running batch"),
+    "gpu_blocks": ("gauge", "vLLM: GPU KV blocks (cache_config_info num_gpu_blocks: the real capacity)"),
+    "gpu_block_size": ("gauge", "vLLM: tokens per GPU KV block (cache_config_info block_size)"),
+    "gpu_block_lifetime_seconds": ("histogram", "GPU KV block lifetime, allocation to eviction (sampled)"),
+    "gpu_idle_before_evict_seconds": ("histogram", "GPU KV block idle time before eviction (sampled)"),
+    "gpu_reuse_gap_seconds": ("histogram", "GPU KV block gap between reuses (sampled)"),
+    "cpu_block_lifetime_seconds": ("histogram", "L1 (CPU) chunk lifetime, allocation to eviction (sampled)"),
+    "cpu_idle_before_evict_seconds": ("histogram", "L1 (CPU) chunk idle time before eviction (sampled)"),
+    "cpu_reuse_gap_seconds": ("histogram", "L1 (CPU) chunk gap between reuses (sampled)"),
+    "offload_load_bytes": ("counter", "vLLM native offload: bytes loaded from CPU into the GPU"),
+    "offload_store_bytes": ("counter", "vLLM native offload: bytes stored from the GPU to CPU"),
     "router_requests": ("counter", "requests the router received"),
     "router_latency_seconds": ("histogram", "request latency measured at the router, seconds"),
 }
@@ -75,6 +92,9 @@ class MetricRule(BaseModel):
     agg: Aggregation | None = Field(default=None, description="how series of one pod+model combine")
     fallback_only: bool = Field(default=False, description="use only if no other rule gave this signal")
     buckets: bool = Field(default=True, description="histograms: keep the buckets (False: only sum/count)")
+    value_from_label: str | None = Field(
+        default=None, description="gauges: the value is this label's number (info metrics such as "
+                                  "vllm:cache_config_info); series whose label is not a number are skipped")
 
     @field_validator("signal")
     @classmethod
@@ -88,6 +108,8 @@ class MetricRule(BaseModel):
         kind = SIGNALS[self.signal][0]
         if (kind == "histogram") != (self.type == "histogram"):
             raise ValueError(f"signal {self.signal!r} is a {kind}; rule type is {self.type!r}")
+        if self.value_from_label is not None and self.type != "gauge":
+            raise ValueError("value_from_label needs type gauge")
         return self
 
     @property

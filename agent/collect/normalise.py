@@ -67,6 +67,7 @@ def _rule_signals(
     out: list[Signal] = []
     if rule.type != "histogram":
         kind = "gauge" if rule.type == "gauge" else "counter"
+        label_value = rule.value_from_label
         groups: dict[str, list[float]] = defaultdict(list)
         for name in names:
             for s in payload.by_name.get(name, ()):
@@ -75,10 +76,15 @@ def _rule_signals(
                     continue
                 if reject and any(k in labels for k in reject):
                     continue
-                if not math.isfinite(s.value):
+                value = s.value
+                if label_value is not None:
+                    value = _label_number(labels.get(label_value))
+                    if value is None:
+                        continue  # e.g. num_gpu_blocks="None" before the profiling run
+                elif not math.isfinite(value):
                     invalid.add(id(s))
                     continue
-                groups[_model_of(labels, model_labels)].append(s.value * scale)
+                groups[_model_of(labels, model_labels)].append(value * scale)
         for model, values in groups.items():
             out.append(Signal(pod, model, rule.signal, NO_LE, _combine(values, how), kind, mapping.source))
         return out
@@ -136,6 +142,14 @@ def _rule_signals(
         if rule.buckets and model not in per_model_inf and any(m == model for m, _ in buckets):
             out.append(Signal(pod, model, rule.signal, INF, total, "counter", src))
     return out
+
+
+def _label_number(text: str | None) -> float | None:
+    try:
+        v = float(text) if text else math.nan
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
 
 
 def normalise(target: Target, payload: Payload, mappings: MappingSet) -> Normalised:

@@ -17,8 +17,29 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from agent.collect.promql import histogram_quantile
-from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, l2_break_even_tokens, prompt_lookups
-from contracts.tier_model import QUANTILES, HistogramView, L2IoView, PodView, Snapshot, TargetStatus, TierView
+from agent.collect.tiers import (
+    cumulative_hit_ratios,
+    derive_tiers,
+    gpu_capacity_tokens,
+    l2_break_even_tokens,
+    prompt_lookups,
+)
+from contracts.tier_model import (
+    EVICTION_MEASURES,
+    QUANTILES,
+    EvictionAgeView,
+    HistogramView,
+    L2IoView,
+    PodView,
+    Snapshot,
+    TargetStatus,
+    TierView,
+)
+
+# the sampled block-age histograms: signal = f"{tier}_{AGE_SIGNALS[measure]}"
+AGE_TIERS = ("gpu", "cpu")
+AGE_SIGNALS = {"lifetime": "block_lifetime_seconds", "idle_before_evict": "idle_before_evict_seconds",
+               "reuse_gap": "reuse_gap_seconds"}
 
 
 @dataclass
@@ -104,6 +125,7 @@ def build_snapshot(
     tiers: list[TierView] = []
     pods: list[PodView] = []
     l2_io: list[L2IoView] = []
+    ages: list[EvictionAgeView] = []
     hists: list[HistogramView] = []
     io_done: set[str] = set()
     for (pod, model), g in sorted(groups.items()):
@@ -122,18 +144,32 @@ def build_snapshot(
                     if qs:
                         l2_io.append(L2IoView(pod, op, qs,  # type: ignore[arg-type]
                                               _histogram_view(pod, "", rows, g.last, signal)))
+            for tier in AGE_TIERS:
+                for measure in EVICTION_MEASURES:
+                    qs = _window_quantiles(g.buckets.get(f"{tier}_{AGE_SIGNALS[measure]}"))
+                    if qs:
+                        ages.append(EvictionAgeView(pod, tier, measure, qs))  # type: ignore[arg-type]
         ttft = g.buckets.get("ttft_seconds")
         if ttft and model:
             hists.append(_histogram_view(pod, model, ttft, g.last, "ttft_seconds"))
     return Snapshot(
         taken_at=taken_at, tiers=tuple(tiers), pods=tuple(p for p in pods if _has_data(p)),
-        l2_io=tuple(l2_io), ttft_histograms=tuple(hists), targets=tuple(statuses),
+        l2_io=tuple(l2_io), eviction_ages=tuple(ages), ttft_histograms=tuple(hists), targets=tuple(statuses),
         cycle_duration_s=cycle_duration_s, store_rows=store_rows,
     )
 
 
+def _window_quantiles(rows: list[tuple[float, float, float]] | None) -> dict[float, float]:
+    """Quantiles of a histogram's window increase; lifetime buckets when the window saw nothing."""
+    if not rows:
+        return {}
+    idle = rows[-1][1] <= 0
+    return _quantiles((le, last if idle else inc) for le, inc, last in rows)
+
+
 def _has_data(p: PodView) -> bool:
-    return any(v is not None for v in (p.prompt_tokens, p.requests, p.l2_break_even_tokens)) or bool(p.ttft_quantiles)
+    return any(v is not None for v in (p.prompt_tokens, p.requests, p.l2_break_even_tokens, p.gpu_capacity_tokens,
+                                       p.requests_waiting)) or bool(p.ttft_quantiles)
 
 
 def _tier_views(pod: str, model: str, g: SeriesGroup, kvbpt: float | None,
@@ -183,6 +219,9 @@ def _pod_view(pod: str, model: str, g: SeriesGroup, kvbpt: float | None) -> PodV
         ttft_quantiles=_quantiles((le, inc) for le, inc, _ in ttft) if ttft else {},
         prompt_token_rate=_rate(g, "prompt_tokens"), request_rate=_rate(g, "requests"),
         l2_break_even_tokens=break_even,
+        gpu_capacity_tokens=gpu_capacity_tokens(g.last),
+        requests_waiting=g.last.get("requests_waiting"), requests_running=g.last.get("requests_running"),
+        preemptions=g.last.get("preemptions"), preemption_rate=_rate(g, "preemptions"),
     )
 
 

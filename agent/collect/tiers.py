@@ -15,9 +15,13 @@ The L1/L2 split has several possible sources, tried in this fixed order (the win
 1. `lmcache_mp`: LMCache MP per-tier lookup hits (exact);
 2. `vllm_by_source`: vLLM `prompt_tokens_cached_by_source{source=host|disk}` (exact when the
    connector labels its hits by tier);
-3. `estimated_l2_read_bytes`: L2 read bytes (Curvine FUSE, else LMCache remote reads) divided by
+   LMCache's connectors never do: their hits are `external_unspecified` (vLLM's
+   `kv_connector/v1/base.py` default), `host`/`disk` stay 0, and this source is skipped;
+3. `vllm_native_offload`: vLLM's own OffloadingConnector (`vllm:kv_offload_*` present) has one
+   offload tier, CPU memory: every connector hit is an L1 hit and there is no `l2` row;
+4. `estimated_l2_read_bytes`: L2 read bytes (Curvine FUSE, else LMCache remote reads) divided by
    KV bytes per token gives L2 hit tokens; the rest of the connector hits are L1;
-4. `connector_combined`: no split known: the `cpu` tier reports L1 and L2 together, no `l2` row
+5. `connector_combined`: no split known: the `cpu` tier reports L1 and L2 together, no `l2` row
    (and no `cpu` row either while the connector has never seen a token).
 """
 from __future__ import annotations
@@ -29,7 +33,9 @@ from dataclasses import dataclass
 from agent.collect.promql import ratio
 from contracts.tier_model import TIERS, Tier
 
-SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_by_source", "estimated_l2_read_bytes", "connector_combined")
+SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_by_source", "vllm_native_offload", "estimated_l2_read_bytes",
+                                 "connector_combined")
+NATIVE_OFFLOAD_SIGNALS = ("offload_load_bytes", "offload_store_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +81,8 @@ def split_l1_l2(
     if (host is not None or disk is not None) and ((host or 0.0) + (disk or 0.0) > 0 or c_hit == 0):
         host, disk = host or 0.0, disk or 0.0
         return "vllm_by_source", (c_lookup, host), (max(c_lookup - host, 0.0), disk)
+    if any(k in values for k in NATIVE_OFFLOAD_SIGNALS):
+        return "vllm_native_offload", (c_lookup, c_hit), None
     read = values.get("l2_read_bytes")
     if read is not None and kv_bytes_per_token:
         l2_hit = min(read / kv_bytes_per_token, c_hit)
@@ -185,3 +193,11 @@ def l2_break_even_tokens(
     if c_p <= c_r:
         return None
     return l2_fixed_seconds / (c_p - c_r)
+
+
+def gpu_capacity_tokens(values: Mapping[str, float]) -> float | None:
+    """GPU KV capacity in tokens from `vllm:cache_config_info` (blocks x block size), or None."""
+    blocks, size = values.get("gpu_blocks"), values.get("gpu_block_size")
+    if not blocks or not size or blocks <= 0 or size <= 0:
+        return None
+    return blocks * size

@@ -284,13 +284,16 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
 def observed_workload(store: Any, kv: KvEventManager | None, window_s: float) -> ObservedWorkload:
     """The signals the synthetic warm-start workload is fitted to. Without KV events the
     overlap falls back to the cache's cumulative hit ratio (a lower bound)."""
-    from agent.runtime.tuning_bridge import drift_signals
+    from agent.runtime.tuning_bridge import drift_signals, gpu_observations
     from agent.runtime.workload_fit import ObservedWorkload
 
     signals = drift_signals(store, kv, window_s)
     overlap = signals.get("reuse_ratio", signals.get("hit_ratio"))
+    gpu = gpu_observations(store.window(window_s))
     return ObservedWorkload(signals.get("arrival_rate"), tuple(store.prompt_length_mix(window_s=window_s)),
-                            None if overlap is None else min(max(overlap, 0.0), 1.0))
+                            None if overlap is None else min(max(overlap, 0.0), 1.0),
+                            gpu_tokens=int(gpu["gpu_tokens"]) if "gpu_tokens" in gpu else None,
+                            requests_waiting=gpu.get("requests_waiting"), preemption_rate=gpu.get("preemption_rate"))
 
 
 def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
@@ -435,14 +438,18 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
         except (OSError, ValueError) as exc:
             raise RuntimeConfigError(f"key 'tuner.warm_start.trace': {exc}") from None
 
-    def workload() -> Any:
-        if ws.workload == "trace":
-            return trace
+    def evaluator() -> Any:
         observed = observed_workload(rt.fleet_store, rt.kv, settings.tuner.drift.window_s)
+        twin_cluster = cluster
+        if observed.gpu_tokens:  # vLLM's real GPU KV capacity beats the profile's estimate
+            twin_cluster = ClusterSpec(**{**cluster_kw, "gpu_tokens": observed.gpu_tokens})
+        if ws.workload == "trace":
+            return TwinEvaluator(trace, twin_cluster, limits)
         log.info("warm start: twin workload fitted to %s", observed)
-        return fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests, seed=ws.seed)
+        frame = fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests, seed=ws.seed)
+        return TwinEvaluator(frame, twin_cluster, limits)
 
-    return TwinWarmStart(lambda: TwinEvaluator(workload(), cluster, limits), space, objective,
+    return TwinWarmStart(evaluator, space, objective,
                          trials=ws.trials, sampler=settings.tuner.sampler, seed=ws.seed)
 
 

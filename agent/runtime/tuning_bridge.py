@@ -26,7 +26,14 @@ from typing import Any
 import optuna
 import polars as pl
 
-from agent.collect.store import WindowStore, bucket_increases, select, signal_values, window_aggregate
+from agent.collect.store import (
+    WindowStore,
+    bucket_increases,
+    select,
+    signal_rate,
+    signal_values,
+    window_aggregate,
+)
 from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, prompt_lookups
 from agent.kvevents import EndpointSpec, KvEventManager, PodCounters, workload_overlap
 from agent.kvevents.settings import SettingsError as KvSettingsError
@@ -79,6 +86,30 @@ def deepest_cumulative_ratio(window: pl.DataFrame) -> float | None:
     values, sources = signal_values(window)
     ratios = cumulative_hit_ratios(derive_tiers(values, sources), prompt_lookups(values))
     return next((ratios[t] for t in TIER_ORDER if ratios.get(t) is not None), None)
+
+
+# -- GPU capacity and load from vLLM ----------------------------------------------------------
+def gpu_observations(window: pl.DataFrame) -> dict[str, float]:
+    """Per-pod GPU KV capacity in tokens (median over pods of `cache_config_info` blocks x block
+    size), mean waiting requests per pod and fleet preemptions/s; keys without data are absent."""
+    rows = window.filter(pl.col("le").is_null() & pl.col("signal").is_in(
+        ["gpu_blocks", "gpu_block_size", "requests_waiting"]))
+    per_pod: dict[str, dict[str, float]] = {}
+    for pod, signal, last in rows.select("pod", "signal", "last").iter_rows():
+        if last is not None and math.isfinite(last):
+            per_pod.setdefault(pod, {})[signal] = last
+    out: dict[str, float] = {}
+    capacities = sorted(v["gpu_blocks"] * v["gpu_block_size"] for v in per_pod.values()
+                        if v.get("gpu_blocks", 0) > 0 and v.get("gpu_block_size", 0) > 0)
+    if capacities:
+        out["gpu_tokens"] = capacities[len(capacities) // 2]
+    waiting = [v["requests_waiting"] for v in per_pod.values() if "requests_waiting" in v]
+    if waiting:
+        out["requests_waiting"] = sum(waiting) / len(waiting)
+    rate = signal_rate(window, "preemptions")
+    if rate is not None:
+        out["preemption_rate"] = rate
+    return out
 
 
 # -- drift signals ---------------------------------------------------------------------------

@@ -40,10 +40,18 @@ class ObservedWorkload:
     arrival_rate_rps: float | None
     prompt_length_mix: tuple[tuple[float, float, float], ...] = ()
     overlap: float | None = None
+    # vLLM's own view of the GPU tier (vllm:cache_config_info, num_requests_waiting,
+    # num_preemptions_total): the real per-pod GPU KV capacity in tokens (the twin's GPU size) and
+    # the load the latency model sees (mean waiting requests per pod, preemptions per second)
+    gpu_tokens: int | None = None
+    requests_waiting: float | None = None
+    preemption_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.overlap is not None and not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap: must be in 0..1, got {self.overlap!r}")
+        if self.gpu_tokens is not None and self.gpu_tokens <= 0:
+            raise ValueError(f"gpu_tokens: must be > 0, got {self.gpu_tokens!r}")
 
 
 def length_moments(mix: Sequence[tuple[float, float, float]]) -> tuple[float, float] | None:

@@ -155,8 +155,9 @@ class VllmPodMetrics:
         s.inc("vllm:prompt_tokens_by_source", base + ("external_kv_transfer",), external)
         s.inc("vllm:prompt_tokens_cached", base, o.gpu_hit_tokens + external)
         s.inc("vllm:prompt_tokens_cached_by_source", base + ("device",), o.gpu_hit_tokens)
-        s.inc("vllm:prompt_tokens_cached_by_source", base + ("host",), o.cpu_hit_tokens)
-        s.inc("vllm:prompt_tokens_cached_by_source", base + ("disk",), o.l2_hit_tokens)
+        # LMCache's connectors keep vLLM's default tier for connector hits, `external_unspecified`
+        # (kv_connector/v1/base.py): `host` and `disk` stay 0 with LMCache, as on a real pod
+        s.inc("vllm:prompt_tokens_cached_by_source", base + ("external_unspecified",), external)
         s.inc("vllm:generation_tokens", base, o.output_tokens)
         s.inc("vllm:request_success", base + ("length",), 1)
         prefill_s = max(o.ttft_s - o.queue_s, 0.0)

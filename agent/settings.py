@@ -178,6 +178,9 @@ class TierSettings(_Frozen):
     kv_bytes_per_token: float | None = Field(
         131072.0, gt=0, le=64 * 2**20, description="2 x layers x KV heads x head dim x dtype bytes (Llama-3.1-8B bf16)")
     cpu_capacity_gib: float | None = Field(None, gt=0, le=65536.0, description="LMCache CPU buffer, for in-process usage")
+    lmcache: Literal["auto", "in-process", "mp", "none"] = Field(
+        "auto", description="how LMCache runs, for the lmcache_series_missing check: auto = a vLLM pod whose KV "
+                            "connector sees traffic, with no LMCache series and no vLLM native offload")
 
 
 # -- the whole agent: KV events, tuning, actuation (agent/runtime/assembly.py) ------------------------

@@ -8,6 +8,7 @@ exported `tierpilot_config_info` metric. Defaults are LMCache's own defaults (ch
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,19 @@ from typing import Any
 import yaml
 
 CHUNK_TOKEN_CHOICES: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
-CPU_EVICTION_CHOICES: tuple[str, ...] = ("lru", "lfu", "fifo")
+# Every value some deployment mode accepts; which ones a given deployment offers is the actuator
+# mapping's business (agent/k8s/mappings.yaml): LMCache in-process `cache_policy` takes LRU/LFU/FIFO,
+# the LMCache MP server's `--eviction-policy` LRU/ARC/IsolatedLRU/noop.
+CPU_EVICTION_CHOICES: tuple[str, ...] = ("lru", "lfu", "fifo", "arc", "isolated_lru", "noop")
 L2_EVICTION_CHOICES: tuple[str, ...] = ("lru", "lfu", "fifo", "s3fifo", "arc")
-ROUTER_CHOICES: tuple[str, ...] = ("roundrobin", "session", "prefixaware", "kvaware")
+# production-stack / HyperPod strategies, then vllm-project/router's policies (`--policy`; it
+# spells roundrobin and kvaware as round_robin and kv_aware).
+ROUTER_CHOICES: tuple[str, ...] = ("roundrobin", "session", "prefixaware", "kvaware",
+                                   "random", "cache_aware", "power_of_two", "consistent_hash")
 L2_MIN_PROMPT_TOKENS_MAX = 1 << 20
+
+
+FLOAT_KNOBS: tuple[str, ...] = ("cpu_gib", "router_temperature", "kv_penalty_host", "kv_penalty_external")
 
 
 class KnobError(ValueError):
@@ -36,8 +46,12 @@ class Knobs:
     l2_high_watermark / l2_low_watermark: Curvine `quota_eviction_high_rate` / `_low_rate`:
         eviction starts when L2 usage reaches high x capacity and frees down to low x capacity.
         1.0 / 1.0 means "evict just enough on demand".
-    router: routing strategy (HyperPod `routingStrategy`, production-stack `routing_logic`).
+    router: routing strategy (HyperPod `routingStrategy`, production-stack `routing_logic`,
+        vllm-project/router `--policy`).
     l2_min_prompt_tokens: prompts shorter than this do not read from L2 (they recompute).
+    router_temperature / kv_penalty_host / kv_penalty_external: vllm-project/router `kv_aware`'s
+        `--router-temperature` (softmax temperature over worker costs, 0 = minimum cost) and its
+        KV transfer credits for host-tier and external-tier KV (0..1). Defaults are the router's.
     """
 
     chunk_tokens: int = 256
@@ -48,6 +62,9 @@ class Knobs:
     l2_low_watermark: float = 1.0
     router: str = "roundrobin"
     l2_min_prompt_tokens: int = 0
+    router_temperature: float = 0.0
+    kv_penalty_host: float = 0.8
+    kv_penalty_external: float = 0.6
 
     def __post_init__(self) -> None:
         _check_choice("chunk_tokens", self.chunk_tokens, CHUNK_TOKEN_CHOICES)
@@ -65,6 +82,12 @@ class Knobs:
                 f"l2_low_watermark ({self.l2_low_watermark}) must not exceed "
                 f"l2_high_watermark ({self.l2_high_watermark})"
             )
+        for key, high in (("router_temperature", None), ("kv_penalty_host", 1.0), ("kv_penalty_external", 1.0)):
+            v = getattr(self, key)
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0
+                    or (high is not None and v > high)):
+                span = f"in 0..{high:g}" if high is not None else ">= 0"
+                raise KnobError(f"{key}: must be a number {span}, got {v!r}")
         v = self.l2_min_prompt_tokens
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= L2_MIN_PROMPT_TOKENS_MAX:
             raise KnobError(f"l2_min_prompt_tokens: must be an integer in 0..{L2_MIN_PROMPT_TOKENS_MAX}, got {v!r}")
@@ -91,8 +114,9 @@ class Knobs:
         if unknown:
             raise KnobError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}")
         values = dict(data)
-        if "cpu_gib" in values and isinstance(values["cpu_gib"], int) and not isinstance(values["cpu_gib"], bool):
-            values["cpu_gib"] = float(values["cpu_gib"])
+        for key in FLOAT_KNOBS:
+            if key in values and isinstance(values[key], int) and not isinstance(values[key], bool):
+                values[key] = float(values[key])
         try:
             return cls(**values)
         except KnobError as exc:

@@ -110,7 +110,6 @@ class PodView:
     preemption_rate: float | None = None  # preemptions/s over the window
 
 
-@dataclass(frozen=True, slots=True)
 EvictionMeasure = Literal["lifetime", "idle_before_evict", "reuse_gap"]
 EVICTION_MEASURES: tuple[EvictionMeasure, ...] = ("lifetime", "idle_before_evict", "reuse_gap")
 

@@ -10,16 +10,16 @@ import click
 
 from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
-    CPU_EVICTION_CHOICES,
     L2_EVICTION_CHOICES,
-    ROUTER_CHOICES,
     KnobError,
     Knobs,
 )
 from simulator.cluster import ClusterError, ClusterSpec
 from simulator.models import GIB, ModelError, get_model, models
+from simulator.policies import POLICIES
 from simulator.profile import DEFAULT_PROFILE, ProfileError, get_profile, profile_names
 from simulator.records import WorkloadError
+from simulator.router import ROUTERS
 from simulator.synthetic import DEFAULT_PRESET, PRESETS
 
 PROGRESS_MIN_REQUESTS = 2000
@@ -95,9 +95,9 @@ def _render_table(summary: dict[str, Any], header: str) -> None:
               help="Model for GiB <-> token conversion (KV bytes/token); default: the profile's model.")
 @click.option("--chunk-tokens", type=click.Choice([str(c) for c in CHUNK_TOKEN_CHOICES]), default=None,
               help="LMCache chunk size in tokens [default 256].")
-@click.option("--router", type=click.Choice(ROUTER_CHOICES), default=None, help="Routing strategy [default roundrobin].")
+@click.option("--router", type=click.Choice(tuple(ROUTERS)), default=None, help="Routing strategy [default roundrobin].")
 @click.option("--l2-eviction", type=click.Choice(L2_EVICTION_CHOICES), default=None, help="L2 eviction policy [default lru].")
-@click.option("--cpu-eviction", type=click.Choice(CPU_EVICTION_CHOICES), default=None, help="CPU eviction policy [default lru].")
+@click.option("--cpu-eviction", type=click.Choice(tuple(POLICIES)), default=None, help="CPU eviction policy [default lru].")
 @click.option("--l2-min-prompt-tokens", type=click.IntRange(min=0), default=None,
               help="Prompts shorter than this recompute instead of reading L2 [default 0].")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,

@@ -175,3 +175,47 @@ def test_the_warm_start_sees_the_real_gpu_capacity_and_load():
     assert observed.gpu_tokens == 2 * 2048 * 16
     assert observed.requests_waiting == 3
     assert observed.preemption_rate == pytest.approx(1.0)
+
+
+# -- lmcache_series_missing ----------------------------------------------------------------------
+def _scrape_once(payloads: dict[str, tuple[str, str]], lmcache: str = "auto"):
+    """{path: (role, text)} served on 127.0.0.1, all one pod; the agent's snapshot after one scrape."""
+    from agent.collect.discovery import StaticTargets
+    from agent.runtime.app import Agent
+    from agent.settings import load_settings
+    from tests.support.fake_targets import MetricsServer
+
+    with MetricsServer() as srv:
+        targets = [Target(srv.route(path, text=text), role, "v0") for path, (role, text) in payloads.items()]
+        settings = load_settings(None, env={"TIERPILOT_TIERS__LMCACHE": lmcache})
+        return Agent(settings, StaticTargets(targets)).scrape_now()
+
+
+def _warnings(snap):
+    return {st.target.role: [r for r, _ in st.warnings] for st in snap.targets}
+
+
+def test_a_vllm_pod_with_connector_traffic_but_no_lmcache_series_is_marked():
+    from pathlib import Path
+
+    lmcache = (Path(__file__).parent / "fixtures" / "lmcache_inprocess.prom").read_text()
+    mp = (Path(__file__).parent / "fixtures" / "lmcache_mp.om").read_text()
+    snap = _scrape_once({"/v": ("vllm", vllm_payload())})
+    (st,) = snap.targets
+    assert st.up and st.warnings == (("lmcache_series_missing", st.warnings[0][1]),)
+    assert "PROMETHEUS_MULTIPROC_DIR" in st.warnings[0][1] and "docs/runbooks.md" in st.warnings[0][1]
+    # the series on vLLM's own /metrics (shared multiprocess dir): nothing to report
+    assert _warnings(_scrape_once({"/v": ("vllm", vllm_payload() + lmcache)})) == {"vllm": []}
+    # an LMCache MP server for the pod, vLLM's native offload, or lmcache: none: not LMCache in-process
+    assert _warnings(_scrape_once({"/v": ("vllm", vllm_payload()), "/l": ("lmcache", mp)}))["vllm"] == []
+    assert _warnings(_scrape_once({"/v": ("vllm", vllm_payload(offload=True))})) == {"vllm": []}
+    assert _warnings(_scrape_once({"/v": ("vllm", vllm_payload())}, lmcache="none")) == {"vllm": []}
+
+
+def test_in_process_mode_expects_the_series_even_before_traffic():
+    idle = vllm_payload().replace("vllm:external_prefix_cache_queries_total{engine=\"0\",model_name=\"Qwen/Qwen3-8B\"}"
+                                  " 14000.0", "vllm:external_prefix_cache_queries_total{engine=\"0\","
+                                  "model_name=\"Qwen/Qwen3-8B\"} 0.0")
+    assert _warnings(_scrape_once({"/v": ("vllm", idle)})) == {"vllm": []}
+    assert _warnings(_scrape_once({"/v": ("vllm", idle)}, lmcache="in-process")) == {
+        "vllm": ["lmcache_series_missing"]}

@@ -31,7 +31,8 @@ def test_json_output_on_default_synthetic_workload():
         assert {"lookup_tokens", "hit_tokens", "evictions"} <= set(s["tiers"][tier])
     assert s["knobs"] == {"chunk_tokens": 256, "cpu_gib": 5.0, "cpu_eviction": "lru", "l2_eviction": "lru",
                           "l2_high_watermark": 1.0, "l2_low_watermark": 1.0, "router": "roundrobin",
-                          "l2_min_prompt_tokens": 0}
+                          "l2_min_prompt_tokens": 0, "router_temperature": 0.0, "kv_penalty_host": 0.8,
+                          "kv_penalty_external": 0.6}
     assert s["workload"] == "synthetic 'shift' (seed 0)" and s["profile"] == "g6e-l40s"
 
 

@@ -114,7 +114,8 @@ def test_rollback_restores_last_good_and_config_info_follows() -> None:
     g.apply(Knobs(chunk_tokens=64), trial=1)
     labels = {"chunk_tokens": "64", "cpu_gib": "5", "cpu_eviction": "lru", "l2_eviction": "lru",
               "l2_high_watermark": "1", "l2_low_watermark": "1", "router": "roundrobin",
-              "l2_min_prompt_tokens": "0"}
+              "l2_min_prompt_tokens": "0", "router_temperature": "0", "kv_penalty_host": "0.8",
+              "kv_penalty_external": "0.6"}
     assert sample(registry, "tierpilot_config_info", **labels) == 1
     result = g.rollback("regression", trial=1)
     assert result is not None and result.knobs == good

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from agent.collect.lmcache_check import DETAIL as LMCACHE_DETAIL
+from agent.collect.lmcache_check import REASON as LMCACHE_REASON
+from agent.collect.lmcache_check import missing_lmcache
 from agent.collect.mapping import MappingSet
 from agent.collect.normalise import normalise, resolve
 from agent.collect.parse import Limits, ParseError, Payload, parse
@@ -161,8 +164,12 @@ class ScrapeCycle:
         signals: list[Signal] = []
         restarted: set[tuple[str, str]] = set()  # (pod, source) of targets whose process restarted
         read_at: dict[tuple[str, str], float] = {}  # (pod, source) -> when its target was read
+        missing = missing_lmcache([(o.status.target, o.signals) for o in outcomes], self.settings.tiers.lmcache)
         for out in outcomes:
-            self.statuses[out.status.target.key] = out.status
+            status = out.status
+            if status.target.url in missing:
+                status = dataclasses.replace(status, warnings=(*status.warnings, (LMCACHE_REASON, LMCACHE_DETAIL)))
+            self.statuses[status.target.key] = status
             signals.extend(out.signals)
             if out.restarted:
                 restarted.update((s.pod, s.source) for s in out.signals)

@@ -291,7 +291,10 @@ class KubernetesActuator:
         obj, patch = self._write(t, t.ref, make, dry)
         before = _Written(t, t.read_tokens(obj), {})
         restart_before: dict[str, str | None] = {}
-        for ref in t.restart_refs:
+        refs = t.restart_refs if restart is not None or patch.empty else t.restart_refs_for(obj, planned["tokens"])
+        for ref in refs:
+            if restart is not None and ref.name not in restart:
+                continue  # this write did not roll it (a hot-reload change)
             value = restart[ref.name] if restart is not None else (
                 None if patch.empty else t.config_hash(planned["obj"], planned["tokens"]))
             if restart is None and patch.empty:
@@ -388,7 +391,7 @@ class KubernetesActuator:
     def _restarting(self, written: list[_Written]) -> tuple[str, ...]:
         out: list[str] = []
         for w in written:
-            for ref in w.target.rollout_refs:
+            for ref in _rolled(w):
                 if ref.kind not in ("Deployment", "StatefulSet"):
                     out.append(f"{ref.kind.lower()}/{ref.namespace}/{ref.name}")
                     continue
@@ -404,7 +407,7 @@ class KubernetesActuator:
 
     def _wait(self, operation: str, written: list[_Written]) -> None:
         for w in written:
-            for ref in w.target.rollout_refs:
+            for ref in _rolled(w):
                 start = self._clock()
                 state = wait_for_rollout(lambda r=ref, t=w.target: self._read(r, t), ASSESSORS[ref.kind],
                                          timeout_s=self.settings.rollout_timeout_s,
@@ -439,6 +442,15 @@ class KubernetesActuator:
                   "permanent_error" if isinstance(exc, PermanentActuationError) else
                   "rollout_timeout" if isinstance(exc, RolloutTimeoutError) else "retriable_error")
         self.metrics.result("*", operation, result)
+
+
+def _rolled(w: _Written) -> tuple[ObjectRef, ...]:
+    """What shows a write took effect: the target's rollout refs, or for a hot-reload target the
+    restart workloads this write actually rolled (a switch to or from a restart-only value)."""
+    refs = w.target.rollout_refs
+    if w.target.mapping.takes_effect == "hot-reload":
+        refs = tuple(r for r in w.target.restart_refs if r.name in w.restart)
+    return refs
 
 
 def _restart_patch(workload: Mapping[str, Any], value: str | None) -> Patch:

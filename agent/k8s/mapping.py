@@ -18,7 +18,7 @@ from contracts.knobs import Knobs
 
 MAPPINGS_FILE = Path(__file__).with_name("mappings.yaml")
 SETTING_TYPES = ("int", "float", "enum")
-STORES = ("env", "yaml-lines", "toml-lines", "router-config", "json-pointer")
+STORES = ("env", "args", "yaml-lines", "toml-lines", "router-config", "json-pointer")
 TAKES_EFFECT = ("rollout", "restart-workloads", "hot-reload", "operator")
 RESOURCES = ("Deployment", "StatefulSet", "ConfigMap", "InferenceEndpointConfig")
 KNOB_NAMES = tuple(f.name for f in dataclasses.fields(Knobs))
@@ -41,6 +41,7 @@ class Setting:
     type: str
     default: Any
     values: Mapping[str, str] | None = None  # knob value -> component spelling (enums)
+    restart_values: tuple[str, ...] = ()  # hot-reload kinds: knob values that need a restart to enter or leave
 
     def to_component(self, knob_value: Any) -> Any:
         """The component's value for a knob value; RefusedValue names the supported values."""
@@ -139,11 +140,16 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
                 if not isinstance(values, Mapping) or not values:
                     raise _fail(source, where + ".values", "an enum needs a mapping knob value -> spelling")
                 values = {str(k): str(v) for k, v in values.items()}
-                if s.get("default") not in values:
-                    raise _fail(source, where + ".default", f"must be one of {', '.join(values)}")
+                if s.get("default") is not None and s.get("default") not in values:
+                    raise _fail(source, where + ".default", f"must be one of {', '.join(values)} or null")
             elif values is not None:
                 raise _fail(source, where + ".values", f"only enums take values (type is {typ})")
-            settings.append(Setting(knob=knob, key=s["key"], type=typ, default=s.get("default"), values=values))
+            restart_values = tuple(str(v) for v in s.get("restart_values") or ())
+            bad = [v for v in restart_values if values is None or v not in values]
+            if bad:
+                raise _fail(source, where + ".restart_values", f"{bad} are not values of this enum")
+            settings.append(Setting(knob=knob, key=s["key"], type=typ, default=s.get("default"), values=values,
+                                    restart_values=restart_values))
         if not settings:
             raise _fail(source, kind, "no settings")
         knobs = [s.knob for s in settings]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.k8s import textconf
+from agent.k8s.args_store import ArgsError, args_plan, args_read
 from agent.k8s.patches import (
     Patch,
     json_patch,
@@ -40,12 +41,14 @@ def _env_encode(value: Any) -> str:
 
 ENCODERS: dict[str, Callable[[Any], str]] = {
     "env": _env_encode,
+    "args": _env_encode,
     "yaml-lines": textconf.yaml_token,
     "toml-lines": textconf.toml_token,
     "json-pointer": textconf.json_token,
 }
 DECODERS: dict[str, Callable[[str], Any]] = {
     "env": lambda tok: tok,
+    "args": lambda tok: tok,
     "yaml-lines": textconf.yaml_value,
     "toml-lines": textconf.toml_value,
     "json-pointer": textconf.json_value,
@@ -215,6 +218,11 @@ def read_tokens(store: str, obj: Mapping[str, Any], keys: list[str], *, containe
                 data_key: str | None = None, where: str = "object") -> dict[str, str | None]:
     if store == "env":
         return env_read(obj, keys, container=container, where=where)
+    if store == "args":
+        try:
+            return args_read(obj, _container_index(obj, container, where), keys, where)
+        except ArgsError as exc:
+            raise StoreError(str(exc)) from None
     if store == "json-pointer":
         return pointer_read(obj, keys)
     assert data_key is not None
@@ -225,6 +233,11 @@ def plan_tokens(store: str, obj: Mapping[str, Any], tokens: Tokens, *, container
                 data_key: str | None = None, where: str = "object", reason: str = "") -> Patch:
     if store == "env":
         ops = env_plan(obj, tokens, container=container, where=where)
+    elif store == "args":
+        try:
+            ops = args_plan(obj, _container_index(obj, container, where), tokens, where)
+        except ArgsError as exc:
+            raise StoreError(str(exc)) from None
     elif store == "json-pointer":
         ops = pointer_plan(obj, tokens, where=where)
     else:

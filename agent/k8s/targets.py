@@ -74,7 +74,7 @@ class Target:
             return (self.ref,)
         if effect == "restart-workloads":
             return self.restart_refs
-        return ()
+        return ()  # hot-reload: only the workloads a change actually rolled (see restart_needed)
 
     # -- reading --
     def read_tokens(self, obj: Mapping[str, Any]) -> dict[str, str | None]:
@@ -94,6 +94,8 @@ class Target:
         out: dict[str, Any] = {}
         for s in self.settings:
             tok = tokens[s.key]
+            if tok is None and s.default is None:
+                continue  # absent and no known default (e.g. LMCache MP --l1-size-gb): not read here
             try:
                 value = s.default if tok is None else s.from_component(
                     stores.decode(self.mapping.store, tok, text=text))
@@ -125,7 +127,7 @@ class Target:
             except RefusedValue as exc:
                 raise PermanentActuationError(f"{self.where}: {exc}") from None
             tok = live[s.key]
-            if tok is None and s.same(s.to_component(s.default), component):
+            if tok is None and s.default is not None and s.same(s.to_component(s.default), component):
                 out[s.key] = None  # absent already means this value: do not write the default
                 continue
             if tok is not None:
@@ -152,7 +154,40 @@ class Target:
             )
         return {}
 
+    def restart_needed(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None]) -> bool:
+        """Whether writing `tokens` needs the `restart` workloads rolled: always for kinds read at
+        start, and for a hot-reload kind when a value in a setting's `restart_values` is entered or
+        left (production-stack's watcher cannot build a kvaware router)."""
+        if self.mapping.takes_effect == "restart-workloads":
+            return True
+        if self.mapping.takes_effect != "hot-reload":
+            return False
+        live, text = self.read_tokens(obj), self._text(obj)
+        for s in self.settings:
+            if not s.restart_values or tokens.get(s.key, live[s.key]) == live[s.key]:
+                continue
+            before = s.default if live[s.key] is None else self._knob_of(s, live[s.key], text)
+            after = s.default if tokens[s.key] is None else self._knob_of(s, tokens[s.key], text)
+            if before != after and (before in s.restart_values or after in s.restart_values):
+                return True
+        return False
+
+    def _knob_of(self, s: Setting, token: str, text: str) -> Any:
+        try:
+            return s.from_component(stores.decode(self.mapping.store, token, text=text))
+        except (ValueError, TypeError):
+            return None
+
+    def restart_refs_for(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None]) -> tuple[ObjectRef, ...]:
+        return self.restart_refs if self.restart_needed(obj, tokens) else ()
+
     def plan(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None], reason: str) -> Patch:
+        if self.mapping.takes_effect == "hot-reload" and not self.restart_refs and self.restart_needed(obj, tokens):
+            values = sorted({v for s in self.settings for v in s.restart_values})
+            raise PermanentActuationError(
+                f"{self.where}: changing to or from {', '.join(values)} cannot be hot-reloaded (production-stack's "
+                f"dynamic-config watcher rebuilds the router with only session_key: "
+                f"src/vllm_router/routers/routing_logic.py); name the router Deployment in this target's `restart`")
         for ptr in self.mapping.immutable:
             if any(key == ptr or key.startswith(ptr + "/") for key in tokens):
                 raise PermanentActuationError(f"{self.where}: {ptr} cannot be updated; refusing to write it")

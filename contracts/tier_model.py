@@ -105,7 +105,6 @@ class PodView:
     # GPU pressure, from vLLM (the latency model's load term) and its real KV capacity
     gpu_capacity_tokens: float | None = None  # cache_config_info num_gpu_blocks x block_size
     requests_waiting: float | None = None  # latest gauge, summed over engines
-    requests_running: float | None = None
     preemptions: float | None = None  # lifetime total
     preemption_rate: float | None = None  # preemptions/s over the window
 

@@ -117,13 +117,11 @@ def pressure_families(snap: Snapshot) -> Iterator[Metric]:
         labels=pl)
     waiting = GaugeMetricFamily("tierpilot_requests_waiting", "Requests waiting to be scheduled (vLLM gauge).",
                                 labels=pl)
-    running = GaugeMetricFamily("tierpilot_requests_running", "Requests in the running batch (vLLM gauge).",
-                                labels=pl)
     preemptions = CounterMetricFamily("tierpilot_preemptions", "Requests preempted by vLLM (lifetime total).",
                                       labels=pl)
     for p in snap.pods:
         for family, value in ((capacity, p.gpu_capacity_tokens), (waiting, p.requests_waiting),
-                              (running, p.requests_running), (preemptions, p.preemptions)):
+                              (preemptions, p.preemptions)):
             if value is not None:
                 family.add_metric([p.pod, p.model], value)
     ages = GaugeMetricFamily(
@@ -134,7 +132,7 @@ def pressure_families(snap: Snapshot) -> Iterator[Metric]:
     for a in snap.eviction_ages:
         for q, v in sorted(a.quantiles.items()):
             ages.add_metric([a.pod, a.tier, a.measure, _q(q)], v)
-    yield from (capacity, waiting, running, preemptions, ages)
+    yield from (capacity, waiting, preemptions, ages)
 
 
 def health_families(snap: Snapshot) -> Iterator[Metric]:

@@ -93,7 +93,7 @@ def test_capacity_pressure_and_eviction_ages_reach_the_snapshot():
     (pod,) = snap.pods
     # cache_config_info has no model label: it joins the pod's model; 2 engines x 2048 blocks x 16
     assert pod.gpu_capacity_tokens == 2 * 2048 * 16
-    assert (pod.requests_waiting, pod.requests_running, pod.preemptions) == (3, 16, 17)
+    assert (pod.requests_waiting, pod.preemptions) == (3, 17)
     assert pod.preemption_rate == pytest.approx(10 / 10)
     (age,) = snap.eviction_ages
     assert (age.pod, age.tier, age.measure) == ("v0", "gpu", "idle_before_evict")

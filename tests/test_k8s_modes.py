@@ -137,3 +137,57 @@ def test_knob_values_are_validated():
     with pytest.raises(ValueError, match="router_temperature: must be a number >= 0"):
         Knobs(router_temperature=-1.0)
     assert Knobs.from_mapping({"router": "power_of_two", "kv_penalty_external": 1}).kv_penalty_external == 1.0
+
+
+LMCACHE_DISK = ("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 5.0\ncache_policy: LRU\n"
+                "local_disk: file:///mnt/curvine/lmcache\nmax_local_disk_size: 200\n")
+
+
+def test_cache_policy_is_one_knob_for_cpu_and_an_lmcache_disk_l2(kube):
+    kube.put(configmap("lmcache-config", {"lmcache.yaml": LMCACHE_DISK}))
+    kube.put(deployment("vllm"))
+    act = actuator_for(kube, [{"kind": "lmcache-configmap", "name": "lmcache-config", "key": "lmcache.yaml",
+                               "restart": [{"kind": "Deployment", "name": "vllm"}]}], FakeTime())
+    assert act.coupled_knobs() == {"l2_eviction": "cpu_eviction"}
+    assert "l2_eviction" in act.tunable_knobs()
+    live = act.current()
+    assert (live.cpu_eviction, live.l2_eviction) == ("lru", "lru")
+    with pytest.raises(PermanentActuationError, match="cpu_eviction='lfu' and l2_eviction='lru' are one setting"):
+        act.apply(live.replace(cpu_eviction="lfu"))
+    assert kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"] == LMCACHE_DISK
+    act.apply(live.replace(cpu_eviction="lfu", l2_eviction="lfu"))
+    assert "cache_policy: LFU\n" in kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"]
+    assert act.current().l2_eviction == "lfu"
+    # without a local-disk backend the two are independent (l2_eviction is not LMCache's)
+    kube.put(configmap("lmcache-config", {"lmcache.yaml": LMCACHE_DISK.replace(
+        "local_disk: file:///mnt/curvine/lmcache", "local_disk: null")}))
+    assert act.coupled_knobs() == {} and "l2_eviction" not in act.tunable_knobs()
+
+
+def test_a_configmap_patch_an_lmcache_env_var_would_override_is_refused(kube):
+    text = "chunk_size: 256\nmax_local_cpu_size: 5.0\n"
+    kube.put(configmap("lmcache-config", {"lmcache.yaml": text}))
+    kube.put(deployment("vllm", env=[{"name": "LMCACHE_CONFIG_FILE", "value": "/etc/lmcache/lmcache.yaml"},
+                                     {"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    act = actuator_for(kube, [{"kind": "lmcache-configmap", "name": "lmcache-config", "key": "lmcache.yaml",
+                               "restart": [{"kind": "Deployment", "name": "vllm"}]}], FakeTime())
+    live = act.current()
+    with pytest.raises(PermanentActuationError,
+                       match=r"chunk_tokens \(chunk_size\): container vllm of Deployment llm/vllm sets "
+                             r"LMCACHE_CHUNK_SIZE, which overrides the config file"):
+        act.apply(live.replace(chunk_tokens=512))
+    assert kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"] == text
+    assert kube.get("Deployment", NS, "vllm")["metadata"]["generation"] == 1  # nothing rolled
+    act.apply(live.replace(cpu_gib=8.0))  # a key no env var overrides goes through
+    assert "max_local_cpu_size: 8.0" in kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"]
+
+
+def test_accepted_values_follow_the_deployment_mode(kube):
+    kube.put(_with_args("lmcache-mp", ["--eviction-policy", "LRU"], container="lmcache"))
+    kube.put(_with_args("vllm-router", ["--policy", "round_robin"], container="router"))
+    act = actuator_for(kube, [{"kind": "lmcache-mp-args", "name": "lmcache-mp", "container": "lmcache"},
+                              {"kind": "vllm-router-args", "name": "vllm-router", "container": "router"}],
+                       FakeTime())
+    accepted = act.accepted_values()
+    assert accepted["cpu_eviction"] == ("lru", "arc", "isolated_lru", "noop")
+    assert accepted["router"] == ("roundrobin", "kvaware", "random", "cache_aware", "power_of_two", "consistent_hash")

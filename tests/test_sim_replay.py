@@ -11,9 +11,7 @@ from hypothesis import strategies as st
 
 from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
-    CPU_EVICTION_CHOICES,
     L2_EVICTION_CHOICES,
-    ROUTER_CHOICES,
     Knobs,
 )
 from simulator.cluster import ClusterSpec
@@ -21,6 +19,7 @@ from simulator.replay import replay
 from simulator.twin import Twin
 from simulator.workload import iter_requests, load_trace, synthetic
 from tests.support.twin_helpers import PrefixIds, frame, req
+from tuners.space import TWIN_CPU_EVICTIONS, TWIN_ROUTERS  # every router and CPU policy the twin models
 
 
 def reference_prefix_lru(df: pl.DataFrame, capacity_blocks: int) -> list[int]:
@@ -124,8 +123,8 @@ caps = st.sampled_from([0, 256, 1024, 2048, 4096])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=workloads(), pods=st.integers(1, 3), gpu=caps, cpu=caps, l2=caps,
        chunk=st.sampled_from([c for c in CHUNK_TOKEN_CHOICES if c <= 1024]),
-       cpu_ev=st.sampled_from(CPU_EVICTION_CHOICES), l2_ev=st.sampled_from(L2_EVICTION_CHOICES),
-       router=st.sampled_from(ROUTER_CHOICES), low=st.sampled_from([0.5, 1.0]))
+       cpu_ev=st.sampled_from(TWIN_CPU_EVICTIONS), l2_ev=st.sampled_from(L2_EVICTION_CHOICES),
+       router=st.sampled_from(TWIN_ROUTERS), low=st.sampled_from([0.5, 1.0]))
 def test_invariants(reqs, pods, gpu, cpu, l2, chunk, cpu_ev, l2_ev, router, low):
     cl = ClusterSpec(pods=pods, gpu_tokens=gpu, cpu_tokens=cpu, l2_tokens=l2)
     k = Knobs(chunk_tokens=chunk, cpu_eviction=cpu_ev, l2_eviction=l2_ev, router=router, l2_low_watermark=low)

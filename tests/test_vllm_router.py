@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -66,7 +67,7 @@ class Router:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def __enter__(self) -> Router:
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

@@ -33,6 +33,8 @@ from contracts.knobs import (
     KnobError,
     Knobs,
 )
+from simulator.policies import POLICIES
+from simulator.router import ROUTERS
 
 WATERMARKS_PARAM = "l2_watermarks"
 
@@ -46,6 +48,11 @@ L2_BACKENDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "twin": (L2_EVICTION_CHOICES, True),
 }
 DEFAULT_WATERMARKS: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.9, 0.8), (0.8, 0.6))
+# What the digital twin can evaluate: a candidate outside these is never proposed (the knob values
+# of vllm-project/router's other policies, LMCache MP's IsolatedLRU and noop exist, but the twin
+# has no model of them).
+TWIN_ROUTERS: tuple[str, ...] = tuple(r for r in ROUTER_CHOICES if r in ROUTERS)
+TWIN_CPU_EVICTIONS: tuple[str, ...] = tuple(p for p in CPU_EVICTION_CHOICES if p in POLICIES)
 
 
 class CandidateError(KnobError):
@@ -92,7 +99,8 @@ class DeploymentLimits:
     l2_backend: str = "twin"
     watermarks: tuple[tuple[float, float], ...] = DEFAULT_WATERMARKS
     chunk_choices: tuple[int, ...] = CHUNK_TOKEN_CHOICES
-    routers: tuple[str, ...] = ROUTER_CHOICES
+    routers: tuple[str, ...] = TWIN_ROUTERS
+    cpu_evictions: tuple[str, ...] = TWIN_CPU_EVICTIONS
     l2_threshold_max: int = 4096
     l2_threshold_step: int = 256
 
@@ -113,7 +121,8 @@ class DeploymentLimits:
                 f"limits.l2_backend: invalid value {self.l2_backend!r}; valid choices: "
                 f"{', '.join(L2_BACKENDS)}")
         _check_subset("limits.chunk_choices", self.chunk_choices, CHUNK_TOKEN_CHOICES)
-        _check_subset("limits.routers", self.routers, ROUTER_CHOICES)
+        _check_subset("limits.routers", self.routers, TWIN_ROUTERS)
+        _check_subset("limits.cpu_evictions", self.cpu_evictions, TWIN_CPU_EVICTIONS)
         for high, low in self.watermarks:
             if not (0.0 < low <= high <= 1.0):
                 raise CandidateError(
@@ -144,6 +153,7 @@ class Choice:
 
     name: str
     values: tuple[Any, ...]
+    couples: tuple[str, ...] = ()  # knobs that always take this dimension's value (one setting upstream)
 
     def distribution(self) -> BaseDistribution:
         return CategoricalDistribution(self.values)
@@ -240,8 +250,12 @@ class SearchSpace:
             if name not in valid:
                 raise CandidateError(
                     f"search space: unknown dimension {name!r}; valid: {', '.join(sorted(valid))}")
-        if len(set(names)) != len(names):
-            raise CandidateError(f"search space: duplicate dimensions in {names}")
+        coupled = [c for d in self.dimensions if isinstance(d, Choice) for c in d.couples]
+        for c in coupled:
+            if c not in valid or c in names:
+                raise CandidateError(f"search space: {c!r} cannot be coupled (unknown, or a dimension itself)")
+        if len(set(names + coupled)) != len(names + coupled):
+            raise CandidateError(f"search space: duplicate dimensions in {names + coupled}")
 
     @classmethod
     def from_limits(cls, limits: DeploymentLimits | None = None, *,
@@ -258,7 +272,7 @@ class SearchSpace:
         dims.append(Choice("router", tuple(limits.routers)))
         dims.append(IntRange("l2_min_prompt_tokens", 0, limits.l2_threshold_max, limits.l2_threshold_step))
         if tune_cpu_eviction:
-            dims.append(Choice("cpu_eviction", CPU_EVICTION_CHOICES))
+            dims.append(Choice("cpu_eviction", tuple(limits.cpu_evictions)))
         fixed = Knobs()
         if limits.has_watermarks and len(limits.watermarks) == 1:
             high, low = limits.watermarks[0]
@@ -280,7 +294,7 @@ class SearchSpace:
                 if not values:
                     raise CandidateError(f"{acc.source}: {d.name} accepts {', '.join(map(str, allowed))}, none of "
                                          f"which the search space offers ({', '.join(map(str, d.values))})")
-                d = Choice(d.name, values)
+                d = dataclasses.replace(d, values=values)  # a coupled knob stays coupled
             dims.append(d)
         fixed = self.fixed.to_dict()
         fixed.update({k: v for k, v in acc.fixed.items() if k not in acc.accepts})
@@ -310,6 +324,9 @@ class SearchSpace:
     def to_knobs(self, params: Mapping[str, Any]) -> Knobs:
         """Parameters (as optuna reports them) -> Knobs. Missing parameters keep `fixed`."""
         values = dict(params)
+        for d in self.dimensions:
+            if isinstance(d, Choice) and d.name in values:
+                values.update(dict.fromkeys(d.couples, values[d.name]))
         if WATERMARKS_PARAM in values:
             high, low = parse_watermark_label(values.pop(WATERMARKS_PARAM))
             values["l2_high_watermark"], values["l2_low_watermark"] = high, low
@@ -351,8 +368,21 @@ class SearchSpace:
         elif pair != (1.0, 1.0):
             problems.append(f"the {lim.l2_backend} L2 backend has no watermarks; "
                             f"l2_high/low_watermark must stay 1/1, got {watermark_label(*pair)}")
-        if knobs.router not in lim.routers:
+        # the running value of a knob the space does not tune is always allowed (e.g. a
+        # vllm-project/router's cache_aware, which the twin does not model)
+        if knobs.router not in lim.routers and knobs.router != self.fixed.router:
             problems.append(f"router={knobs.router!r} not allowed; valid: {', '.join(lim.routers)}")
+        if knobs.cpu_eviction not in lim.cpu_evictions and knobs.cpu_eviction != self.fixed.cpu_eviction:
+            problems.append(f"cpu_eviction={knobs.cpu_eviction!r} not allowed; valid: {', '.join(lim.cpu_evictions)}")
+        for d in self.dimensions:
+            for c in d.couples if isinstance(d, Choice) else ():
+                if getattr(knobs, c) != getattr(knobs, d.name):
+                    problems.append(f"{c}={getattr(knobs, c)!r} must equal {d.name}={getattr(knobs, d.name)!r} "
+                                    f"(one setting in this deployment)")
+        for name, allowed in (("router", _choice(self, "router")), ("cpu_eviction", _choice(self, "cpu_eviction"))):
+            if allowed is not None and getattr(knobs, name) not in allowed:
+                problems.append(f"{name}={getattr(knobs, name)!r} not accepted by this deployment; "
+                                f"valid: {', '.join(allowed)}")
         if not 0 <= knobs.l2_min_prompt_tokens <= lim.l2_threshold_max:
             problems.append(f"l2_min_prompt_tokens={knobs.l2_min_prompt_tokens} outside "
                             f"0..{lim.l2_threshold_max}")
@@ -396,6 +426,43 @@ def target_violations(knobs: Knobs, acc: TargetAcceptance) -> list[str]:
 
 def _dimension_knobs(name: str) -> tuple[str, ...]:
     return ("l2_high_watermark", "l2_low_watermark") if name == WATERMARKS_PARAM else (name,)
+
+
+def _choice(space: SearchSpace, knob: str) -> tuple[Any, ...] | None:
+    """Values the space offers for `knob` (its own dimension, or the one it is coupled to)."""
+    for d in space.dimensions:
+        if isinstance(d, Choice) and (d.name == knob or knob in d.couples):
+            return d.values
+    return None
+
+
+def follow_deployment(space: SearchSpace, accepted: Mapping[str, tuple[Any, ...]],
+                      coupled: Mapping[str, str]) -> SearchSpace:
+    """The space as the discovered deployment mode allows: each categorical dimension keeps only
+    the values every actuation target accepts (LMCache MP: lru/arc, not lfu/fifo; vllm-project/
+    router: its own policies), and a knob coupled to another (`{coupled: driver}`, e.g. LMCache's
+    cache_policy driving a local-disk L2) becomes part of one dimension. A dimension left with no
+    value is dropped (its knob stays fixed)."""
+    dims = {d.name: d for d in space.dimensions}
+    fixed = space.fixed
+    for c, driver in coupled.items():
+        if driver == "cpu_eviction" and c == "l2_eviction" and "l2_eviction" in dims:
+            l2 = dims.pop("l2_eviction")
+            cpu = dims.pop("cpu_eviction", None)
+            allowed = cpu.values if isinstance(cpu, Choice) else space.limits.cpu_evictions
+            values = tuple(v for v in l2.values if v in allowed)  # type: ignore[union-attr]
+            dims["cpu_eviction"] = Choice("cpu_eviction", values, couples=("l2_eviction",))
+            fixed = fixed.replace(l2_eviction=fixed.cpu_eviction)
+    out: list[Dimension] = []
+    for d in dims.values():
+        if isinstance(d, Choice):
+            knobs = (d.name, *d.couples)
+            values = tuple(v for v in d.values if all(v in accepted.get(k, d.values) for k in knobs))
+            if not values:
+                continue
+            d = dataclasses.replace(d, values=values)
+        out.append(d)
+    return dataclasses.replace(space, dimensions=tuple(out), fixed=fixed)
 
 
 def memory_cost_gib(knobs: Knobs, limits: DeploymentLimits) -> float:

@@ -56,7 +56,6 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "prompt_external_tokens": ("counter", "vLLM: prompt tokens received over the KV connector"),
     "preemptions": ("counter", "vLLM: requests preempted (their KV blocks reclaimed, recomputed later)"),
     "requests_waiting": ("gauge", "vLLM: requests waiting to be scheduled"),
-    "requests_running": ("gauge", "vLLM: requests in the running batch"),
     "gpu_blocks": ("gauge", "vLLM: GPU KV blocks (cache_config_info num_gpu_blocks: the real capacity)"),
     "gpu_block_size": ("gauge", "vLLM: tokens per GPU KV block (cache_config_info block_size)"),
     "gpu_block_lifetime_seconds": ("histogram", "GPU KV block lifetime, allocation to eviction (sampled)"),

@@ -220,7 +220,7 @@ def _pod_view(pod: str, model: str, g: SeriesGroup, kvbpt: float | None) -> PodV
         prompt_token_rate=_rate(g, "prompt_tokens"), request_rate=_rate(g, "requests"),
         l2_break_even_tokens=break_even,
         gpu_capacity_tokens=gpu_capacity_tokens(g.last),
-        requests_waiting=g.last.get("requests_waiting"), requests_running=g.last.get("requests_running"),
+        requests_waiting=g.last.get("requests_waiting"),
         preemptions=g.last.get("preemptions"), preemption_rate=_rate(g, "preemptions"),
     )
 

@@ -101,8 +101,33 @@ class KubernetesActuator:
         return tuple(t for t in self.targets if t.label not in self.gone)
 
     def tunable_knobs(self) -> frozenset[str]:
-        """Knobs some live target actuates; the tuner should search only these."""
-        return frozenset(k for t in self.active for k in t.knobs)
+        """Knobs some live target actuates (a knob coupled to an owned one included, e.g.
+        l2_eviction under LMCache's cache_policy with a local-disk backend); the tuner should search
+        only these."""
+        return frozenset(k for t in self.active for k in t.knobs) | frozenset(self.coupled_knobs())
+
+    def coupled_knobs(self) -> dict[str, str]:
+        """{coupled knob: the knob that drives it} on the live targets (one dimension for the tuner)."""
+        out: dict[str, str] = {}
+        for t in self.active:
+            if not t.mapping.couples:
+                continue
+            try:
+                out.update(t.coupled(self._read(t.ref, t)))
+            except ActuationError as exc:
+                log.info("%s: cannot read its couplings: %s", t.where, exc)
+        return out
+
+    def accepted_values(self) -> dict[str, tuple[str, ...]]:
+        """Per enum knob, the values every target owning it can express (its deployment mode's)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for t in self.active:
+            for s in t.settings:
+                if s.values is None:
+                    continue
+                mine = tuple(s.values)
+                out[s.knob] = tuple(v for v in out[s.knob] if v in mine) if s.knob in out else mine
+        return out
 
     def current(self) -> Knobs:
         values = {**DEFAULT_KNOBS.to_dict(), **self.settings.fixed_knobs}
@@ -167,7 +192,8 @@ class KubernetesActuator:
             for t in self.active:
                 obj = self._read(t.ref, t)
                 wanted = {k: getattr(knobs, k) for k in t.knobs}
-                if t.knob_values(obj) == wanted:  # the live tokens express it: keep them exactly
+                live = t.knob_values(obj)
+                if {k: live.get(k) for k in wanted} == wanted:  # the live tokens express it: keep them exactly
                     tokens = t.read_tokens(obj)
                     restart = {r.name: workload_hash(self._read(r, t)) for r in t.restart_refs}
                 else:
@@ -311,6 +337,14 @@ class KubernetesActuator:
             tokens = t.tokens_for(knobs, obj)
             if tokens != t.read_tokens(obj):
                 t.check_preconditions(obj)
+            if t.mapping.overridden_by_env:
+                workloads = {str(r): self._read(r, t) for r in t.restart_refs}
+                problems = t.env_overrides(obj, tokens, workloads)
+                if problems:
+                    raise PermanentActuationError(
+                        f"{t.where}: refusing a config-file change that environment variables would silently "
+                        f"defeat (lmcache/v1/config.py applies LMCACHE_* after the file): {'; '.join(problems)}. "
+                        f"Remove the variables, or manage these knobs with a deployment-env target")
             t.plan(obj, tokens, reason)
         written: list[_Written] = []
         try:

@@ -93,6 +93,10 @@ class KindMapping:
     settings: tuple[Setting, ...]
     immutable: tuple[str, ...] = ()
     requires: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # env-var prefix that overrides this kind's file keys (LMCache: LMCACHE_<KEY> beats the file)
+    overridden_by_env: str | None = None
+    # setting key whose presence couples knobs: {key: {coupled knob: knob that drives it}}
+    couples: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
     @property
     def knobs(self) -> tuple[str, ...]:
@@ -122,7 +126,8 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
     for kind, spec in data.items():
         if not isinstance(spec, Mapping):
             raise _fail(source, kind, "expected a mapping")
-        allowed = {"description", "resource", "store", "takes_effect", "settings", "immutable", "requires"}
+        allowed = {"description", "resource", "store", "takes_effect", "settings", "immutable", "requires",
+                   "overridden_by_env", "couples"}
         unknown = sorted(set(spec) - allowed)
         if unknown:
             raise _fail(source, kind, f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(allowed))}")
@@ -164,8 +169,23 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
             settings=tuple(settings),
             immutable=tuple(spec.get("immutable") or ()),
             requires=dict(spec.get("requires") or {}),
+            overridden_by_env=spec.get("overridden_by_env"),
+            couples=_couples(source, kind, spec.get("couples"), knobs),
         )
     return kinds
+
+
+def _couples(src: str, kind: str, raw: Any, knobs: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for key, pairs in (raw or {}).items():
+        if not isinstance(pairs, Mapping):
+            raise _fail(src, f"{kind}.couples.{key}", "expected a mapping {coupled knob: driving knob}")
+        for coupled, driver in pairs.items():
+            _choice(src, f"{kind}.couples.{key}", coupled, KNOB_NAMES)
+            if driver not in knobs:
+                raise _fail(src, f"{kind}.couples.{key}", f"{driver!r} is not a knob of this kind")
+        out[str(key)] = {str(c): str(d) for c, d in pairs.items()}
+    return out
 
 
 def load_mappings(path: str | Path | None = None) -> dict[str, KindMapping]:

@@ -102,7 +102,48 @@ class Target:
             except (ValueError, TypeError) as exc:
                 raise PermanentActuationError(f"{self.where}: cannot read {s.knob}: {exc}") from None
             out[s.knob] = value
+        for coupled, driver in self.coupled(obj).items():
+            if driver in out:
+                out[coupled] = out[driver]
         return out
+
+    def coupled(self, obj: Mapping[str, Any]) -> dict[str, str]:
+        """{coupled knob: the owned knob that drives it} in force on the live object, e.g. LMCache's
+        cache_policy drives l2_eviction too while a local-disk backend (`local_disk`) is set."""
+        if not self.mapping.couples:
+            return {}
+        try:
+            found = stores.read_tokens(self.mapping.store, obj, list(self.mapping.couples),
+                                       container=self.spec.container, data_key=self.spec.key, where=self.where)
+        except stores.StoreError as exc:
+            raise PermanentActuationError(str(exc)) from None
+        out: dict[str, str] = {}
+        for key, pairs in self.mapping.couples.items():
+            tok = found.get(key)
+            if tok is None or tok.strip().strip("'\"").lower() in ("", "null", "none", "~", "false"):
+                continue
+            out.update({c: d for c, d in pairs.items() if d in self.knobs})
+        return out
+
+    def env_overrides(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None],
+                      workloads: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """Settings this write changes that a container env var of a restart workload overrides
+        (LMCache applies LMCACHE_<KEY> after the file), as readable messages."""
+        prefix = self.mapping.overridden_by_env
+        if not prefix:
+            return []
+        live = self.read_tokens(obj)
+        problems = []
+        for s in self.settings:
+            if tokens.get(s.key, live[s.key]) == live[s.key]:
+                continue
+            var = prefix + s.key.upper()
+            for name, wl in workloads.items():
+                for c in resolve(wl, "/spec/template/spec/containers", []) or []:
+                    if any(e.get("name") == var for e in c.get("env") or []):
+                        problems.append(f"{s.knob} ({s.key}): container {c.get('name')} of {name} sets {var}, "
+                                        f"which overrides the config file")
+        return problems
 
     # -- planning --
     def check_preconditions(self, obj: Mapping[str, Any]) -> None:
@@ -121,6 +162,12 @@ class Target:
         text = self._text(obj)
         store = self.mapping.store
         out: dict[str, str | None] = {}
+        for coupled, driver in self.coupled(obj).items():
+            if getattr(knobs, coupled) != getattr(knobs, driver):
+                raise PermanentActuationError(
+                    f"{self.where}: {driver}={getattr(knobs, driver)!r} and {coupled}={getattr(knobs, coupled)!r} are "
+                    f"one setting here: LMCache's cache_policy drives the CPU tier and its local-disk backend "
+                    f"(lmcache/v1/storage_backend/local_disk_backend.py); ask for the same policy for both")
         for s in self.settings:
             try:
                 component = s.to_component(getattr(knobs, s.knob))

@@ -359,11 +359,15 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                  load_last_good=rt.last_good_store.load_last_good)
     limits = DeploymentLimits(**t.limits.model_dump())
     fixed = _running_knobs(rt.actuator, act.fixed_knobs)
-    # only what the targets accept (the mapping's values per knob); unowned knobs keep what runs now
+    # only what the targets accept (the mapping's values per knob); unowned knobs keep what runs now;
+    # a knob coupled to an owned one (LMCache cache_policy with a local-disk L2) moves with it
+    coupled = rt.actuator.coupled_knobs()
     acc = acceptance(act, load_mappings(), source="actuation.targets_file")
-    acc = dataclasses.replace(acc, fixed={k: getattr(fixed, k) for k in acc.fixed})
+    acc = dataclasses.replace(
+        acc, fixed={k: getattr(fixed, k) for k in acc.fixed if k not in coupled},
+        accepts={**acc.accepts, **{c: acc.accepts[d] for c, d in coupled.items() if d in acc.accepts}})
     space = restrict_space(SearchSpace.from_limits(limits, tune_cpu_eviction=t.tune_cpu_eviction),
-                           rt.actuator.tunable_knobs(), fixed).for_targets(acc)
+                           rt.actuator.tunable_knobs(), fixed, coupled=coupled).for_targets(acc)
     if not space.dimensions:
         raise RuntimeConfigError(f"actuation.targets_file: the targets own no knob of the search space "
                                  f"(they own: {', '.join(sorted(rt.actuator.tunable_knobs())) or 'none'})")

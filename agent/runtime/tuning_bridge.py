@@ -40,7 +40,7 @@ from agent.kvevents.settings import SettingsError as KvSettingsError
 from agent.kvevents.settings import endpoint_from_annotations
 from contracts.knobs import Knobs
 from tuners.objective import TtftObservations
-from tuners.space import WATERMARKS_PARAM, SearchSpace
+from tuners.space import WATERMARKS_PARAM, SearchSpace, follow_deployment
 
 LONG_PROMPT_TOKENS = 4096
 # The unified signals (agent/collect/mapping.py) behind PodCounters' three fields:
@@ -189,16 +189,26 @@ def kv_endpoints_from_pods(pods: Iterable[Mapping[str, Any]], default_model: str
 
 
 # -- the search space the actuator can reach --------------------------------------------------
-def _dimension_knobs(name: str) -> tuple[str, ...]:
-    return ("l2_high_watermark", "l2_low_watermark") if name == WATERMARKS_PARAM else (name,)
+def _dimension_knobs(d: Any) -> tuple[str, ...]:
+    if d.name == WATERMARKS_PARAM:
+        return ("l2_high_watermark", "l2_low_watermark")
+    return (d.name, *getattr(d, "couples", ()))
 
 
-def restrict_space(space: SearchSpace, tunable: Iterable[str], fixed: Knobs) -> SearchSpace:
+def restrict_space(space: SearchSpace, tunable: Iterable[str], fixed: Knobs, *,
+                   accepted: Mapping[str, tuple[Any, ...]] | None = None,
+                   coupled: Mapping[str, str] | None = None) -> SearchSpace:
     """Keep the dimensions whose knobs are all in `tunable`; every other knob takes its value
-    from `fixed` (what the cluster runs), so a candidate never asks for an unowned change."""
+    from `fixed` (what the cluster runs), so a candidate never asks for an unowned change. With the
+    actuator's `accepted` values and `coupled` knobs, the space follows the deployment mode
+    (`tuners.space.follow_deployment`): only values the targets can express, coupled knobs as one
+    dimension."""
+    space = dataclasses.replace(space, fixed=fixed)
+    if accepted or coupled:
+        space = follow_deployment(space, accepted or {}, coupled or {})
     owned = set(tunable)
-    dims = tuple(d for d in space.dimensions if set(_dimension_knobs(d.name)) <= owned)
-    return dataclasses.replace(space, dimensions=dims, fixed=fixed)
+    dims = tuple(d for d in space.dimensions if set(_dimension_knobs(d)) <= owned)
+    return dataclasses.replace(space, dimensions=dims)
 
 
 # -- last good configuration in the study storage --------------------------------------------

@@ -7,7 +7,10 @@ Which change restarts what follows the real deployment (see docs/demo.md):
   reset, private caches cold);
 * Curvine eviction settings (`l2_eviction`, watermarks) are master config: the master restarts,
   the data on the pool stays;
-* `router` is hot-reloaded from the router's dynamic config: nothing restarts.
+* `router` is hot-reloaded from the router's dynamic config: nothing restarts;
+* vllm-project/router's `kv_aware` flags (`router_temperature`, `kv_penalty_host`,
+  `kv_penalty_external`) restart the router process only; the emulated router keeps no cache
+  state, so no engine pod and no master restarts.
 
 `apply` returns once the rollout has completed. The last good configuration is kept like the
 Kubernetes actuator's annotation: in memory and, when `state_file` is given, in a YAML file.
@@ -30,13 +33,14 @@ log = logging.getLogger("tierpilot.local_actuator")
 POD_RESTART_KNOBS = frozenset({"chunk_tokens", "cpu_gib", "cpu_eviction", "l2_min_prompt_tokens"})
 MASTER_RESTART_KNOBS = frozenset({"l2_eviction", "l2_high_watermark", "l2_low_watermark"})
 HOT_KNOBS = frozenset({"router"})
+ROUTER_RESTART_KNOBS = frozenset({"router_temperature", "kv_penalty_host", "kv_penalty_external"})
 
 ReconfigureHook = Callable[[Knobs], None]
 
 
 def restart_plan(changed: set[str]) -> tuple[bool, bool]:
     """(pods restart, master restarts) for a set of changed knob names."""
-    unknown = changed - POD_RESTART_KNOBS - MASTER_RESTART_KNOBS - HOT_KNOBS
+    unknown = changed - POD_RESTART_KNOBS - MASTER_RESTART_KNOBS - HOT_KNOBS - ROUTER_RESTART_KNOBS
     if unknown:
         raise KnobError(f"no rollout rule for knob(s) {', '.join(sorted(unknown))}")
     return bool(changed & POD_RESTART_KNOBS), bool(changed & MASTER_RESTART_KNOBS)

@@ -17,9 +17,10 @@ import threading
 import time
 from typing import Any, Self
 
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 from emulator.cluster.exposition import render_python_client
 from emulator.cluster.pod_metrics import PodIdentity, RequestOutcome, VllmPodMetrics
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -69,7 +69,7 @@ each target by name, get/patch on each workload a change restarts. tests/test_he
 the result with required_rules() for every target kind.
 */}}
 {{- define "tierpilot.targetRules" -}}
-{{- $kinds := dict "deployment-env" (list "apps" "deployments") "lmcache-configmap" (list "" "configmaps") "router-configmap" (list "" "configmaps") "curvine-configmap" (list "" "configmaps") "hyperpod-iec" (list "inference.sagemaker.aws.amazon.com" "inferenceendpointconfigs") -}}
+{{- $kinds := dict "deployment-env" (list "apps" "deployments") "lmcache-configmap" (list "" "configmaps") "router-configmap" (list "" "configmaps") "curvine-configmap" (list "" "configmaps") "hyperpod-iec" (list "inference.sagemaker.aws.amazon.com" "inferenceendpointconfigs") "vllm-router-args" (list "apps" "deployments") "lmcache-mp-args" (list "apps" "deployments") "vllm-offload-args" (list "apps" "deployments") -}}
 {{- $workloads := dict "Deployment" (list "apps" "deployments") "StatefulSet" (list "apps" "statefulsets") -}}
 {{- range .Values.actuation.targets }}
 {{- $r := get $kinds .kind | required (printf "actuation.targets: unknown kind %q (valid: %s)" .kind (keys $kinds | sortAlpha | join ", ")) }}

@@ -40,7 +40,8 @@ from agent.kvevents.settings import SettingsError as KvSettingsError
 from agent.kvevents.settings import endpoint_from_annotations
 from contracts.knobs import Knobs
 from tuners.objective import TtftObservations
-from tuners.space import WATERMARKS_PARAM, SearchSpace, follow_deployment
+from tuners.space import WATERMARKS_PARAM, SearchSpace
+from tuners.space_modes import follow_deployment
 
 LONG_PROMPT_TOKENS = 4096
 # The unified signals (agent/collect/mapping.py) behind PodCounters' three fields:
@@ -201,7 +202,7 @@ def restrict_space(space: SearchSpace, tunable: Iterable[str], fixed: Knobs, *,
     """Keep the dimensions whose knobs are all in `tunable`; every other knob takes its value
     from `fixed` (what the cluster runs), so a candidate never asks for an unowned change. With the
     actuator's `accepted` values and `coupled` knobs, the space follows the deployment mode
-    (`tuners.space.follow_deployment`): only values the targets can express, coupled knobs as one
+    (`tuners.space_modes.follow_deployment`): only values the targets can express, coupled knobs as one
     dimension."""
     space = dataclasses.replace(space, fixed=fixed)
     if accepted or coupled:

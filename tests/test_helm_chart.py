@@ -201,6 +201,20 @@ def test_chart_copies_equal_the_generated_dashboards_and_rules(tmp_path):
                        str(build.CHART_DASHBOARD_DIR / "old.json"): "not produced by the source"}
 
 
+def test_observe_only_grants_discovery_and_the_lease_and_nothing_else(rendered):
+    docs = rendered["observe-only"]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert {(r["resources"][0], tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in role["rules"]} == {
+        ("pods", ("list", "watch"), ()), ("leases", ("create",), ()), ("leases", ("get", "update"), ("tierpilot-leader",))}
+    dep = _one(docs, "Deployment", "tierpilot")
+    env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "TIERPILOT_TUNER__STORAGE" not in env
+    agent = yaml.safe_load(_one(docs, "ConfigMap", "tierpilot-config")["data"]["agent.yaml"])
+    assert agent["tuner"]["enabled"] is False and agent["export"] == {"fleet": "leader"}
+    egress = _one(docs, "NetworkPolicy")["spec"]["egress"]
+    assert {p["port"] for p in egress[1]["ports"]} == {8000, 8001}  # no KV-event, no PostgreSQL port
+
+
 def test_bad_values_fail_with_a_clear_message():
     for args, message in (
         (["--set", "tuner.storage.existingSecret="], "needs tuner.storage.existingSecret"),

@@ -69,6 +69,12 @@ def test_window_source_reads_exactly_the_window_it_is_asked_for(store):
     assert src.cumulative_hit_ratio(110.0, 120.0) == pytest.approx(0.5)
 
 
+def test_window_source_counts_only_the_share_of_an_increase_inside_the_window(store):
+    # (105, 120]: the scrape at 110 covers (100, 110], half of it inside: 5 of its 10 requests
+    obs = StoreWindowSource(store).ttft_observations(105.0, 120.0)
+    assert obs.count == pytest.approx(5 + 30)
+
+
 def test_drift_signals_over_the_window(store):
     sig = drift_signals(store, None, 30.0)  # (100, 130]: 40 requests, 70k prompt tokens in 20 s
     assert sig["arrival_rate"] == pytest.approx(2.0)

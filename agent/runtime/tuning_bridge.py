@@ -61,7 +61,9 @@ class StoreWindowSource:
 
     def _window(self, since: float, until: float) -> pl.DataFrame:
         frame = self.store.frame(since=since)
-        return window_aggregate(frame.filter(pl.col("ts") <= until))
+        # `since` prorates the first increase: it must not reach back before `since` (before
+        # the rollout a trial's window follows, i.e. into another configuration)
+        return window_aggregate(frame.filter(pl.col("ts") <= until), since=since)
 
     def ttft_observations(self, since: float, until: float) -> TtftObservations | None:
         return ttft_observations(self._window(since, until))

@@ -41,6 +41,8 @@ from agent.settings import AgentSettings
 from contracts.redact import redact_text
 from contracts.tier_model import AUTO_ROLE, Signal, Snapshot, Target, TargetStatus
 
+THREAD_PARSE_CHARS = 1 << 20  # payloads above this are parsed off the event loop
+
 
 @dataclass(frozen=True, slots=True)
 class TargetOutcome:
@@ -144,7 +146,14 @@ class ScrapeCycle:
         # A target renders its page as the request arrives (as Prometheus, stamp the sample with
         # the request's time): the answer can come back much later from a busy agent, and each
         # target's request goes out at its own time within the cycle.
-        return dataclasses.replace(self.process(target, res.text, res.duration_s), at=sent)
+        if len(res.text) > THREAD_PARSE_CHARS:
+            # a big payload is parsed in a worker thread: the interpreter switches threads every
+            # few ms, so /metrics, /healthz and SIGTERM stay served while it runs (the state it
+            # touches is keyed by this target, which no other task of the cycle handles)
+            outcome = await asyncio.to_thread(self.process, target, res.text, res.duration_s)
+        else:
+            outcome = self.process(target, res.text, res.duration_s)
+        return dataclasses.replace(outcome, at=sent)
 
     def forget_gone(self, targets: Sequence[Target]) -> None:
         live = {t.key for t in targets}

@@ -71,3 +71,15 @@ def test_the_actuator_refuses_and_changes_nothing(kube):
     with pytest.raises(PermanentActuationError, match="chunk_size"):
         act.apply(Knobs(chunk_tokens=256))
     assert kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"] == LMCACHE
+
+
+def test_a_duplicated_env_var_is_refused(kube):
+    env = [{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}, {"name": "X", "value": "1"},
+           {"name": "LMCACHE_CHUNK_SIZE", "value": "2048"}]
+    kube.put(deployment("vllm", env=env))
+    act = actuator_for(kube, [{"kind": "deployment-env", "name": "vllm", "container": "vllm"}], FakeTime())
+    with pytest.raises(PermanentActuationError, match=r"env LMCACHE_CHUNK_SIZE appears 2 times \(entries 0, 2\)"):
+        act.current()
+    with pytest.raises(PermanentActuationError, match="LMCACHE_CHUNK_SIZE"):
+        act.apply(Knobs(chunk_tokens=512))
+    assert kube.get("Deployment", NS, "vllm")["spec"]["template"]["spec"]["containers"][0]["env"] == env

@@ -89,6 +89,15 @@ def env_read(obj: Mapping[str, Any], keys: list[str], *, container: str | None, 
     ci = _container_index(obj, container, where)
     env = resolve(obj, f"/spec/template/spec/containers/{ci}/env", None) or []
     out: dict[str, str | None] = {k: None for k in keys}
+    seen: dict[str, list[int]] = {}
+    for j, entry in enumerate(env):
+        if entry.get("name") in out:
+            seen.setdefault(entry["name"], []).append(j)
+    for name, at in seen.items():
+        if len(at) > 1:  # the container gets the last one; editing another would change nothing
+            raise StoreError(f"{where}: env {name} appears {len(at)} times (entries {', '.join(map(str, at))}); "
+                             f"the container uses the last one: remove the duplicates, the agent will not edit "
+                             f"an ambiguous env list")
     for entry in env:
         if entry.get("name") in out:
             if "valueFrom" in entry:

@@ -156,8 +156,11 @@ def test_oversized_message_is_refused_and_counted_lost(ctx: zmq.Context) -> None
             pub.publish([f.stored([1], None, 16)], ts=1.0)
             pub.publish([f.stored(list(range(10, 20_010)), None, 16)], ts=2.0)  # ~ 2.6 MB of token ids
             pub.flush()
-            mgr.drain(idle_ms=300)
-            time.sleep(0.5)  # libzmq reconnects the SUB after the disconnect
+            end = time.monotonic() + 10
+            while time.monotonic() < end and next(iter(mgr.snapshot().engines)).stream.reconnects == 0:
+                mgr.run_once(50)
+            mgr.run_once(10)
+            time.sleep(1.0)  # the reopened SUB's slow join
             pub.publish([f.stored([2], 1, 16)], ts=3.0)
             pub.flush()
             mgr.drain(idle_ms=1000)

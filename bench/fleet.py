@@ -84,14 +84,15 @@ def direct(targets: list, shard_counts: list[int], cycles: int) -> None:
           "  efficiency")
     base_cpu = None
     for n in shard_counts:
-        walls, cpus = [], []
+        walls, cpus, failed = [], [], []
         for index in range(n):
             mine = list(owned(targets, index, n))
             clock = [1.0e9]
-            settings = load_settings(env={}, scrape={"timeout_s": 30, "concurrency": 256})
+            settings = load_settings(env={}, scrape={"timeout_s": 120, "concurrency": 256})
             agent = Agent(settings, StaticTargets(mine), clock=lambda c=clock: c[0])
 
-            async def run(agent: Agent = agent, mine: list = mine, clock: list = clock) -> tuple[list, list]:
+            async def run(agent: Agent = agent, mine: list = mine, clock: list = clock,
+                          failed: list = failed) -> tuple[list, list]:
                 w, c = [], []
                 async with new_session(256) as session:
                     await agent.cycle.run(session, mine)  # warm-up: connections, first samples
@@ -101,8 +102,7 @@ def direct(targets: list, shard_counts: list[int], cycles: int) -> None:
                         snap = await agent.cycle.run(session, mine)
                         w.append(time.perf_counter() - w0)
                         c.append(time.process_time() - c0)
-                        down = [s.reason for s in snap.targets if not s.up]
-                        assert not down, down[:3]
+                        failed.extend(s.reason for s in snap.targets if not s.up)
                 return w, c
 
             w, c = asyncio.run(run())
@@ -113,10 +113,11 @@ def direct(targets: list, shard_counts: list[int], cycles: int) -> None:
             base_cpu = mean_cpu
         eff = base_cpu / (n * mean_cpu)
         print(f"   {n:>6}  {len(targets) // n:>15}  {statistics.median(walls) * 1000:>26.0f}, {max(walls) * 1000:>6.0f}"
-              f"  {mean_cpu * 1000:>36.0f}  {eff:>9.2f}")
+              f"  {mean_cpu * 1000:>36.0f}  {eff:>9.2f}"
+              + (f"  ({len(failed)} target scrapes failed: {sorted(set(failed))})" if failed else ""))
 
 
-def via_prometheus(port: int, n_targets: int, cycles: int) -> None:
+def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30) -> None:
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent
     from agent.settings import load_settings
@@ -127,19 +128,28 @@ def via_prometheus(port: int, n_targets: int, cycles: int) -> None:
                 "labels": {"__metrics_path__": f"/pod/{i}/metrics", "pod": f"vllm-{i}",
                            "subset": "small" if i < small else "rest"}} for i in range(n_targets)]
     work = Path(tempfile.mkdtemp(prefix="tierpilot-fleet-prom-"))
-    print(f"\n2. source: prometheus, one real Prometheus scraping {n_targets} targets every 10 s ({load()})")
+    print(f"\n2. source: prometheus, one real Prometheus scraping {n_targets} targets every {interval_s} s ({load()})")
     t0 = time.perf_counter()
     # every target shares one host:port, so `up` counts scrape pools' series, not addresses
-    prom = start_prometheus([], work, scrape_interval="10s", job="fleet", static_configs=configs,
+    prom = start_prometheus([], work, scrape_interval=f"{interval_s}s", job="fleet", static_configs=configs,
                             wait_for_first_scrape=False, timeout=120)
     try:
-        prom.wait_for('up{job="fleet"}', timeout=180, min_series=n_targets)
-        time.sleep(25)  # at least two scrapes of every target, so increases exist
+        deadline = time.monotonic() + 1200
+        while True:  # an overloaded Prometheus may time out on the way; keep asking
+            try:
+                if len(prom.query('up{job="fleet"}')) >= n_targets:
+                    break
+            except (OSError, RuntimeError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prometheus did not scrape all {n_targets} targets in 20 min")
+            time.sleep(5)
+        time.sleep(2 * interval_s + 5)  # at least two scrapes of every target, so increases exist
         print(f"   Prometheus up with {n_targets} targets scraped twice in {time.perf_counter() - t0:.0f} s")
         for size, selector in ((small, 'subset="small"'), (n_targets, 'job="fleet"')):
             settings = load_settings(env={}, source="prometheus",
                                      prometheus={"url": prom.url, "roles": {"vllm": selector}, "backfill": False,
-                                                 "timeout_s": 60})
+                                                 "timeout_s": 120})
             agent = Agent(settings, StaticTargets(()))
             agent.scrape_now()  # warm-up
             walls, cpus = [], []
@@ -202,6 +212,7 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--kv-messages", type=int, default=4000)
     ap.add_argument("--skip-prometheus", action="store_true")
+    ap.add_argument("--skip-direct", action="store_true")
     args = ap.parse_args()
     from contracts.tier_model import Target
 
@@ -215,7 +226,8 @@ def main() -> None:
     try:
         targets = [Target(f"http://127.0.0.1:{port}/pod/{i}/metrics", "vllm", f"vllm-{i}")
                    for i in range(args.targets)]
-        direct(targets, [int(x) for x in args.shards.split(",")], args.cycles)
+        if not args.skip_direct:
+            direct(targets, [int(x) for x in args.shards.split(",")], args.cycles)
         if not args.skip_prometheus:
             via_prometheus(port, args.targets, args.cycles)
     finally:

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from agent.kvevents import KvEventManager
+from agent.kvevents.replay import ReplayState
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId
 from agent.kvevents.wire import END_SEQ_BYTES, decode_payload, split_replay
@@ -186,3 +187,13 @@ def test_ipv6_loopback(ctx: zmq.Context) -> None:
             assert (s.messages, s.replayed_messages, s.lost_messages) == (3, 1, 0)
         finally:
             mgr.stop()
+
+
+def test_replay_outcomes_are_counted_as_replayed_lost_or_unbuffered() -> None:
+    join = ReplayState(0, 10, 0.0, count_lost=False, pending=[])
+    assert [join.accept(s) for s in (6, 6, 7, 12)] == [True, False, True, False]
+    assert join.outcome(timed_out=False) == (2, 2, 6)  # 0-5 before the engine's buffer; 8, 9 lost
+    assert join.outcome(timed_out=True) == (2, 8, 0)  # a join whose replay failed lost it all
+    gap = ReplayState(5, 8, 0.0, count_lost=True, pending=[])
+    assert gap.accept(6) and gap.outcome(timed_out=False) == (1, 2, 0)
+    assert gap.queue((b"", 9, b"x" * 10), max_bytes=10) and not gap.queue((b"", 10, b"y"), max_bytes=10)

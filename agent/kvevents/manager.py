@@ -27,6 +27,7 @@ import zmq
 from agent.kvevents.budget import plan_streams
 from agent.kvevents.fleet import BlockSketches
 from agent.kvevents.merge import EventTimeMerger
+from agent.kvevents.replay import ReplayState
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReading
 from agent.kvevents.sockets import disconnected, open_dealer, open_sub
@@ -42,21 +43,7 @@ from agent.kvevents.workload import PodCounters
 
 END_SEQ = END_SEQ_BYTES
 _DRAIN = 256  # messages read from one socket before looking at the others
-_MAX_PENDING = 50_000  # live messages queued behind a replay before it is abandoned
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class _Replay:
-    start: int
-    stop: int  # exclusive: the live message that revealed the gap
-    deadline: float
-    count_lost: bool
-    pending: list[tuple[bytes, int, bytes]]
-    pending_bytes: int = 0
-    next_seq: int = 0
-    recovered: int = 0
-    first_seq: int | None = None  # first batch the engine still had
 
 
 @dataclasses.dataclass
@@ -70,7 +57,7 @@ class _Stream:
     monitor: zmq.Socket | None = None  # the SUB's DISCONNECTED events
     dealer: zmq.Socket | None = None
     last: int | None = None
-    replay: _Replay | None = None
+    replay: ReplayState | None = None
 
 
 class KvEventManager:
@@ -314,9 +301,7 @@ class KvEventManager:
                     self.signals.reject(st.engine, "wrong_topic")
                 continue
             if st.replay is not None:
-                st.replay.pending.append((topic, seq, payload))
-                st.replay.pending_bytes += len(payload)
-                if len(st.replay.pending) > _MAX_PENDING or st.replay.pending_bytes > self._pending_cap:
+                if not st.replay.queue((topic, seq, payload), self._pending_cap):
                     self._finish_replay(st, timed_out=True)
                 continue
             self._sequence(st, topic, seq, payload)
@@ -389,8 +374,8 @@ class KvEventManager:
     def _start_replay(self, st: _Stream, start: int, topic: bytes, seq: int, payload: bytes,
                       count_lost: bool) -> None:
         dealer = st.dealer or self._open_dealer(st)
-        st.replay = _Replay(start, seq, self.clock() + self.settings.replay_timeout_s, count_lost,
-                            [(topic, seq, payload)], next_seq=start)
+        st.replay = ReplayState(start, seq, self.clock() + self.settings.replay_timeout_s, count_lost,
+                                [(topic, seq, payload)])
         dealer.send_multipart((b"", start.to_bytes(8, "big")))
 
     def _drain_replay(self, st: _Stream) -> None:
@@ -413,11 +398,7 @@ class KvEventManager:
                 self._finish_replay(st, timed_out=False)
                 return
             seq = int.from_bytes(seq_raw, "big")
-            if rep.next_seq <= seq < rep.stop:
-                rep.next_seq = seq + 1
-                rep.recovered += 1
-                if rep.first_seq is None:
-                    rep.first_seq = seq
+            if rep.accept(seq):
                 self._decode_push(st, topic, seq, payload)
 
     def _finish_replay(self, st: _Stream, timed_out: bool) -> None:
@@ -426,14 +407,8 @@ class KvEventManager:
             return
         if timed_out:
             self._close_dealer(st)  # drop whatever answer is still in flight
-        missing = rep.stop - rep.start - rep.recovered
-        unbuffered = 0
-        if not rep.count_lost and not timed_out:
-            # a late join the engine answered: what precedes its buffer is history it no longer
-            # keeps, not a loss; a join whose replay failed loses everything it asked for
-            unbuffered = (rep.stop if rep.first_seq is None else rep.first_seq) - rep.start
         with self._lock:
-            self.signals.replay_result(st.engine, rep.recovered, missing - unbuffered, unbuffered)
+            self.signals.replay_result(st.engine, *rep.outcome(timed_out))
         st.last = rep.stop - 1
         for topic, seq, payload in rep.pending:
             if st.replay is not None:  # a new gap inside the queued messages started a replay

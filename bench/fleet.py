@@ -9,7 +9,7 @@ emulated cluster's pods; the reference samples that parse), then:
 2. `source: prometheus`: one real Prometheus (Debian's) scrapes the same 2,000 payloads (with the
    `pod` label); the agent's cycle (all queries + normalise + snapshot) at 200 and at 2,000 pods.
    Targets: < 1 s at 2,000 pods, and the 2,000-pod cycle within 2x of the 200-pod one.
-3. KV events, sharded: decoded vLLM event batches of 8 pods applied to one replica (the whole
+3. KV events, sharded: decoded vLLM event batches of 32 pods applied to one replica (the whole
    fleet) or to 2 (each its rendezvous share, with the mergeable fleet sketches on); block events
    per second of the fleet (events / the slowest replica's time), in this process.
 
@@ -178,7 +178,7 @@ def kv_events(n_msgs: int) -> None:
     from agent.kvevents.wire import decode_payload
     from bench.kvevents import make_messages
 
-    pods = [f"vllm-{i}" for i in range(8)]
+    pods = [f"vllm-{i}" for i in range(32)]
     streams = {p: make_messages(n_msgs // len(pods), "0.33.0", seed=i)[0] for i, p in enumerate(pods)}
     blocks = sum(make_messages(n_msgs // len(pods), "0.33.0", seed=i)[1] for i in range(len(pods)))
 

@@ -36,11 +36,16 @@ from agent.kvevents.hll import DEFAULT_P, HyperLogLog
 ENGINE_P = 12
 
 
+FLUSH_HASHES = 16_384  # hashes buffered per slot before one vectorised sketch update
+
+
 @dataclass
 class _Slot:
     fleet: HyperLogLog
     stores: int
     engines: dict[str, HyperLogLog]
+    pending: dict[str, list[int]]
+    pending_n: int = 0
 
 
 class BlockSketches:
@@ -59,22 +64,33 @@ class BlockSketches:
         self.clock = clock or time.time
         self._models: dict[str, dict[int, _Slot]] = {}
 
-    def add(self, model: str, engine: str, ts: float, hashes: Sequence[int] | np.ndarray) -> None:
+    def add(self, model: str, engine: str, ts: float, hashes: Sequence[int]) -> None:
+        """Buffer one message's stored hashes; the sketches take them in large vectorised
+        batches (numpy's per-call cost would otherwise dominate small messages)."""
         if len(hashes) == 0:
             return
-        arr = np.asarray(hashes, dtype=np.uint64)
         slots = self._models.setdefault(model, {})
         key = math.floor(ts / self.slot_s)
         slot = slots.get(key)
         if slot is None:
-            slot = slots[key] = _Slot(HyperLogLog(self.p), 0, {})
+            slot = slots[key] = _Slot(HyperLogLog(self.p), 0, {}, {})
             self._prune(slots, key)
-        slot.fleet.add(arr)
-        slot.stores += len(arr)
-        eng = slot.engines.get(engine)
-        if eng is None:
-            eng = slot.engines[engine] = HyperLogLog(self.engine_p)
-        eng.add(arr)
+        slot.stores += len(hashes)
+        slot.pending.setdefault(engine, []).extend(hashes)
+        slot.pending_n += len(hashes)
+        if slot.pending_n >= FLUSH_HASHES:
+            self._flush(slot)
+
+    def _flush(self, slot: _Slot) -> None:
+        for engine, hashes in slot.pending.items():
+            arr = np.asarray(hashes, dtype=np.uint64)
+            slot.fleet.add(arr)
+            eng = slot.engines.get(engine)
+            if eng is None:
+                eng = slot.engines[engine] = HyperLogLog(self.engine_p)
+            eng.add(arr)
+        slot.pending = {}
+        slot.pending_n = 0
 
     def _prune(self, slots: dict[int, _Slot], newest: int) -> None:
         keep = math.ceil(self.window_s / self.slot_s) + 1
@@ -91,6 +107,8 @@ class BlockSketches:
             chosen = [s for k, s in slots.items() if k >= first]
             if not chosen:
                 continue
+            for s in chosen:
+                self._flush(s)
             fleet = HyperLogLog(self.p)
             engines: dict[str, HyperLogLog] = {}
             for s in chosen:

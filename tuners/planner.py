@@ -10,8 +10,9 @@ prices every candidate on a twin of the recent workload (`PlanningTwin`):
 - **steady**: the candidate, warm (what the fleet serves once the transition is over).
 
 Over the expected rest of the phase (`horizon_s`) the move serves `transition` for the length of
-the window and `steady` for the rest (`horizon_outcome`); its net gain on TTFT p95 and on the mean
-(`net_gain`) must both clear a margin, or the candidate is not worth its transition.
+the window and `steady` for the rest (`horizon_outcome`); of its net gains on TTFT p95 and on the
+mean (`net_gain`) the larger must clear a margin and neither may be below `-tolerance`, or the
+candidate is not worth its transition.
 
 Knobs that reload without a restart (the router) are decided on their own first, against the
 running configuration; restart-requiring candidates from the twin search (`search`, e.g.
@@ -35,19 +36,21 @@ from tuners.warmstart import WarmStart
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
     """horizon_s: expected rest of a phase after the plan (how long a workload regime lasts).
-    margin: net predicted gain (relative, on TTFT p95 and on the mean) a restart-requiring change
-    needs. hot_margin: the same for a hot-reload change. search_k: twin-search candidates priced."""
+    margin: net predicted gain (relative) a restart-requiring change needs on TTFT p95 or on the
+    mean, whichever is larger. hot_margin: the same for a hot-reload change. tolerance: neither
+    gain may be below -tolerance. search_k: twin-search candidates priced."""
 
     horizon_s: float = 900.0
     margin: float = 0.03
     hot_margin: float = 0.01
+    tolerance: float = 0.005
     search_k: int = 3
 
     def __post_init__(self) -> None:
         if not self.horizon_s > 0:
             raise ValueError(f"plan.horizon_s: must be > 0, got {self.horizon_s}")
-        if self.margin < 0 or self.hot_margin < 0:
-            raise ValueError("plan.margin and plan.hot_margin must be >= 0")
+        if self.margin < 0 or self.hot_margin < 0 or self.tolerance < 0:
+            raise ValueError("plan.margin, plan.hot_margin and plan.tolerance must be >= 0")
 
 
 class PlanningTwin(Protocol):
@@ -110,9 +113,10 @@ class Decision:
 
 
 def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
-           restarts: Callable[[Knobs, Knobs], bool], margin: float, horizon_s: float) -> list[Decision]:
+           restarts: Callable[[Knobs, Knobs], bool], margin: float, horizon_s: float,
+           tolerance: float = 0.0) -> list[Decision]:
     """Every candidate priced against staying on `current`, best first (accepted ones first, then
-    by the smaller of the two gains)."""
+    by the sum of the two gains). Accepted: the larger gain >= margin, the smaller >= -tolerance."""
     stay = twin.steady(current)
     out = []
     for knobs in dict.fromkeys(candidates):
@@ -121,9 +125,10 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
         restart = restarts(current, knobs)
         g95, gmean = net_gain(stay, twin.switch(current, knobs, restart=restart), twin.steady(knobs),
                               twin.transition_s, horizon_s)
-        ok = math.isfinite(g95) and math.isfinite(gmean) and g95 >= margin and gmean >= margin
+        ok = (math.isfinite(g95) and math.isfinite(gmean) and max(g95, gmean) >= margin
+              and min(g95, gmean) >= -tolerance)
         out.append(Decision(knobs, restart, g95, gmean, ok))
-    out.sort(key=lambda d: (not d.accepted, -min(d.gain_p95, d.gain_mean)))
+    out.sort(key=lambda d: (not d.accepted, -(d.gain_p95 + d.gain_mean)))
     return out
 
 
@@ -146,13 +151,14 @@ class TransitionPlanner:
         twin = self.twin_factory()
         now = self.current()
         hot = decide(twin, now, [now.replace(router=r) for r in self.routers], restarts=lambda a, b: False,
-                     margin=s.hot_margin, horizon_s=s.horizon_s)
+                     margin=s.hot_margin, horizon_s=s.horizon_s, tolerance=s.tolerance)
         base = hot[0].knobs if hot and hot[0].accepted else now
         plan = [base] if base != now else []
         cold: list[Decision] = []
         if self.search is not None and s.search_k > 0 and k > len(plan):
             found = [c.replace(router=base.router) for c in self.search.candidates(s.search_k)]
-            cold = decide(twin, base, found, restarts=self.restarts, margin=s.margin, horizon_s=s.horizon_s)
+            cold = decide(twin, base, found, restarts=self.restarts, margin=s.margin, horizon_s=s.horizon_s,
+                          tolerance=s.tolerance)
             if cold and cold[0].accepted:
                 plan.append(cold[0].knobs)
         self.decisions = hot + cold

@@ -42,7 +42,7 @@ from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import action_counts, demo_scorecard
 from emulator.demo.settings import DemoSettings
-from emulator.demo.tuning_setup import DRIFT_SIGNALS_WINDOW_S, build_tuning
+from emulator.demo.tuning_setup import CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
@@ -60,7 +60,6 @@ DEFAULT_TIME_SCALE = 20.0  # trace-seconds per wall-second
 SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the verdict
 CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
-WARMUP_TRACE_S = 120.0  # the controller starts once caches are warm and the agent has a window
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
@@ -315,7 +314,7 @@ class Demo:
             while self.wall() < end and not self.driver.finished:
                 if self.driver.error is not None:
                     raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
-                if self.driver.trace_now() >= WARMUP_TRACE_S:
+                if self.driver.trace_now() >= CONTROL_START_S:
                     signals = self.agent.drift_signals(DRIFT_SIGNALS_WINDOW_S)
                     rep = self.controller.step(self.driver.trace_now(), signals)
                     self._on_report(rep)

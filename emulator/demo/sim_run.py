@@ -24,7 +24,13 @@ import polars as pl
 
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from emulator.cluster.twin_fleet import DEFAULT_RESTART_DOWNTIME_S, TwinFleet
-from emulator.demo.tuning_setup import DRIFT, DRIFT_SIGNALS, DRIFT_SIGNALS_WINDOW_S, build_tuning
+from emulator.demo.tuning_setup import (
+    CONTROL_START_S,
+    DRIFT,
+    DRIFT_SIGNALS,
+    DRIFT_SIGNALS_WINDOW_S,
+    build_tuning,
+)
 from emulator.demo.workload import TRACE_HASH_OFFSET, DemoWorkload, build_workload
 from simulator.cluster import ClusterSpec
 from simulator.records import WORKLOAD_SCHEMA, iter_requests
@@ -36,7 +42,6 @@ from tuners.metrics import TunerMetrics
 from tuners.payoff import ActionCounts, PhaseScore, score_phases
 
 CONTROL_TICK_S = 10.0  # the demo steps the controller every 0.5 wall s at 20x
-WARMUP_TRACE_S = 120.0  # the controller starts once caches are warm
 DEMO_SPAN_S = 180.0 * 20.0 * 0.95  # `make demo`: 180 s wall at 20x, 95% of it workload
 WORKLOADS = ("demo", "shift", "mooncake")
 DETECT_WITHIN_S = 2 * DRIFT_SIGNALS_WINDOW_S  # an alarm this soon after a real shift detected it
@@ -111,7 +116,7 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
     alarms: list[float] = []
     states: list[tuple[float, str, str]] = []
     signals: list[tuple[float, dict[str, float]]] = []
-    t = WARMUP_TRACE_S
+    t = CONTROL_START_S
     fleet.advance(t)
     last_t = wl.frame["timestamp_ms"].max() / 1000.0
     while t <= last_t + CONTROL_TICK_S:

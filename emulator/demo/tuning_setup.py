@@ -31,6 +31,7 @@ from tuners.space import DeploymentLimits, SearchSpace
 from tuners.twin_oracle import RecentTwin, WindowTwin
 from tuners.warmstart import TwinWarmStart, WarmStart
 
+CONTROL_START_S = 60.0  # trace seconds before the controller's first step (the agent has a window)
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
 WARM_START_TRIALS = 12  # twin trials searching restart-requiring knobs (the router is decided on its own)
@@ -108,7 +109,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
     return Tuning(controller, guardrails, space, limits)
 
 
-__all__ = ["DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Tuning", "build_tuning",
+__all__ = ["CONTROL_START_S", "DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Tuning", "build_tuning",
            "demo_limits"]
 
 

@@ -80,6 +80,11 @@ def main() -> None:
             if errors:
                 print(f"twin prediction error (p95, running configuration, {len(errors)} live windows): "
                       f"mean {np.mean(errors) * 100:+.1f}%, mean |error| {np.mean(np.abs(errors)) * 100:.1f}%")
+            if run.latency_fits:
+                true_p = cluster.hardware.latency.prefill_s_per_token
+                print("twin calibration (fitted prefill ms/token vs the profile's "
+                      f"{true_p * 1000:.4f}): " + ", ".join(f"{f.prefill_s_per_token * 1000:.4f} at {t:.0f} s"
+                                                           for t, f in run.latency_fits))
             alarms_held += sum(a.false_alarms for a in h_counts.values())
             delays += h_delays
             extra_alarms += sum(a.false_alarms for a in run.actions.values())

@@ -67,6 +67,7 @@ class TwinFleet:
         self.ttft = np.full(n, np.nan)
         self.prompt = np.zeros(n)
         self.hits = np.zeros(n)
+        self.queue = np.zeros(n)
         self.blocks = np.zeros(n)
         self.new_blocks = np.zeros(n)
         self.phase = np.array([r.phase for r in self.requests], dtype=int)
@@ -100,6 +101,7 @@ class TwinFleet:
         self.ttft[i] = o.ttft_s
         self.prompt[i] = o.prompt_tokens
         self.hits[i] = o.hit_tokens
+        self.queue[i] = o.queue_delay_s
         ids = req.hash_ids
         new = sum(1 for h in ids if h not in self._seen)
         self._seen.update(ids)
@@ -130,6 +132,20 @@ class TwinFleet:
         blocks = float(self.blocks[s].sum())
         return {"reuse_ratio": 1.0 - float(self.new_blocks[s].sum()) / blocks if blocks else 0.0,
                 "prompt_tokens_mean": float(self.prompt[s].mean()), "arrival_rate": n / window_s}
+
+    def latency_points(self, since: float, until: float, step_s: float = 10.0) -> list[tuple[float, float, float]]:
+        """Per `step_s` window: (requests, mean uncached prompt tokens, mean TTFT - queue time),
+        what the agent reads from vLLM's token counters and TTFT / queue-time histograms."""
+        out = []
+        t = since
+        while t < until:
+            s = self._span(t, min(t + step_s, until))
+            n = s.stop - s.start
+            if n:
+                out.append((float(n), float((self.prompt[s] - self.hits[s]).mean()),
+                            float((self.ttft[s] - self.queue[s]).mean())))
+            t += step_s
+        return out
 
     # -- Actuator ------------------------------------------------------------------------------
     def current(self) -> Knobs:

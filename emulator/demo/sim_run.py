@@ -95,6 +95,7 @@ class LiveRun:
     states: tuple[tuple[float, str, str], ...]  # (time, controller state, message) of every non-quiet step
     signals: tuple[tuple[float, dict[str, float]], ...]  # the drift signals of every tick
     prediction_errors: tuple[tuple[float, float], ...]  # (window end, twin p95 error ratio)
+    latency_fits: tuple = ()  # (when, tuners.calibration.LatencyFit) of each calibration
 
 
 def _phase_of(starts: Sequence[float], t: float) -> int:
@@ -109,7 +110,7 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
     clock = [0.0]
     tuning = build_tuning(actuator=fleet, window_source=fleet, clock=lambda: clock[0], twin_cluster=cluster,
                           history=wl.recent, metrics=TunerMetrics(target="bench"), seed=seed, dry_run=dry_run,
-                          restart_downtime_s=restart_downtime_s)
+                          restart_downtime_s=restart_downtime_s, latency_points=fleet.latency_points)
     ctl = tuning.controller
     starts = wl.phase_starts_s
     end_knobs: list[Knobs] = []
@@ -144,7 +145,7 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
                                                rollbacks=int(a.kind == "rollback"))
     delays = classify_alarms(starts, alarms, actions)
     return LiveRun(ttft, actions, tuple(alarms), tuple(delays), tuple(end_knobs), tuple(states), tuple(signals),
-                   tuple(ctl.prediction_errors))
+                   tuple(ctl.prediction_errors), tuple(tuning.latency_fits))
 
 
 def classify_alarms(starts: Sequence[float], alarms: Sequence[float], actions: dict[int, ActionCounts]) -> list[float]:

@@ -8,7 +8,7 @@ the twin warm start over the recent requests (`history(now, seconds)`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -19,11 +19,13 @@ from contracts.knobs import Knobs
 from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
+from tuners.calibration import LatencyFit, LatencyPoint, calibrated_profile, fit_prefill_latency
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftDetector, DriftSettings
 from tuners.evaluators import TwinEvaluator
 from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
+from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec
 from tuners.planner import PlanSettings, TransitionPlanner
@@ -57,6 +59,7 @@ class Tuning:
     guardrails: Guardrails
     space: SearchSpace
     limits: DeploymentLimits
+    latency_fits: list[tuple[float, LatencyFit]]  # (when, fit) of every calibration of the twin
 
 
 def restarts_pods(before: Knobs, after: Knobs) -> bool:
@@ -70,7 +73,8 @@ def demo_limits(pods: int) -> DeploymentLimits:
 
 def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Callable[[], float],
                  twin_cluster: TwinClusterSpec, history: History, metrics: TunerMetrics, seed: int,
-                 dry_run: bool = False, restart_downtime_s: float = 6.0, wrap_evaluator: Callable[[Any], Any] | None = None,
+                 dry_run: bool = False, restart_downtime_s: float = 6.0,
+                 latency_points: Callable[[float, float], Sequence[LatencyPoint]] | None = None, wrap_evaluator: Callable[[Any], Any] | None = None,
                  wrap_warm_start: Callable[[WarmStart], WarmStart] | None = None) -> Tuning:
     limits = demo_limits(twin_cluster.pods)
     space = SearchSpace.from_limits(limits)
@@ -81,18 +85,34 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
     live = LiveEvaluator(guardrails, window_source,
                          LiveSettings(settle_s=SETTLE_S, window_s=WINDOW_S, min_requests=30, max_extensions=2))
 
+    counterfactual = WindowTwin(history, twin_cluster, warm_s=WARM_HISTORY_S)
+    calibration: dict[str, Any] = {"profile": None, "fits": []}
+
+    def calibrate(now: float) -> None:
+        """Refit the twin's latency to the fleet's recent windows (kept as it was without a fit)."""
+        if latency_points is None:
+            return
+        fit = fit_prefill_latency(latency_points(now - RECENT_WORKLOAD_S - WARM_HISTORY_S, now))
+        if fit is not None:
+            calibration["profile"] = counterfactual.profile = calibrated_profile(twin_cluster.hardware, fit)
+            calibration["fits"].append((now, fit))
+            log_event("twin_calibrated", overhead_s=fit.overhead_s, prefill_s_per_token=fit.prefill_s_per_token,
+                      windows=fit.windows, r2=fit.r2)
+
     def twin_evaluator() -> Any:
         now = clock()
         ev = TwinEvaluator(history(now, RECENT_WORKLOAD_S + WARM_HISTORY_S), twin_cluster, limits,
-                           replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
+                           profile=calibration["profile"], replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
         return wrap_evaluator(ev) if wrap_evaluator else ev
 
     search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed)
 
     def planning_twin() -> RecentTwin:
         now = clock()
+        calibrate(now)
         return RecentTwin(history(now, RECENT_WORKLOAD_S + WARM_HISTORY_S), twin_cluster,
-                          measure_from_s=now - RECENT_WORKLOAD_S, downtime_s=restart_downtime_s)
+                          measure_from_s=now - RECENT_WORKLOAD_S, downtime_s=restart_downtime_s,
+                          profile=calibration["profile"])
 
     warm: WarmStart = TransitionPlanner(planning_twin, actuator.current, restarts=restarts_pods,
                                         routers=limits.routers, search=search, settings=PlanSettings())
@@ -105,8 +125,8 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                                     min_improvement=0.02, plan_after_baseline=True, live_search=False,
                                     drift_quiet_s=DRIFT_SIGNALS_WINDOW_S),
         warm_start=warm, drift=DriftDetector(DRIFT, signals=DRIFT_SIGNALS),
-        counterfactual=WindowTwin(history, twin_cluster, warm_s=WARM_HISTORY_S))
-    return Tuning(controller, guardrails, space, limits)
+        counterfactual=counterfactual)
+    return Tuning(controller, guardrails, space, limits, calibration["fits"])
 
 
 __all__ = ["CONTROL_START_S", "DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Tuning", "build_tuning",

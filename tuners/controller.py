@@ -54,7 +54,9 @@ class ControllerSettings:
     live_search: False = only the warm start's candidates are tried live (the search happened on
     the twin) and one that is not worse than the baseline is kept.
     drift_quiet_s: drift signals are ignored this long after each change the tuner makes (a
-    rollout disturbs what the agent measures; it is not a workload shift)."""
+    rollout disturbs what the agent measures; it is not a workload shift).
+    config_dependent: drift signals re-learned after each change the tuner makes (they move with
+    the configuration: the hit ratio; the KV-event reuse ratio, whose blocks are chunk-sized)."""
 
     study: str = "tierpilot"
     sampler: str = "tpe"
@@ -67,6 +69,7 @@ class ControllerSettings:
     plan_after_baseline: bool = False
     live_search: bool = True
     drift_quiet_s: float = 0.0
+    config_dependent: tuple[str, ...] = CONFIG_DEPENDENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,7 @@ class TuningController:
     """Drift -> phase -> ask -> actuate via guardrails -> evaluate -> tell -> rollback.
 
     With `counterfactual`, a trial is judged against the baseline corrected for how the workload
-    moved between the two windows: the baseline's TTFT scaled by the twin's prediction for the last
+    moved between the two windows: the baseline's TTFT scaled by the twin's TTFT p95 for the last
     good configuration over the trial's window / over the baseline's window. Every finished window
     also exports the twin's prediction error for the configuration that ran in it."""
 
@@ -264,9 +267,9 @@ class TuningController:
             return 1.0
         then = self.counterfactual.predict(good, self.baseline.since, self.baseline.until)
         now = self.counterfactual.predict(good, result.since, result.until)
-        if then is None or now is None or not (then.mean_s > 0 and now.mean_s > 0):
+        if then is None or now is None or not (then.p95_s > 0 and now.p95_s > 0):
             return 1.0
-        factor = now.mean_s / then.mean_s
+        factor = now.p95_s / then.p95_s
         log_event("counterfactual", knobs=good, baseline_window=[self.baseline.since, self.baseline.until],
                   trial_window=[result.since, result.until], factor=factor)
         return factor
@@ -399,7 +402,7 @@ class TuningController:
 
     def _config_changed(self) -> None:
         if self.drift is not None:
-            self.drift.reset(CONFIG_DEPENDENT)
+            self.drift.reset(self.settings.config_dependent)
         self._drift_quiet_until = self._now + self.settings.drift_quiet_s
 
     def _update_best(self) -> None:

@@ -357,10 +357,14 @@ class Demo:
         self.recorder.verdicts.extend(verdicts)
         actions = action_counts(self.workload.phase_starts_s, list(self.recorder.events),
                                 list(self.recorder.disturbances), self.s.pods)
-        scores, method = demo_scorecard(self.workload, self.twin_cluster, self.recorder.served(),
-                                        tuned[: reached + 1], actions)
         errors = [e for _t, e in self.controller.prediction_errors]
-        headline = scorecard_lines(scores) + ["", f"Method: {method}", "", prediction_line(errors)]
+        scores: list[PhaseScore] = []
+        headline = ["Interrupted: no verdict (it needs the whole run)."]
+        if not interrupted:
+            scores, method = demo_scorecard(self.workload, self.twin_cluster, self.recorder.served(),
+                                            tuned[: reached + 1], actions)
+            headline = scorecard_lines(scores) + ["", f"Method: {method}"]
+        headline += ["", prediction_line(errors)]
         default_p95 = next((v.default_ttft_p95_s for v in verdicts if v.phase == 1), None)
         facts = {"pods": str(self.s.pods), "seed": str(self.s.seed), "duration": f"{self.s.duration_s:g} s wall",
                  "time scale": f"{self.scale:g} cluster-seconds per second",

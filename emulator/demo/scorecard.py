@@ -66,9 +66,10 @@ def demo_scorecard(workload: DemoWorkload, cluster: ClusterSpec, served: Sequenc
     for r in served:
         tuned.setdefault(r.phase, []).append(r.ttft_s)
     held = held_ttfts(part, cluster)
+    tuned_arrays = {p: np.asarray(v) for p, v in tuned.items()}
     grid = [DEFAULT_KNOBS.replace(router=r) for r in HINDSIGHT_ROUTERS]
     hind = hindsight(part, cluster, grid, extra=end_knobs)
-    scores = score_phases(workload.labels, held, {p: np.asarray(v) for p, v in tuned.items()}, hind.ttft, actions)
+    scores = score_phases(workload.labels, held, tuned_arrays, hind.ttft, actions)
     best = "; ".join(f"phase {p + 1}: " + (", ".join(f"{k}={b}" for k, (_a, b) in DEFAULT_KNOBS.diff(kn).items())
                                            or "defaults") for p, kn in sorted(hind.best.items()))
     method = (f"tuned = the {n} requests as the emulated fleet served them (restarts, cold caches and all); held = "

@@ -36,7 +36,7 @@ from tuners.warmstart import TwinWarmStart, WarmStart
 CONTROL_START_S = 60.0  # trace seconds before the controller's first step (the agent has a window)
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
-WARM_START_TRIALS = 12  # twin trials searching restart-requiring knobs (the router is decided on its own)
+WARM_START_TRIALS = 8  # twin trials searching restart-requiring knobs (the router is decided on its own)
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
 DRIFT_SIGNALS_WINDOW_S = 60.0
@@ -123,7 +123,8 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
         guardrails=guardrails, evaluator=live, metrics=metrics,
         settings=ControllerSettings(study="demo", seed=seed, trials_per_phase=6, warm_start_k=3,
                                     min_improvement=0.02, plan_after_baseline=True, live_search=False,
-                                    drift_quiet_s=DRIFT_SIGNALS_WINDOW_S),
+                                    drift_quiet_s=restart_downtime_s * twin_cluster.pods + 10.0,
+                                    config_dependent=("hit_ratio", "reuse_ratio")),
         warm_start=warm, drift=DriftDetector(DRIFT, signals=DRIFT_SIGNALS),
         counterfactual=counterfactual)
     return Tuning(controller, guardrails, space, limits, calibration["fits"])

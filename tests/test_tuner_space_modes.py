@@ -82,3 +82,11 @@ def test_the_targets_acceptance_keeps_a_coupled_dimension_coupled():
     assert (dim.values, dim.couples) == (("lru", "lfu", "fifo"), ("l2_eviction",))
     knobs = mode.validate(mode.to_knobs({**mode.to_params(Knobs()), "cpu_eviction": "fifo"}))
     assert (knobs.cpu_eviction, knobs.l2_eviction) == ("fifo", "fifo")
+
+
+def test_the_warm_start_is_skipped_when_the_twin_cannot_replay_what_runs():
+    from agent.runtime.assembly import twin_unmodelled
+
+    assert twin_unmodelled(Knobs()) == []
+    assert twin_unmodelled(Knobs(router="cache_aware", cpu_eviction="isolated_lru")) == [
+        "router=cache_aware", "cpu_eviction=isolated_lru"]

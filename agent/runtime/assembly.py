@@ -385,7 +385,13 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     d = t.drift
     drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold),
                           signals=tuple(d.signals)) if d.enabled else None
-    warm = _warm_start(rt, settings, space, limits, objective) if t.warm_start.trials and t.warm_start.top_k else None
+    warm = None
+    if t.warm_start.trials and t.warm_start.top_k:
+        unmodelled = twin_unmodelled(space.fixed)
+        if unmodelled:  # e.g. a vllm-project/router left at cache_aware: the twin cannot replay it
+            log.warning("warm start skipped: the twin has no model of the running %s", ", ".join(unmodelled))
+        else:
+            warm = _warm_start(rt, settings, space, limits, objective)
     live = t.live
 
     def make_controller() -> TuningController:
@@ -416,6 +422,18 @@ def _running_knobs(actuator: Any, fixed_knobs: Mapping[str, Any]) -> Knobs:
     except ActuationError as exc:
         log.warning("cannot read the running configuration (%s); assuming defaults + fixed_knobs", exc)
         return Knobs.from_mapping({**DEFAULT_KNOBS.to_dict(), **fixed_knobs}, source="fixed_knobs")
+
+
+def twin_unmodelled(fixed: Knobs) -> list[str]:
+    """The running knob values (not searched) the twin cannot replay, as `knob=value`."""
+    from tuners.space import TWIN_CPU_EVICTIONS, TWIN_ROUTERS
+
+    out = []
+    if fixed.router not in TWIN_ROUTERS:
+        out.append(f"router={fixed.router}")
+    if fixed.cpu_eviction not in TWIN_CPU_EVICTIONS:
+        out.append(f"cpu_eviction={fixed.cpu_eviction}")
+    return out
 
 
 def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, objective: Any) -> Any:

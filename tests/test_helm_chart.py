@@ -220,6 +220,8 @@ def test_bad_values_fail_with_a_clear_message():
         (["--set", "tuner.storage.existingSecret="], "needs tuner.storage.existingSecret"),
         (["--set", "tuner.storage.type=sqlite"], "set replicaCount: 1"),
         (["--set", "podAntiAffinity=sometimes"], '"sometimes" is not soft, hard or empty'),
+        (["--set", "actuation.leaderElection=false"], "export.fleet=leader needs actuation.leaderElection=true"),
+        (["--set", "export.fleet=some"], '"some" is not leader or all'),
     ):
         proc = helm("template", RELEASE, str(CHART), *args)
         assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)

@@ -219,3 +219,13 @@ def test_in_process_mode_expects_the_series_even_before_traffic():
     assert _warnings(_scrape_once({"/v": ("vllm", idle)})) == {"vllm": []}
     assert _warnings(_scrape_once({"/v": ("vllm", idle)}, lmcache="in-process")) == {
         "vllm": ["lmcache_series_missing"]}
+
+
+def test_waiting_requests_give_the_load_term_by_littles_law():
+    from agent.runtime.workload_fit import ObservedWorkload
+
+    # 4 pods at 20 req/s in all (5 per pod), 2 requests waiting per pod: 2 / 5 = 0.4 s in the queue
+    assert ObservedWorkload(20.0, requests_waiting=2.0).queue_delay_s(pods=4) == pytest.approx(0.4)
+    assert ObservedWorkload(20.0, requests_waiting=0.0).queue_delay_s(pods=4) == 0.0
+    assert ObservedWorkload(None, requests_waiting=2.0).queue_delay_s(pods=4) is None
+    assert ObservedWorkload(20.0).queue_delay_s(pods=4) is None

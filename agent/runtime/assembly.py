@@ -467,7 +467,8 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
             twin_cluster = ClusterSpec(**{**cluster_kw, "gpu_tokens": observed.gpu_tokens})
         if ws.workload == "trace":
             return TwinEvaluator(trace, twin_cluster, limits)
-        log.info("warm start: twin workload fitted to %s", observed)
+        log.info("warm start: twin workload fitted to %s (observed queue delay %s s, Little's law)", observed,
+                 observed.queue_delay_s(limits.pods))
         frame = fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests, seed=ws.seed)
         return TwinEvaluator(frame, twin_cluster, limits)
 

@@ -53,6 +53,14 @@ class ObservedWorkload:
         if self.gpu_tokens is not None and self.gpu_tokens <= 0:
             raise ValueError(f"gpu_tokens: must be > 0, got {self.gpu_tokens!r}")
 
+    def queue_delay_s(self, pods: int) -> float | None:
+        """The load term in seconds: mean time a request waits before it is scheduled, by Little's
+        law from vLLM's own queue (mean waiting requests per pod / per-pod arrival rate). None
+        without both signals; 0 for an empty queue."""
+        if self.requests_waiting is None or not self.arrival_rate_rps or pods < 1:
+            return None
+        return max(self.requests_waiting, 0.0) / (self.arrival_rate_rps / pods)
+
 
 def length_moments(mix: Sequence[tuple[float, float, float]]) -> tuple[float, float] | None:
     """(mean, standard deviation) of prompt length from histogram buckets, or None if empty."""

@@ -65,6 +65,8 @@ class Panel:
     column_names: tuple[tuple[str, str], ...] = ()
     # per-field unit overrides, by field name after the transformations ("Value #B" -> "s").
     column_units: tuple[tuple[str, str], ...] = ()
+    # what Grafana shows instead of "No data" (e.g. "no L2 tier" where a deployment has none)
+    no_value: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in PANEL_KINDS:

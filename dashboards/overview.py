@@ -74,16 +74,18 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             f"L2 read p{float(l2_q) * 100:g} (worst pod)", "stat", "s",
             (Query("max(" + histogram_quantile("tierpilot_l2_io_latency_seconds", l2_q, eq("op", "read"),
                                                by="pod", scope=l2_scope) + ")"),),
-            "Slowest pod's L2 (shared NVMe) read latency.",
-            width=6, height=5,
+            "Slowest pod's L2 (shared NVMe) read latency; \"no L2 reads\" where the pods have no L2 tier "
+            "or read nothing from it.",
+            width=6, height=5, no_value="no L2 reads",
             thresholds=(Threshold("green"), Threshold("red", settings.alerts.l2_read_latency_seconds)),
         ),
         Panel(
             "L2 break-even prompt length", "stat", TOKENS,
             (Query(f"min(tierpilot_l2_break_even_prompt_tokens{selector()})"),),
             "Prompt length above which reading a cached prefix from L2 beats recomputing the prefill. "
-            "Prompts shorter than this should not read from L2 (knob l2_min_prompt_tokens).",
-            width=6, height=5, decimals=0,
+            "Prompts shorter than this should not read from L2 (knob l2_min_prompt_tokens). \"L2 never "
+            "wins\": no L2 tier, or recomputing is faster at every length.",
+            width=6, height=5, decimals=0, no_value="L2 never wins",
         ),
         Panel(
             "Hit ratio per tier (tier-conditional)", "timeseries", "percentunit",

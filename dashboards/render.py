@@ -111,7 +111,7 @@ def _times(s: Series) -> list[datetime]:
 
 
 def _no_data(ax: Axes, data: PanelData) -> None:
-    ax.text(0.5, 0.5, data.error or "no data", ha="center", va="center", wrap=True,
+    ax.text(0.5, 0.5, data.error or data.panel.no_value or "no data", ha="center", va="center", wrap=True,
             transform=ax.transAxes, color="grey", fontsize=9)
     ax.set_xticks([])
     ax.set_yticks([])

@@ -57,6 +57,8 @@ def _common(builder: Any, p: Panel, panel_id: int, pos: dict[str, int]) -> Any:
         value = getattr(p, key)
         if value is not None:
             b = getattr(b, key)(value)
+    if p.no_value:
+        b = b.no_value(p.no_value)
     for name, unit in p.column_units:
         b = b.override_by_name(name, [dm.DynamicConfigValue(id_val="unit", value=unit)])
     return b

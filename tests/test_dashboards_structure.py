@@ -158,3 +158,6 @@ def test_headline_hit_ratio_uses_the_deepest_tier_present():
     stat = next(p for p in DASHBOARDS[0].panels if p.title == "Total hit ratio")
     (q,) = stat.queries
     assert 'tier="l2"' not in q.expr and "max by (namespace, pod, model)" in q.expr
+    # the L2 stats say why they are empty instead of "No data"
+    l2 = {p["title"]: p["fieldConfig"]["defaults"].get("noValue") for p in JSON[0]["panels"]}
+    assert l2["L2 read p95 (worst pod)"] == "no L2 reads" and l2["L2 break-even prompt length"] == "L2 never wins"

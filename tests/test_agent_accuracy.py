@@ -18,7 +18,7 @@ from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import Signal, Target
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster
-from emulator.cluster.pod_metrics import RequestOutcome
+from emulator.cluster.pod_metrics import PodIdentity, RequestOutcome
 from emulator.cluster.timeline import Disturbance, Served
 from emulator.demo.accuracy import (
     FLOOR,
@@ -204,3 +204,39 @@ def test_a_pod_down_keeps_its_last_window_values_flagged_and_drops_out_after_a_w
         clock["now"] += 61
         snap = agent.scrape_now()
     assert {t.pod for t in snap.tiers} == {"vllm-1"}  # nothing of vllm-0 left in the window
+
+
+def test_lifetime_l1_l2_split_stays_per_engine_across_a_restart() -> None:
+    """The estimated L1/L2 split divides the per-node Curvine FUSE read bytes (which survive a
+    pod restart) into the engine's connector hits (which restart): after a restart the FUSE
+    lifetime total is counted since the engine's restart, else every connector hit looks like
+    an L2 hit and the CPU tier's hit counter sticks at 0."""
+    bpt = 1024
+    identity = PodIdentity(kv_bytes_per_token=bpt)
+    clock = {"now": 1000.0}
+    c = EmulatedCluster(ClusterSpec(pods=1, identity=identity, restart_downtime_s=0.0))
+    pod = c.pods["vllm-0"]
+
+    def serve(cpu: int, l2: int) -> None:
+        pod.record(RequestOutcome(prompt_tokens=1000, gpu_hit_tokens=0, cpu_hit_tokens=cpu, l2_hit_tokens=l2,
+                                  output_tokens=2, ttft_s=0.1, chunk_tokens=256))
+        if l2:
+            pod.fuse.record_io("read", l2 * bpt, [500.0] * (l2 // 256))
+
+    with c:
+        targets = [Target(t["url"], t["role"], t["pod"]) for t in c.targets()]
+        agent = Agent(load_settings(env={}, store={"window_s": 60.0, "retention_s": 600.0},
+                                    tiers={"kv_bytes_per_token": bpt}),
+                      StaticTargets(targets), clock=lambda: clock["now"])
+        serve(0, 512)
+        agent.scrape_now()
+        clock["now"] += 10
+        serve(256, 512)
+        agent.scrape_now()
+        clock["now"] += 10
+        c.restart_pod("vllm-0")
+        serve(256, 256)
+        snap = agent.scrape_now()
+    tiers = {t.tier: t for t in snap.tiers if t.pod == "vllm-0"}
+    assert tiers["cpu"].source == "estimated_l2_read_bytes"
+    assert tiers["l2"].hit_tokens == 256 and tiers["cpu"].hit_tokens == 256  # the new engine's

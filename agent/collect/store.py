@@ -110,6 +110,11 @@ class WindowStore:
         self.clock = clock
         self._frames: deque[tuple[float, pl.DataFrame]] = deque()
         self._last: dict[tuple, tuple[float, float]] = {}  # series -> (ts, value)
+        self._counters: set[tuple] = set()  # series that are counters
+        # (pod, signal) -> value of a model-less counter (a per-node daemon's, e.g. Curvine FUSE
+        # read bytes) when the pod's engine last restarted: its lifetime "last" is reported since
+        # then, so lifetime splits against the engine's own counters stay consistent
+        self._bases: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._cache: tuple[tuple[float, float, int], pl.DataFrame] | None = None
 
@@ -126,6 +131,8 @@ class WindowStore:
         (the cycle's start): its rows, deltas and rates use it."""
         cycle_ts = self.clock() if ts is None else ts
         read_at = read_at or {}
+        if restarted:
+            self._rebase(restarted)
         cols: dict[str, list] = {k: [] for k in SCHEMA}
         last = self._last
         reset_pods: set[str] = set()
@@ -137,6 +144,10 @@ class WindowStore:
             seen.add(key)
             prev = last.get(key)
             delta = dt = None
+            if s.kind == "counter":
+                self._counters.add(key)
+                if prev is not None and s.value < prev[1]:
+                    self._bases.pop((s.pod, s.name), None)  # the daemon itself restarted
             if s.kind == "counter" and prev is not None and ts > prev[0]:
                 new_process = (s.pod, s.source) in restarted
                 if new_process or s.value < prev[1]:
@@ -165,6 +176,14 @@ class WindowStore:
             self._cache = None
         return IngestReport(frame.height, tuple(sorted(reset_pods)))
 
+    def _rebase(self, restarted: Collection[tuple[str, str]]) -> None:
+        pods = {p for p, _ in restarted}
+        for key, (_ts, value) in self._last.items():
+            pod, model, name, le, source = key
+            if pod in pods and not model and le is None and (pod, source) not in restarted \
+                    and key in self._counters:
+                self._bases[(pod, name)] = value
+
     def prune(self, now: float | None = None) -> None:
         with self._lock:
             self._prune_locked(self.clock() if now is None else now)
@@ -177,12 +196,14 @@ class WindowStore:
             dropped = True
         if dropped:  # series not seen for a whole retention are forgotten
             self._last = {k: v for k, v in self._last.items() if v[0] >= horizon}
+            self._counters &= self._last.keys()
 
     def forget_pods(self, pods: Iterable[str]) -> None:
         """Drop the remembered last values of pods that are gone (their rows age out)."""
         gone = set(pods)
         with self._lock:
             self._last = {k: v for k, v in self._last.items() if k[0] not in gone}
+            self._bases = {k: v for k, v in self._bases.items() if k[0] not in gone}
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -209,6 +230,8 @@ class WindowStore:
             if self._cache is not None and self._cache[0] == key and now >= newest:
                 return self._cache[1]
         out = window_aggregate(self.frame(since=now - window_s), since=now - window_s)
+        if self._bases and out.height:
+            out = _since_engine_start(out, dict(self._bases))
         with self._lock:
             self._cache = (key, out)
         return out
@@ -291,6 +314,18 @@ def window_aggregate(frame: pl.DataFrame, since: float | None = None) -> pl.Data
         pl.when(pl.col("n") > 0).then(pl.col("seconds")).otherwise(None).alias("seconds"),
         pl.col("n").cast(pl.UInt32),
     )
+
+
+def _since_engine_start(window: pl.DataFrame, bases: dict[tuple[str, str], float]) -> pl.DataFrame:
+    """`last` of the based model-less counters, counted since their pod's engine restarted."""
+    base = pl.DataFrame({"pod": [p for p, _ in bases], "signal": [n for _, n in bases],
+                         "base": list(bases.values())},
+                        schema={"pod": pl.String(), "signal": pl.String(), "base": pl.Float64()})
+    joined = window.join(base, on=["pod", "signal"], how="left")
+    hit = (pl.col("model") == "") & pl.col("le").is_null() & pl.col("base").is_not_null()
+    return joined.with_columns(
+        pl.when(hit).then(pl.max_horizontal(pl.col("last") - pl.col("base"), pl.lit(0.0)))
+        .otherwise(pl.col("last")).alias("last")).drop("base")
 
 
 def select(window: pl.DataFrame, pod: str | None, model: str | None) -> pl.DataFrame:

@@ -127,7 +127,7 @@ def test_seeded_run_with_two_rolling_restarts_meets_the_error_bounds(accuracy_ru
     floors = {r.signal.removesuffix(FLOOR): r for r in summarise(res.samples, res.disturbances,
                                                                   signals=floor_signals(), **kw)}
     report = "\n".join(res.lines())
-    for name in ("GPU hit ratio", "L2 hit ratio", "cumulative hit ratio"):
+    for name in ("GPU hit ratio", "CPU hit ratio", "L2 hit ratio", "cumulative hit ratio"):
         r = rows[name]
         assert r.steady[2] >= 40 and r.restarts[2] >= 40, (name, report)  # ~10 probes of 4 pods each
         for med, p95, _n in (r.steady, r.restarts):

@@ -145,12 +145,12 @@ class ScaledRealtimeDriver:
             raise KeyError(f"twin served request {index} on unknown pod {r.pod!r}")
         pod.record(r.outcome)
         if r.l2_chunk_latencies_us:
-            pod.fuse.record_io("read", r.outcome.l2_hit_tokens * pod.identity.kv_bytes_per_token,
+            pod.record_io("read", r.outcome.l2_hit_tokens * pod.identity.kv_bytes_per_token,
                                r.l2_chunk_latencies_us)
         if r.l2_written_bytes:
             chunks = max(1, -(-r.outcome.stored_tokens // max(r.outcome.chunk_tokens, 1)))
             per_chunk = r.l2_written_bytes / chunks
-            pod.fuse.record_io("write", r.l2_written_bytes, [per_chunk / 2e9 * 1e6 + 200.0] * chunks)
+            pod.record_io("write", r.l2_written_bytes, [per_chunk / 2e9 * 1e6 + 200.0] * chunks)
         o = r.outcome
         lat = r.l2_chunk_latencies_us
         cold, capacity, routing, tail = r.miss_tokens

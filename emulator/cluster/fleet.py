@@ -49,6 +49,7 @@ class EmulatedPod:
         self._lock = threading.Lock()
         self._held: list[RequestOutcome] | None = None  # requests served while the pod is down
         self._held_evictions = 0
+        self._held_io: list[tuple[str, int, tuple[float, ...]]] = []
         self.metrics = VllmPodMetrics(identity, clock())
         self.fuse = CurvineFuseMetrics(clock())
         self.vllm_endpoint = MetricsEndpoint(lambda: render_python_client(self.metrics.snapshot()))
@@ -80,6 +81,15 @@ class EmulatedPod:
             else:
                 self.metrics.record_cpu_evictions(chunks)
 
+    def record_io(self, io_type: str, nbytes: int, latencies_us: tuple[float, ...] | list[float]) -> None:
+        """The engine's L2 I/O through the node's FUSE mount (held, like its requests, while the
+        engine is down: the FUSE daemon sees that I/O when the new engine does it)."""
+        with self._lock:
+            if self._held is not None:
+                self._held_io.append((io_type, nbytes, tuple(latencies_us)))
+                return
+        self.fuse.record_io(io_type, nbytes, latencies_us)
+
     def go_down(self) -> None:
         """The old process is gone: its counters are no longer updated."""
         with self._lock:
@@ -96,8 +106,11 @@ class EmulatedPod:
             for o in self._held or ():
                 self.metrics.record(o)
             self.metrics.record_cpu_evictions(self._held_evictions)
+            for io_type, nbytes, lat in self._held_io:
+                self.fuse.record_io(io_type, nbytes, lat)
             self._held = None
             self._held_evictions = 0
+            self._held_io = []
             self.restarts += 1
 
 

@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4, help="searches per worker count")
     ap.add_argument("--requests", type=int, default=1500, help="replayed requests per trial")
     ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="replay this Mooncake trace instead of the `sessions` preset (heavier trials)")
     args = ap.parse_args()
 
     import optuna
@@ -41,11 +43,12 @@ def main() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     counts = [int(x) for x in args.workers.split(",")]
-    workload = WorkloadSpec(preset="sessions", seed=0, max_requests=args.requests)
+    workload = (WorkloadSpec(trace=args.trace, max_requests=args.requests) if args.trace
+                else WorkloadSpec(preset="sessions", seed=0, max_requests=args.requests))
     cluster = ClusterArgs({"pods": 4})
     limits = DeploymentLimits(pods=4, l2_backend="twin")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at start; budget {args.trials} trials, "
-          f"{args.requests} requests per trial, {args.seeds} seeds per worker count")
+          f"{args.trace or 'sessions'} up to {args.requests} requests per trial, {args.seeds} seeds per worker count")
     walls: dict[int, list[float]] = {n: [] for n in counts}
     bests: dict[int, list[float]] = {n: [] for n in counts}
     with running_postgres("bench") as url:

@@ -37,10 +37,11 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
     Emulated vLLM 0.33 pods (with in-process LMCache) and a Curvine pool, driven by the digital
     twin, serve the real /metrics formats and KV-event streams. The agent discovers and scrapes
     them and exports its unified metrics on 127.0.0.1:9400/metrics; when the workload shifts it
-    detects the drift, warm-starts a study on the twin and runs live trials through the guardrails,
-    rolling back any trial that regresses. At the end it writes REPORT_DIR/report.md with charts
-    and prints the verdict: default vs tuned configuration, per phase. Ctrl-C stops cleanly and
-    still writes the (partial) report.
+    detects the drift, plans on the twin (every change priced with its restart cost) and applies
+    only what pays, through the guardrails, rolling back any change that regresses. At the end it
+    writes REPORT_DIR/report.md with charts and prints the verdict: every request as served vs the
+    defaults held vs per-phase hindsight, per phase and whole run. Ctrl-C stops cleanly and still
+    writes the (partial) report.
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")

@@ -245,6 +245,32 @@ class DriftSection(_Frozen):
                                              description="workload signals watched")
     window_s: float = Field(300.0, gt=0, le=86_400.0, description="window the signals are computed over")
     long_prompt_tokens: int = Field(4096, gt=0, le=10_000_000, description="prompts from this length count as long")
+    track: float = Field(0.1, ge=0, lt=1, description="the level follows slow trends with this weight per step (0: fixed)")
+    refractory: int = Field(18, ge=0, le=100_000, description="steps ignored after an alarm before relearning")
+    min_rel_shift: float = Field(0.25, ge=0, le=10, description="an alarm needs the signal to move by this share")
+    quiet_s: float | None = Field(None, ge=0, le=86_400.0, description=(
+        "ignore the signals this long after each of the tuner's own changes (default: "
+        "planner.restart_downtime_s x pods + 10 s)"))
+
+
+class PlannerSection(_Frozen):
+    """`tuner.planner:` tuning that pays for itself (tuners/planner.py, tuners/paying.py): each phase,
+    a hot router change is priced alone on the twin, then the twin search's restart candidates with
+    their rolling-restart cost over `horizon_s`; only a net gain above the margin is applied, live
+    changes are judged against the twin's counterfactual for the same window, and the twin's
+    prefill speed is calibrated to the live windows. `enabled: false`: the older live search."""
+
+    enabled: bool = Field(True, description="plan on the twin with transition costs (off: live search)")
+    horizon_s: float = Field(900.0, gt=0, le=7 * 86_400.0, description="expected rest of a workload regime")
+    margin: float = Field(0.03, ge=0, le=1, description="net relative gain a restart-requiring change needs")
+    hot_margin: float = Field(0.01, ge=0, le=1, description="net relative gain a router change needs")
+    tolerance: float = Field(0.005, ge=0, le=1, description="neither p95 nor mean may lose more than this")
+    search_k: int = Field(3, ge=0, le=100, description="twin-search candidates priced per phase")
+    recent_s: float = Field(150.0, gt=0, le=86_400.0, description="recent workload the twin scores on")
+    warm_s: float = Field(300.0, ge=0, le=86_400.0, description="history replayed before it to warm the caches")
+    restart_downtime_s: float = Field(30.0, ge=0, le=3600.0, description="seconds a pod is down in a rollout")
+    calibrate: bool = Field(True, description="fit the twin's prefill speed to the live windows")
+    calibration_step_s: float = Field(30.0, gt=0, le=3600.0, description="window length of each calibration point")
 
 
 class WarmStartSection(_Frozen):
@@ -288,6 +314,7 @@ class TunerSection(_Frozen):
     live: LiveSection = LiveSection()
     drift: DriftSection = DriftSection()
     warm_start: WarmStartSection = WarmStartSection()
+    planner: PlannerSection = PlannerSection()
 
     @field_validator("storage")
     @classmethod

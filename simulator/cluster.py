@@ -58,6 +58,9 @@ class ClusterSpec:
     profile: str | HardwareProfile = DEFAULT_PROFILE
     router: RouterSettings = RouterSettings()
     pod_names: tuple[str, ...] | None = None  # default pod-0 .. pod-N-1
+    # the load term: observed queueing the fleet has beyond what the twin models (the agent sets it
+    # from vLLM's num_requests_waiting by Little's law); added to every request's queue delay and TTFT
+    load_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.pods, bool) or not isinstance(self.pods, int) or not 1 <= self.pods <= MAX_PODS:
@@ -66,6 +69,9 @@ class ClusterSpec:
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ClusterError(f"{key}: must be an integer >= 0 (0 disables the tier), got {v!r}")
+        if isinstance(self.load_delay_s, bool) or not isinstance(self.load_delay_s, (int, float)) \
+                or not 0.0 <= self.load_delay_s < float("inf"):
+            raise ClusterError(f"load_delay_s: must be a finite number >= 0, got {self.load_delay_s!r}")
         if self.pod_names is not None and (
             len(self.pod_names) != self.pods or len(set(self.pod_names)) != self.pods
         ):

@@ -103,6 +103,7 @@ def run(
     choose = router.choose
     # latency constants
     prefill_s, overhead_s, decode_s = twin._prefill_s, twin._overhead_s, twin._decode_s
+    load_delay_s = twin._load_delay_s
     cpu_chunk_s, l2_chunk_s, l2_retrieve_s = twin._cpu_chunk_s, twin._l2_chunk_s, twin._l2_retrieve_s
     w_chunk_s, w_byte_s, chunk_bytes = twin._w_chunk_s, twin._w_byte_s, twin._chunk_bytes
     l2_evicted_total = l2_runs = 0
@@ -382,6 +383,9 @@ def run(
         queue = start - now
         ttft = queue + busy + extra
         heappush(heap, (now + ttft + outputs[i] * decode_s, start, idx))
+        if load_delay_s:  # the load term (ClusterSpec.load_delay_s), as in Twin._process
+            queue += load_delay_s
+            ttft += load_delay_s
         loads[idx] += 1
         append((idx, now, prompt, g * c, n_cpu * c, n_l2 * c, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
                 cold * c, capacity * c, routing * c, prompt - n * c))

@@ -120,6 +120,7 @@ class Twin:
         cb = self._chunk_bytes
         self._prefill_s = lat.prefill_s_per_token
         self._overhead_s = lat.request_overhead_s
+        self._load_delay_s = float(self.cluster.load_delay_s)
         self._decode_s = lat.decode_s_per_token
         self._cpu_chunk_s = lat.cpu_load_chunk_s + cb / lat.pcie_bytes_per_s  # one chunk CPU -> GPU
         self._l2_chunk_s = lat.l2_read_chunk_s + cb / lat.l2_read_bytes_per_s  # one chunk L2 read
@@ -419,6 +420,9 @@ class Twin:
         queue = start - now
         ttft = queue + busy + extra
         heappush(heap, (now + ttft + out_len * self._decode_s, start, idx))
+        if self._load_delay_s:  # the load term: a pure offset on the latency, not on the pods' schedule
+            queue += self._load_delay_s
+            ttft += self._load_delay_s
         loads[idx] += 1
         obs = pod.obs
         obs.ttft_s.append(ttft)

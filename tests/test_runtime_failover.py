@@ -25,7 +25,9 @@ def runtime(kube, vllm, tmp_path, fake, storage: str, identity: str):  # noqa: F
                   "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
                   "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
                   "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
-                  "warm_start": {"trials": 0}, "drift": {"enabled": False}}, actuation={"targets_file": str(targets_file(tmp_path)), "identity": identity}, export={"fleet": "leader"})
+                  "warm_start": {"trials": 0}, "drift": {"enabled": False},
+                  "planner": {"enabled": False}},  # the live search (the planner: test_runtime_tuning.py)
+        actuation={"targets_file": str(targets_file(tmp_path)), "identity": identity}, export={"fleet": "leader"})
     return build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
                          sleep=fake.sleep, now=fake.now, env={},
                          targets=StaticTargets([Target(srv.url("/metrics"), "vllm", "vllm-0", namespace=NS)]))

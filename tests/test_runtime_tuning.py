@@ -18,7 +18,7 @@ from agent.runtime.assembly import build_runtime
 from agent.settings import load_settings
 from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
-from tests.support.kube import NS, FakeTime, deployment, serve
+from tests.support.kube import NS, FakeTime, configmap, deployment, serve
 from tests.support.runtime_fakes import FakeVllm
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,7 +56,8 @@ def runtime_for(kube, vllm, tmp_path, fake: FakeTime, *, identity: str = "agent-
                   "seed": 7, "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
                   "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
                   "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
-                  "warm_start": {"trials": 0}, "drift": {"enabled": False}},
+                  "warm_start": {"trials": 0}, "drift": {"enabled": False},
+                  "planner": {"enabled": False}},  # these tests drive the live search (the planner's tests below)
         "actuation": {"targets_file": str(targets_file(tmp_path)), "identity": identity},
         **overrides})
     return build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
@@ -252,7 +253,8 @@ def test_each_leader_term_warm_starts_from_the_twin_on_the_fitted_workload(kube,
     rt = runtime_for(kube, vllm, tmp_path, fake, tuner={
         "enabled": True, "storage": f"sqlite:///{tmp_path}/w.db", "seed": 1, "limits": {"pods": 2},
         "warm_start": {"trials": 2, "top_k": 2, "max_requests": 20, "duration_s": 30},
-        "drift": {"enabled": False}, "live": {"settle_s": 0, "window_s": 10, "min_requests": 5}})
+        "drift": {"enabled": False}, "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
+        "planner": {"enabled": False}})  # the warm start seeding the live search (the planner's: below)
     rt.elector.try_acquire_or_renew()
     traffic(rt, vllm, fake, 10, prompt=3000)
     with caplog.at_level(logging.INFO):
@@ -265,3 +267,124 @@ def test_each_leader_term_warm_starts_from_the_twin_on_the_fitted_workload(kube,
     study = rt.tuning.controller.tuner.study
     assert [t.user_attrs.get("source") for t in study.trials if t.state.name == "WAITING"] == ["twin"] * len(
         warm["candidates"])
+
+
+# -- the paying tuner (tuner.planner, on by default): planner, transition cost, counterfactual ----
+ROUTER_JSON = '{\n  "service_discovery": "k8s",\n  "routing_logic": "roundrobin"\n}\n'
+
+
+def paying_runtime(kube, vllm, tmp_path, fake: FakeTime, **planner):
+    """The runtime with the default planner over a vLLM Deployment and the production-stack router's
+    dynamic-config ConfigMap (a hot reload), the twin search on, drift off."""
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    kube.put(configmap("router-dyn", {"dynamic_config.json": ROUTER_JSON}))
+    kube.put(deployment("vllm-router", replicas=1))  # rolled only to enter or leave kvaware
+    path = tmp_path / "paying-targets.yaml"
+    path.write_text(yaml.safe_dump({"namespace": NS, "targets": [
+        {"kind": "deployment-env", "name": "vllm-llama", "container": "vllm"},
+        {"kind": "router-configmap", "name": "router-dyn", "key": "dynamic_config.json",
+         "restart": [{"kind": "Deployment", "name": "vllm-router"}]}],
+        "rollout_poll_s": 1, "rollout_timeout_s": 30}))
+    tuner = {"enabled": True, "storage": f"sqlite:///{tmp_path}/p.db", "seed": 3, "step_interval_s": 60,
+             "limits": {"pods": 4, "node_memory_headroom_gib": 16},
+             "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
+             "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
+             "warm_start": {"trials": 3, "top_k": 2, "max_requests": 300, "duration_s": 120},
+             "drift": {"enabled": False, "window_s": 60},
+             "planner": {"recent_s": 60, "warm_s": 60, **planner}}
+    return runtime_for(kube, vllm, tmp_path, fake, tuner=tuner,
+                       actuation={"targets_file": str(path), "identity": "agent-a"})
+
+
+def router_in_configmap(kube) -> str:
+    return json.loads(kube.get("ConfigMap", NS, "router-dyn")["data"]["dynamic_config.json"])["routing_logic"]
+
+
+def plan_once(rt, vllm, fake) -> list[str]:
+    """Scrape a minute of traffic, then the baseline window; the planner prices after it."""
+    traffic(rt, vllm, fake, 60, prompt=3000, gpu_hit=0.3, external_hit=0.4)
+    states = [rt.tuning.step().state]
+    traffic(rt, vllm, fake, 12.5, prompt=3000, gpu_hit=0.3, external_hit=0.4)
+    states.append(rt.tuning.step().state)
+    states.append(rt.tuning.step().state)
+    return states
+
+
+def test_the_runtime_builds_the_paying_planner_by_default(kube, vllm, tmp_path):
+    rt = paying_runtime(kube, vllm, tmp_path, FakeTime())
+    controller = rt.tuning.make_controller()
+    assert rt.paying is not None and controller.warm_start is rt.paying.planner
+    assert controller.counterfactual is rt.paying.counterfactual  # live windows judged on the twin
+    s = controller.settings
+    assert (s.plan_after_baseline, s.live_search, s.drift_quiet_s) == (True, False, 30.0 * 4 + 10.0)
+    assert rt.paying.planner.routers == ("roundrobin", "session", "prefixaware", "kvaware")
+    assert rt.paying.planner.search is not None  # the twin search proposes the restart candidates
+
+
+def test_a_hot_router_change_that_pays_is_applied_without_restarting_the_serving_pods(kube, vllm, tmp_path):
+    fake = FakeTime()
+    rt = paying_runtime(kube, vllm, tmp_path, fake)
+    rt.elector.try_acquire_or_renew()
+
+    assert plan_once(rt, vllm, fake) == ["baseline", "baseline_done", "trial_started"]
+
+    hot = rt.paying.planner.decisions[0]
+    assert hot.accepted and not hot.restart and hot.knobs.router != "roundrobin"
+    assert max(hot.gain_p95, hot.gain_mean) >= 0.01  # the hot margin
+    assert rt.actuator.current() == hot.knobs == rt.tuning.controller.candidate.knobs
+    assert router_in_configmap(kube) == hot.knobs.router
+    vllm_dep = kube.get("Deployment", NS, "vllm-llama")
+    assert vllm_env(kube) == {"LMCACHE_CHUNK_SIZE": "256"}  # the serving pods were not rolled
+    assert "annotations" not in vllm_dep["spec"]["template"].get("metadata", {})
+    # the twin's prediction for the running configuration against the measured window is exported
+    err = value(rt, "tierpilot_tuner_twin_prediction_error_ratio", target=NS)
+    assert err is not None and err == pytest.approx(rt.tuning.controller.prediction_errors[-1][1])
+
+
+def test_a_restart_candidate_whose_transition_cost_exceeds_its_gain_is_declined(kube, vllm, tmp_path):
+    import numpy as np
+
+    from tuners.planner import weighted_p95_mean
+
+    pod, _srv = vllm
+    pod.gpu_blocks = 1024  # a 16k-token GPU KV pool (vLLM's cache_config_info): a bigger CPU tier pays
+    fake = FakeTime()
+    rt = paying_runtime(kube, vllm, tmp_path, fake, hot_margin=1.0)  # the router held: restarts only
+    rt.elector.try_acquire_or_renew()
+
+    assert plan_once(rt, vllm, fake) == ["baseline", "baseline_done", "holding"]
+
+    twin = rt.paying.planner.twin_factory()
+    stay = twin.steady(rt.actuator.current())
+    stay95, stay_mean = weighted_p95_mean(stay, np.ones(stay.size))
+    paying_once_in_place = []
+    for d in rt.paying.planner.decisions:
+        if not d.restart:
+            continue
+        moved = twin.steady(d.knobs)
+        m95, mmean = weighted_p95_mean(moved, np.ones(moved.size))
+        if max(1 - m95 / stay95, 1 - mmean / stay_mean) >= 0.03:
+            paying_once_in_place.append(d)
+    assert paying_once_in_place, "the search should find a restart that pays once in place"
+    for d in paying_once_in_place:  # ... but not over the horizon, counting the rolling restart
+        assert not d.accepted and max(d.gain_p95, d.gain_mean) < 0.03
+    assert vllm_env(kube) == {"LMCACHE_CHUNK_SIZE": "256"} and router_in_configmap(kube) == "roundrobin"
+    assert not value(rt, "tierpilot_actuations_total", target=NS, result="applied")
+
+
+def test_observed_waiting_requests_raise_the_planning_twin_ttft_by_the_queue_delay(kube, vllm, tmp_path):
+    pod, _srv = vllm
+    fake = FakeTime()
+    rt = paying_runtime(kube, vllm, tmp_path, fake)
+    traffic(rt, vllm, fake, 60, prompt=3000)
+    idle = rt.paying.planner.twin_factory()
+    assert idle.cluster.load_delay_s == 0.0  # an empty queue
+
+    pod.waiting = 2.0  # 2 waiting requests on the pod (vllm:num_requests_waiting)
+    traffic(rt, vllm, fake, 60, prompt=3000)
+    loaded = rt.paying.planner.twin_factory()
+    # Little's law: 2 waiting / (4 req/s over the 4 pods of tuner.limits) = 2 s in the queue
+    assert loaded.cluster.load_delay_s == pytest.approx(2.0, rel=0.02)
+    knobs = rt.actuator.current()
+    diff = loaded.steady(knobs).mean() - idle.steady(knobs).mean()
+    assert diff == pytest.approx(2.0, rel=0.05)

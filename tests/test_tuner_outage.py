@@ -31,7 +31,8 @@ def runtime(kube, vllm, tmp_path, fake: FakeTime, storage: str, study: str):  # 
              "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
              "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
              "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
-             "warm_start": {"trials": 0}, "drift": {"enabled": False}}
+             "warm_start": {"trials": 0}, "drift": {"enabled": False},
+             "planner": {"enabled": False}}  # trials from the live search (the planner: test_runtime_tuning.py)
     settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0},
                              scrape={"interval_s": 60, "timeout_s": 5}, tuner=tuner,
                              actuation={"targets_file": str(targets_file(tmp_path)), "identity": "agent-a"})

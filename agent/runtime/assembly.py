@@ -80,6 +80,7 @@ class Runtime:
     last_good_store: StudyLastGood | None = None
     kv_refresh: Callable[[], int] | None = None
     kv_feed: Callable[[], int] | None = None
+    paying: Any = None  # tuners.paying.Paying: the planner, counterfactual twin and calibrations
     fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
@@ -383,16 +384,27 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     objective = ObjectiveSpec(metric=t.objective, memory_ms_per_gib=t.memory_ms_per_gib)
     source = StoreWindowSource(rt.fleet_store)
     d = t.drift
-    drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold),
+    drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold,
+                                        track=d.track, refractory=d.refractory, min_rel_shift=d.min_rel_shift),
                           signals=tuple(d.signals)) if d.enabled else None
     warm = None
-    if t.warm_start.trials and t.warm_start.top_k:
-        unmodelled = twin_unmodelled(space.fixed)
-        if unmodelled:  # e.g. a vllm-project/router left at cache_aware: the twin cannot replay it
-            log.warning("warm start skipped: the twin has no model of the running %s", ", ".join(unmodelled))
-        else:
-            warm = _warm_start(rt, settings, space, limits, objective)
+    unmodelled = twin_unmodelled(space.fixed)
+    if unmodelled:  # e.g. a vllm-project/router left at cache_aware: the twin cannot replay it
+        log.warning("warm start and planner off: the twin has no model of the running %s", ", ".join(unmodelled))
+    elif t.warm_start.trials and t.warm_start.top_k:
+        warm = _warm_start(rt, settings, space, limits, objective)
     live = t.live
+    counterfactual = None
+    paying: dict[str, Any] = {}
+    if t.planner.enabled and not unmodelled:
+        from agent.runtime.paying_runtime import build_runtime_paying
+
+        rt.paying = build_runtime_paying(rt, settings.tuner, space, twin_cluster_kw(settings, limits), search=warm,
+                                          clock=clock)
+        warm, counterfactual = rt.paying.planner, rt.paying.counterfactual
+        quiet = d.quiet_s if d.quiet_s is not None else t.planner.restart_downtime_s * limits.pods + 10.0
+        paying = {"plan_after_baseline": True, "live_search": False, "drift_quiet_s": quiet,
+                  "config_dependent": ("hit_ratio", "reuse_ratio")}
 
     def make_controller() -> TuningController:
         return TuningController(
@@ -400,19 +412,21 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
             evaluator=LiveEvaluator(guardrails, source, LiveSettings(
                 settle_s=live.settle_s, window_s=live.window_s, min_requests=live.min_requests,
                 max_extensions=live.max_extensions)),
-            metrics=rt.tuner_metrics, warm_start=warm, drift=drift,
+            metrics=rt.tuner_metrics, warm_start=warm, drift=drift, counterfactual=counterfactual,
             settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=act.identity,
                                         trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
-                                        min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries))
+                                        min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries,
+                                        **paying))
 
     rt.tuning = TuningLoop(
         make_controller, lambda: drift_signals(rt.fleet_store, rt.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
         clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     rt.agent.add_health_check("tuner", rt.tuning.health)
-    log.info("tuning %s in %s: knobs %s; %s; leader election %s", t.study, act.namespace,
+    log.info("tuning %s in %s: knobs %s; %s; leader election %s; %s", t.study, act.namespace,
              ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live",
-             "on" if rt.elector is not None else "off")
+             "on" if rt.elector is not None else "off",
+             "planner on (transition costs, twin counterfactual)" if rt.paying is not None else "live search")
 
 
 def _running_knobs(actuator: Any, fixed_knobs: Mapping[str, Any]) -> Knobs:
@@ -436,21 +450,29 @@ def twin_unmodelled(fixed: Knobs) -> list[str]:
     return out
 
 
-def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, objective: Any) -> Any:
-    from agent.runtime.workload_fit import fitted_workload
+def twin_cluster_kw(settings: AgentSettings, limits: Any) -> dict[str, Any]:
+    """The twin cluster's fixed arguments (pods, L2 size, profile), checked: an error names the key."""
     from simulator.cluster import ClusterSpec
+
+    kvbpt = settings.tiers.kv_bytes_per_token or 131072.0
+    kw: dict[str, Any] = {"pods": limits.pods, "l2_tokens": int(limits.l2_pool_gib * 2**30 / kvbpt)}
+    if settings.tuner.warm_start.profile:
+        kw["profile"] = settings.tuner.warm_start.profile
+    try:
+        ClusterSpec(**kw)
+    except ValueError as exc:
+        raise RuntimeConfigError(f"key 'tuner.warm_start.profile': {exc}") from None
+    return kw
+
+
+def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, objective: Any) -> Any:
+    from agent.runtime.paying_runtime import twin_cluster_for
+    from agent.runtime.workload_fit import fitted_workload
     from tuners.evaluators import TwinEvaluator
     from tuners.warmstart import TwinWarmStart
 
     ws = settings.tuner.warm_start
-    kvbpt = settings.tiers.kv_bytes_per_token or 131072.0
-    cluster_kw: dict[str, Any] = {"pods": limits.pods, "l2_tokens": int(limits.l2_pool_gib * 2**30 / kvbpt)}
-    if ws.profile:
-        cluster_kw["profile"] = ws.profile
-    try:
-        cluster = ClusterSpec(**cluster_kw)
-    except ValueError as exc:
-        raise RuntimeConfigError(f"key 'tuner.warm_start.profile': {exc}") from None
+    cluster_kw = twin_cluster_kw(settings, limits)
     if ws.workload == "trace":
         from simulator.workload import load_trace
 
@@ -462,9 +484,8 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
 
     def evaluator() -> Any:
         observed = observed_workload(rt.fleet_store, rt.kv, settings.tuner.drift.window_s)
-        twin_cluster = cluster
-        if observed.gpu_tokens:  # vLLM's real GPU KV capacity beats the profile's estimate
-            twin_cluster = ClusterSpec(**{**cluster_kw, "gpu_tokens": observed.gpu_tokens})
+        # vLLM's real GPU KV capacity beats the profile's estimate; the observed queue is the load term
+        twin_cluster = twin_cluster_for(cluster_kw, observed, limits.pods)
         if ws.workload == "trace":
             return TwinEvaluator(trace, twin_cluster, limits)
         log.info("warm start: twin workload fitted to %s (observed queue delay %s s, Little's law)", observed,
@@ -476,4 +497,5 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
                          trials=ws.trials, sampler=settings.tuner.sampler, seed=ws.seed)
 
 
-__all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload"]
+__all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload",
+           "twin_cluster_kw"]

@@ -19,18 +19,17 @@ from contracts.knobs import Knobs
 from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
-from tuners.calibration import LatencyFit, LatencyPoint, calibrated_profile, fit_prefill_latency
+from tuners.calibration import LatencyFit, LatencyPoint
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftDetector, DriftSettings
 from tuners.evaluators import TwinEvaluator
 from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
-from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec
-from tuners.planner import PlanSettings, TransitionPlanner
+from tuners.paying import build_paying
+from tuners.planner import PlanSettings
 from tuners.space import DeploymentLimits, SearchSpace
-from tuners.twin_oracle import RecentTwin, WindowTwin
 from tuners.warmstart import TwinWarmStart, WarmStart
 
 CONTROL_START_S = 60.0  # trace seconds before the controller's first step (the agent has a window)
@@ -85,37 +84,19 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
     live = LiveEvaluator(guardrails, window_source,
                          LiveSettings(settle_s=SETTLE_S, window_s=WINDOW_S, min_requests=30, max_extensions=2))
 
-    counterfactual = WindowTwin(history, twin_cluster, warm_s=WARM_HISTORY_S)
-    calibration: dict[str, Any] = {"profile": None, "fits": []}
-
-    def calibrate(now: float) -> None:
-        """Refit the twin's latency to the fleet's recent windows (kept as it was without a fit)."""
-        if latency_points is None:
-            return
-        fit = fit_prefill_latency(latency_points(now - RECENT_WORKLOAD_S - WARM_HISTORY_S, now))
-        if fit is not None:
-            calibration["profile"] = counterfactual.profile = calibrated_profile(twin_cluster.hardware, fit)
-            calibration["fits"].append((now, fit))
-            log_event("twin_calibrated", overhead_s=fit.overhead_s, prefill_s_per_token=fit.prefill_s_per_token,
-                      windows=fit.windows, r2=fit.r2)
+    paying = build_paying(history=history, twin_cluster=lambda: twin_cluster, current=actuator.current,
+                          clock=clock, restarts=restarts_pods, routers=limits.routers, search=None,
+                          recent_s=RECENT_WORKLOAD_S, warm_s=WARM_HISTORY_S, downtime_s=restart_downtime_s,
+                          latency_points=latency_points, settings=PlanSettings())
 
     def twin_evaluator() -> Any:
         now = clock()
         ev = TwinEvaluator(history(now, RECENT_WORKLOAD_S + WARM_HISTORY_S), twin_cluster, limits,
-                           profile=calibration["profile"], replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
+                           profile=paying.profile(), replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
         return wrap_evaluator(ev) if wrap_evaluator else ev
 
-    search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed)
-
-    def planning_twin() -> RecentTwin:
-        now = clock()
-        calibrate(now)
-        return RecentTwin(history(now, RECENT_WORKLOAD_S + WARM_HISTORY_S), twin_cluster,
-                          measure_from_s=now - RECENT_WORKLOAD_S, downtime_s=restart_downtime_s,
-                          profile=calibration["profile"])
-
-    warm: WarmStart = TransitionPlanner(planning_twin, actuator.current, restarts=restarts_pods,
-                                        routers=limits.routers, search=search, settings=PlanSettings())
+    paying.planner.search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed)
+    warm: WarmStart = paying.planner
     if wrap_warm_start is not None:
         warm = wrap_warm_start(warm)
     controller = TuningController(
@@ -126,8 +107,8 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                                     drift_quiet_s=restart_downtime_s * twin_cluster.pods + 10.0,
                                     config_dependent=("hit_ratio", "reuse_ratio")),
         warm_start=warm, drift=DriftDetector(DRIFT, signals=DRIFT_SIGNALS),
-        counterfactual=counterfactual)
-    return Tuning(controller, guardrails, space, limits, calibration["fits"])
+        counterfactual=paying.counterfactual)
+    return Tuning(controller, guardrails, space, limits, paying.fits)
 
 
 __all__ = ["CONTROL_START_S", "DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Tuning", "build_tuning",

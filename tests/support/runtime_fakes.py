@@ -29,6 +29,8 @@ class FakeVllm:
     ttft: list[float] = dataclasses.field(default_factory=lambda: [0.0] * (len(TTFT_BOUNDS) + 1))
     ttft_sum: float = 0.0
     prompts: list[float] = dataclasses.field(default_factory=lambda: [0.0] * (len(PROMPT_BOUNDS) + 1))
+    waiting: float | None = None  # vllm:num_requests_waiting (gauge), absent when None
+    gpu_blocks: int | None = None  # vllm:cache_config_info num_gpu_blocks (16-token blocks), absent when None
 
     def serve(self, n: int, *, ttft_s: float = 0.25, prompt: int = 2000, gpu_hit: float = 0.5,
               external_hit: float = 0.2) -> None:
@@ -71,4 +73,11 @@ class FakeVllm:
                 lines.append(f'{name}_bucket{{{m},le="{_le(b)}"}} {cum}')
             lines.append(f"{name}_sum{{{m}}} {total}")
             lines.append(f"{name}_count{{{m}}} {cum}")
+        if self.gpu_blocks is not None:
+            lines.append("# TYPE vllm:cache_config_info gauge")
+            lines.append(f'vllm:cache_config_info{{block_size="16",enable_prefix_caching="True",'
+                         f'num_gpu_blocks="{self.gpu_blocks}"}} 1.0')
+        if self.waiting is not None:
+            lines.append("# TYPE vllm:num_requests_waiting gauge")
+            lines.append(f"vllm:num_requests_waiting{{{m}}} {self.waiting}")
         return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""The paying tuner's twin side, shared by the production runtime (agent/runtime/assembly.py) and the
+demo (emulator/demo/tuning_setup.py): the transition planner over the twin of the recent workload,
+the counterfactual twin the controller judges live windows against, and the latency calibration.
+
+`build_paying(...)` takes a `history(now, seconds)` of recent requests (the demo: the requests it
+served; production: a synthetic workload fitted to the observed signals, agent/runtime/workload_fit.py),
+the twin cluster (a callable, so production can refit the GPU size and load term per plan), the
+running configuration, which changes restart pods, the router choices, an optional twin search for
+restart-requiring candidates, and optional live latency points to calibrate the prefill speed from.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import polars as pl
+
+from contracts.knobs import Knobs
+from simulator.cluster import ClusterSpec
+from simulator.profile import HardwareProfile
+from tuners.calibration import LatencyFit, LatencyPoint, calibrated_profile, fit_prefill_latency
+from tuners.logline import log_event
+from tuners.planner import PlanSettings, TransitionPlanner
+from tuners.twin_oracle import RecentTwin, WindowTwin
+from tuners.warmstart import WarmStart
+
+History = Callable[[float, float], pl.DataFrame]
+LatencyPoints = Callable[[float, float], Sequence[LatencyPoint]]
+# the router's own knobs: a hot reload, or a restart of the router alone (production-stack needs one
+# to enter or leave kvaware; vllm-project/router takes its policy at start-up): never the serving pods
+ROUTER_KNOBS = frozenset({"router", "router_temperature", "kv_penalty_host", "kv_penalty_external"})
+
+
+def restarts_serving_pods(before: Knobs, after: Knobs) -> bool:
+    """Conservative rule for a fleet whose rollout details the planner does not model: any change
+    beyond the router's knobs is priced as a rolling restart of the serving pods (cold GPU and CPU
+    caches, a pod's capacity lost at a time). A Curvine-master-only change is priced the same way:
+    it over-states that cost, so such a change is only made when it pays even then."""
+    return bool(set(before.diff(after)) - ROUTER_KNOBS)
+
+
+@dataclasses.dataclass
+class Paying:
+    planner: TransitionPlanner
+    counterfactual: WindowTwin
+    fits: list[tuple[float, LatencyFit]]  # (when, fit) of every calibration of the twin
+    state: dict[str, Any]
+
+    def profile(self) -> HardwareProfile | None:
+        """The latest calibrated profile (None before the first fit): for the twin search too."""
+        return self.state["profile"]
+
+
+def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], current: Callable[[], Knobs],
+                 clock: Callable[[], float], restarts: Callable[[Knobs, Knobs], bool], routers: Sequence[str],
+                 search: WarmStart | None, recent_s: float, warm_s: float, downtime_s: float,
+                 latency_points: LatencyPoints | None = None, settings: PlanSettings | None = None) -> Paying:
+    """The planner (calibrating the twin before each plan when `latency_points` is given) and the
+    counterfactual twin (carrying the latest calibration)."""
+    counterfactual = WindowTwin(history, twin_cluster(), warm_s=warm_s)
+    state: dict[str, Any] = {"profile": None}
+    fits: list[tuple[float, LatencyFit]] = []
+
+    def calibrate(now: float, cluster: ClusterSpec) -> None:
+        """Refit the twin's prefill speed to the fleet's recent windows (kept as it was without a fit)."""
+        if latency_points is None:
+            return
+        fit = fit_prefill_latency(latency_points(now - recent_s - warm_s, now))
+        if fit is not None:
+            state["profile"] = counterfactual.profile = calibrated_profile(cluster.hardware, fit)
+            fits.append((now, fit))
+            log_event("twin_calibrated", overhead_s=fit.overhead_s, prefill_s_per_token=fit.prefill_s_per_token,
+                      windows=fit.windows, r2=fit.r2)
+
+    def planning_twin() -> RecentTwin:
+        now = clock()
+        cluster = counterfactual.cluster = twin_cluster()
+        calibrate(now, cluster)
+        return RecentTwin(history(now, recent_s + warm_s), cluster, measure_from_s=now - recent_s,
+                          downtime_s=downtime_s, profile=state["profile"])
+
+    planner = TransitionPlanner(planning_twin, current, restarts=restarts, routers=routers, search=search,
+                                settings=settings or PlanSettings())
+    return Paying(planner, counterfactual, fits, state)
+
+
+__all__ = ["ROUTER_KNOBS", "History", "Paying", "build_paying", "restarts_serving_pods"]

@@ -388,3 +388,17 @@ def test_observed_waiting_requests_raise_the_planning_twin_ttft_by_the_queue_del
     knobs = rt.actuator.current()
     diff = loaded.steady(knobs).mean() - idle.steady(knobs).mean()
     assert diff == pytest.approx(2.0, rel=0.05)
+
+
+def test_the_planning_twin_is_calibrated_to_the_live_windows(kube, vllm, tmp_path):
+    fake = FakeTime()
+    rt = paying_runtime(kube, vllm, tmp_path, fake, calibration_step_s=10)
+    for i in range(12):  # 10-s windows of growing prompts: TTFT = 60 ms + 0.3 ms per uncached token
+        prompt = 1000 + 500 * i
+        computed = prompt * (1.0 - 0.3 - 0.4)
+        traffic(rt, vllm, fake, 10, prompt=prompt, gpu_hit=0.3, external_hit=0.4, ttft_s=0.06 + 0.0003 * computed)
+    twin = rt.paying.planner.twin_factory()
+    (_when, fit), = rt.paying.fits
+    assert fit.windows >= 6 and fit.prefill_s_per_token == pytest.approx(0.0003, rel=0.05)
+    assert twin.profile.latency.prefill_s_per_token == fit.prefill_s_per_token
+    assert rt.paying.counterfactual.profile is twin.profile  # live windows are judged on the same twin

@@ -27,6 +27,10 @@ OVERLAYS = ("plain-vllm", "production-stack", "hyperpod")
     ({"tuner": {"storage": "tierpilot.db"}}, "tuner.storage", "storage URL"),
     ({"tuner": {"warm_start": {"workload": "trace"}}}, "tuner.warm_start", "needs `trace: PATH`"),
     ({"tuner": {"limits": {"l2_backend": "redis"}}}, "tuner.limits.l2_backend", "'curvine'"),
+    ({"tuner": {"planner": {"margin": -0.1}}}, "tuner.planner.margin", "greater than or equal to 0"),
+    ({"tuner": {"planner": {"horizon_s": 0}}}, "tuner.planner.horizon_s", "greater than 0"),
+    ({"tuner": {"planner": {"enable": True}}}, "tuner.planner.enable", "unknown key"),
+    ({"tuner": {"drift": {"track": 1.0}}}, "tuner.drift.track", "less than 1"),
     ({"kv_events": {"endpoints": [{"pod": "p", "model": "m", "endpoint": "tcp://*:5557"}]}},
      "kv_events.endpoints.0.endpoint", "bind address"),
     ({"kv_events": {"enable": True}}, "kv_events.enable", "unknown key"),
@@ -59,6 +63,7 @@ def test_the_documented_example_loads(tmp_path):
     assert s.tuner.storage == "sqlite:///tierpilot.db" and s.tuner.drift.signals == ("reuse_ratio",
                                                                                     "prompt_tokens_mean")
     assert s.kv_events.manager_settings().endpoints[0].replay_endpoint == "tcp://10.0.0.5:5600"
+    assert s.tuner.planner.enabled and s.tuner.planner.restart_downtime_s == 30 and s.tuner.drift.track == 0.1
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -15,7 +15,8 @@ emulated cluster's pods; the reference samples that parse), then:
 
 The machine is shared (2 cores, other engineers' tests): wall times move with its load, CPU
 times much less; the load average is printed next to the figures.
-Run: .venv/bin/python bench/fleet.py [--targets 2000] [--skip-prometheus]
+Run: .venv/bin/python bench/fleet.py [--targets 2000] [--skip-prometheus] [--skip-direct] [--skip-kv]
+     [--profile FILE]  (Prometheus source only, with a cProfile of one cycle: --skip-direct --skip-kv)
 """
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def direct(targets: list, shard_counts: list[int], cycles: int) -> None:
               + (f"  ({len(failed)} target scrapes failed: {sorted(set(failed))})" if failed else ""))
 
 
-def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30) -> None:
+def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30,
+                   profile: str | None = None) -> None:
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent
     from agent.settings import load_settings
@@ -158,6 +160,10 @@ def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30)
                 snap = agent.scrape_now()
                 walls.append(time.perf_counter() - w0)
                 cpus.append(time.process_time() - c0)
+            if profile and size == n_targets:  # one more cycle under cProfile, not in the figures
+                import cProfile
+                cProfile.runctx("agent.scrape_now()", globals(), {"agent": agent}, profile)
+                print(f"   profile of one {size}-pod cycle written to {profile}")
             up = sum(st.up for st in snap.targets)
             assert up == len(snap.targets) == size, (up, size, [s.reason for s in snap.targets if not s.up][:3])
             print(f"   {size:>5} pods: agent cycle wall median {statistics.median(walls) * 1000:.0f} ms "
@@ -213,6 +219,8 @@ def main() -> None:
     ap.add_argument("--kv-messages", type=int, default=4000)
     ap.add_argument("--skip-prometheus", action="store_true")
     ap.add_argument("--skip-direct", action="store_true")
+    ap.add_argument("--skip-kv", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile one Prometheus-source cycle at --targets pods")
     args = ap.parse_args()
     from contracts.tier_model import Target
 
@@ -229,12 +237,13 @@ def main() -> None:
         if not args.skip_direct:
             direct(targets, [int(x) for x in args.shards.split(",")], args.cycles)
         if not args.skip_prometheus:
-            via_prometheus(port, args.targets, args.cycles)
+            via_prometheus(port, args.targets, args.cycles, profile=args.profile)
     finally:
         server.terminate()
         server.wait(10)
         os.unlink(data)
-    kv_events(args.kv_messages)
+    if not args.skip_kv:
+        kv_events(args.kv_messages)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,20 @@ class MappingSet:
         }
 
     @cached_property
+    def rule_names(self) -> dict[int, tuple[tuple[str, ...], frozenset[str]]]:
+        """id(rule) -> (its base names with the mapping's prefix aliases, every wire name it can
+        read: a histogram's `_bucket`/`_sum`/`_count`). The normaliser skips a rule none of whose
+        wire names is in a payload (most rules, on most pods)."""
+        out: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
+        for m in self.mappings:
+            for r in m.metrics:
+                names = (r.name,) + tuple(alias + r.name[len(canon):] for alias, canon in m.prefixes.items()
+                                          if r.name.startswith(canon))
+                suffixes = ("_bucket", "_sum", "_count") if r.type == "histogram" else ("",)
+                out[id(r)] = (names, frozenset(n + sfx for n in names for sfx in suffixes))
+        return out
+
+    @cached_property
     def source_rank(self) -> dict[tuple[str, str], tuple[bool, int, str]]:
         """(source, signal) -> sort key: fallback-only rules last, then preference, then name."""
         fallback = {(m.source, r.signal) for m in self.mappings for r in m.metrics if r.fallback_only}

@@ -54,11 +54,13 @@ def _combine(values: list[float], how: str) -> float:
 
 
 def _rule_signals(
-    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, invalid: set[int]
+    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, invalid: set[int],
+    names: tuple[str, ...] | None = None,
 ) -> list[Signal]:
-    names = [rule.name] + [
-        alias + rule.name[len(canon):] for alias, canon in mapping.prefixes.items() if rule.name.startswith(canon)
-    ]
+    if names is None:
+        names = (rule.name,) + tuple(
+            alias + rule.name[len(canon):] for alias, canon in mapping.prefixes.items() if rule.name.startswith(canon)
+        )
     where = rule.where.items()
     reject = mapping.reject_labels
     model_labels = mapping.model_labels
@@ -74,7 +76,7 @@ def _rule_signals(
                 labels = s.labels
                 if where and any(labels.get(k) != v for k, v in where):
                     continue
-                if reject and any(k in labels for k in reject):
+                if reject and not labels.keys().isdisjoint(reject):
                     continue
                 value = s.value
                 if label_value is not None:
@@ -102,7 +104,7 @@ def _rule_signals(
                 labels = s.labels
                 if where and any(labels.get(k) != v for k, v in where):
                     continue
-                if reject and any(k in labels for k in reject):
+                if reject and not labels.keys().isdisjoint(reject):
                     continue
                 model = _model_of(labels, model_labels)
                 if not math.isfinite(s.value):
@@ -156,9 +158,14 @@ def normalise(target: Target, payload: Payload, mappings: MappingSet) -> Normali
     """All candidate signals one target's payload yields (every applicable source)."""
     result = Normalised()
     invalid: set[int] = set()  # identities of rejected samples: one count per wire series
+    rule_names = mappings.rule_names
+    present = payload.by_name.keys()
     for mapping in mappings.by_role.get(target.role, ()):
         for rule in mapping.metrics:
-            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, invalid))
+            names, wire = rule_names[id(rule)]
+            if wire.isdisjoint(present):
+                continue  # nothing to read: the rule would yield no signal
+            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, invalid, names))
     if invalid:
         result.anomalies["invalid_value"] = len(invalid)
     return result

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import ssl
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from agent.settings import PrometheusSourceSettings
 
@@ -130,10 +130,13 @@ class PrometheusApi:
         return _decode(status, body, form["query"], self.clock() - start)
 
 
+_JSON = msgspec.json.Decoder()
+
+
 def _decode(status: int, body: bytes, query: str, duration_s: float) -> list[dict[str, Any]] | QueryFailure:
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = _JSON.decode(body)  # msgspec: several times faster than json.loads on large answers
+    except msgspec.DecodeError:
         doc = None
     if isinstance(doc, dict) and doc.get("status") == "error":
         return QueryFailure("query_error", f"{doc.get('errorType', 'error')}: {doc.get('error', '')} "

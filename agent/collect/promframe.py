@@ -155,9 +155,10 @@ def _add(payloads: dict[GroupKey, Payload], key: GroupKey, name: str, labels: di
 def split_vector(result: Sequence[Mapping], group: RoleGroup, lab: Labelling, roles_by_name: Mapping[str, Role],
                  into: dict[GroupKey, Payload], name: str | None = None) -> None:
     """Sort an instant vector's series into per-pod payloads. `name` for results without
-    `__name__` (a function's result); else each series' own name."""
+    `__name__` (a function's result); else each series' own name. The label dicts are taken over
+    (a decoded answer is ours alone), not copied."""
     for item in result:
-        labels = dict(item.get("metric") or {})
+        labels = item.get("metric") or {}
         own = labels.pop("__name__", "")
         series_name = name or own
         if not series_name:

@@ -143,15 +143,6 @@ class GroupPayloads:
     increase: dict[GroupKey, Payload] = field(default_factory=dict)
 
 
-def _add(payloads: dict[GroupKey, Payload], key: GroupKey, name: str, labels: dict[str, str],
-         value: float) -> None:
-    p = payloads.get(key)
-    if p is None:
-        p = payloads[key] = Payload()
-    p.by_name.setdefault(name, []).append(Sample(name, labels, value))
-    p.lines += 1
-
-
 def split_vector(result: Sequence[Mapping], group: RoleGroup, lab: Labelling, roles_by_name: Mapping[str, Role],
                  into: dict[GroupKey, Payload], name: str | None = None) -> None:
     """Sort an instant vector's series into per-pod payloads. `name` for results without
@@ -167,7 +158,14 @@ def split_vector(result: Sequence[Mapping], group: RoleGroup, lab: Labelling, ro
         if key is None:
             continue
         value = item.get("value") or (None, None)
-        _add(into, key, series_name, labels, _float(value[1]))
+        p = into.get(key)
+        if p is None:
+            p = into[key] = Payload()
+        samples = p.by_name.get(series_name)
+        if samples is None:
+            samples = p.by_name[series_name] = []
+        samples.append(Sample(series_name, labels, _float(value[1])))
+        p.lines += 1
 
 
 def target_of(base_url: str, key: GroupKey) -> Target:

@@ -74,7 +74,7 @@ def _rule_signals(
         for name in names:
             for s in payload.by_name.get(name, ()):
                 labels = s.labels
-                if where and any(labels.get(k) != v for k, v in where):
+                if where and not where <= labels.items():  # a C-level subset test of (label, value) pairs
                     continue
                 if reject and not labels.keys().isdisjoint(reject):
                     continue
@@ -102,7 +102,7 @@ def _rule_signals(
                 continue
             for s in payload.by_name.get(base + suffix, ()):
                 labels = s.labels
-                if where and any(labels.get(k) != v for k, v in where):
+                if where and not where <= labels.items():  # a C-level subset test of (label, value) pairs
                     continue
                 if reject and not labels.keys().isdisjoint(reject):
                     continue

@@ -27,6 +27,13 @@ class PermanentActuationError(ActuationError):
     """Will not succeed by retrying (403 missing RBAC, invalid object). Stop and report."""
 
 
+class RefusedConfigError(PermanentActuationError):
+    """This configuration cannot be expressed by the targets (a value they do not accept, a coupled
+    knob asked apart, a change an env var would defeat, a switch that needs a restart the target
+    cannot do). Raised while planning, before anything is written: the candidate is rejected,
+    the targets themselves are fine, and tuning goes on."""
+
+
 class TargetGoneError(PermanentActuationError):
     """The target object is gone (404). Stop tuning it."""
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION
-from contracts.actuator import Actuator, PermanentActuationError
+from contracts.actuator import Actuator, PermanentActuationError, RefusedConfigError
 from contracts.knobs import Knobs
 from tests.support.kube import (
     NS,
@@ -128,7 +128,7 @@ def test_router_dynamic_config_hot_reloads_and_needs_a_session_key(kube):
     target = {"kind": "router-configmap", "name": "router-dyn", "key": "dynamic_config.json"}
     act = actuator_for(kube, [target], fake)
     assert act.current().router == "roundrobin"
-    with pytest.raises(PermanentActuationError, match="session_key"):
+    with pytest.raises(RefusedConfigError, match="session_key"):  # this candidate only: nothing written
         act.apply(Knobs(router="session"))
     result = act.apply(Knobs(router="prefixaware"))
     assert result.restarted == ()  # the router watches the file: no pod restarts

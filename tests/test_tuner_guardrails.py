@@ -125,3 +125,20 @@ def test_rollback_restores_last_good_and_config_info_follows() -> None:
     assert sample(registry, "tierpilot_actuations_total", result="rolled_back") == 1
     text = generate_latest(registry).decode()
     assert 'tierpilot_tuner_last_good_info{chunk_tokens="512"' in text.replace('target="ns/llm",', "")
+
+
+def test_a_refused_configuration_rejects_the_candidate_and_tuning_goes_on() -> None:
+    """A value the targets cannot express (RefusedConfigError, raised before any write) rejects that
+    candidate; it is not a permanent fault of the target, so the controller is not stopped."""
+    from contracts.actuator import RefusedConfigError
+
+    _, actuator, g, registry = make(cooldown=0)
+    actuator.fail_next = [RefusedConfigError("router: routing_logic=session needs session_key")]
+    out = g.apply(Knobs(router="session"), trial=0)
+    assert out.status == "rejected" and not out.permanent
+    assert "session_key" in out.message
+    assert g.in_flight is None and actuator.current().router != "session"
+    assert sample(registry, "tierpilot_actuations_total", result="rejected") == 1
+    assert (sample(registry, "tierpilot_actuations_total", result="permanent_error") or 0) == 0
+    out = g.apply(Knobs(chunk_tokens=512), trial=1)  # the next candidate goes through
+    assert out.status == "applied"

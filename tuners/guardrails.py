@@ -26,6 +26,7 @@ from contracts.actuator import (
     Actuator,
     ApplyResult,
     PermanentActuationError,
+    RefusedConfigError,
     RetriableActuationError,
     RolloutTimeoutError,
 )
@@ -141,6 +142,10 @@ class Guardrails:
             self._record_change(now)
             self.in_flight = trial  # something may have changed; the caller rolls back
             return ApplyOutcome("failed", message=f"rollout timed out: {exc}")
+        except RefusedConfigError as exc:  # this candidate cannot be expressed; nothing was written
+            self.metrics.actuation("rejected")
+            log_event("rejected", trial=trial, knobs=knobs, error=str(exc))
+            return ApplyOutcome("rejected", message=str(exc))
         except PermanentActuationError as exc:
             self.metrics.actuation("permanent_error")
             log_event("apply_failed", trial=trial, error=str(exc), permanent=True)

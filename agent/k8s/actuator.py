@@ -35,6 +35,7 @@ from contracts.actuator import (
     ActuationError,
     ApplyResult,
     PermanentActuationError,
+    RefusedConfigError,
     RetriableActuationError,
     RolloutTimeoutError,
     TargetGoneError,
@@ -251,7 +252,7 @@ class KubernetesActuator:
         owned = self.tunable_knobs()
         for knob, (have, want) in live.diff(knobs).items():
             if knob not in owned:
-                raise PermanentActuationError(
+                raise RefusedConfigError(
                     f"{knob}={want!r}: no configured target actuates {knob} (it stays {have!r}); "
                     f"tunable knobs: {', '.join(sorted(owned)) or '(none)'}")
 
@@ -341,7 +342,7 @@ class KubernetesActuator:
                 workloads = {str(r): self._read(r, t) for r in t.restart_refs}
                 problems = t.env_overrides(obj, tokens, workloads)
                 if problems:
-                    raise PermanentActuationError(
+                    raise RefusedConfigError(
                         f"{t.where}: refusing a config-file change that environment variables would silently "
                         f"defeat (lmcache/v1/config.py applies LMCACHE_* after the file): {'; '.join(problems)}. "
                         f"Remove the variables, or manage these knobs with a deployment-env target")

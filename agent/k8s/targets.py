@@ -13,7 +13,7 @@ from agent.k8s.api import ObjectRef
 from agent.k8s.mapping import KindMapping, RefusedValue, Setting
 from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION, Patch, resolve
 from agent.k8s.settings import ActuationSettings, TargetSpec
-from contracts.actuator import PermanentActuationError
+from contracts.actuator import PermanentActuationError, RefusedConfigError
 from contracts.knobs import Knobs
 
 SESSION_KEY = "session_key"
@@ -150,7 +150,7 @@ class Target:
         for ptr, expected in self.mapping.requires.items():
             actual = resolve(obj, ptr, None)
             if actual != expected:
-                raise PermanentActuationError(
+                raise RefusedConfigError(
                     f"{self.where}: refusing to change {', '.join(self.knobs)}: {ptr} is {actual!r}, "
                     f"needs {expected!r} (InferenceEndpointConfig: intelligentRoutingSpec cannot be added "
                     f"to an existing deployment and `enabled` cannot be modified once set)"
@@ -164,7 +164,7 @@ class Target:
         out: dict[str, str | None] = {}
         for coupled, driver in self.coupled(obj).items():
             if getattr(knobs, coupled) != getattr(knobs, driver):
-                raise PermanentActuationError(
+                raise RefusedConfigError(
                     f"{self.where}: {driver}={getattr(knobs, driver)!r} and {coupled}={getattr(knobs, coupled)!r} are "
                     f"one setting here: LMCache's cache_policy drives the CPU tier and its local-disk backend "
                     f"(lmcache/v1/storage_backend/local_disk_backend.py); ask for the same policy for both")
@@ -172,7 +172,7 @@ class Target:
             try:
                 component = s.to_component(getattr(knobs, s.knob))
             except RefusedValue as exc:
-                raise PermanentActuationError(f"{self.where}: {exc}") from None
+                raise RefusedConfigError(f"{self.where}: {exc}") from None
             tok = live[s.key]
             if tok is None and s.default is not None and s.same(s.to_component(s.default), component):
                 out[s.key] = None  # absent already means this value: do not write the default
@@ -195,7 +195,7 @@ class Target:
         if self.spec.session_key:
             return {SESSION_KEY: stores.encode(self.mapping.store, self.spec.session_key, text=text)}
         if stores.text_get(self.mapping.store, text, SESSION_KEY) is None:
-            raise PermanentActuationError(
+            raise RefusedConfigError(
                 f"{self.where}: routing_logic=session needs session_key in the dynamic config; "
                 f"set `session_key` on this target"
             )
@@ -231,13 +231,13 @@ class Target:
     def plan(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None], reason: str) -> Patch:
         if self.mapping.takes_effect == "hot-reload" and not self.restart_refs and self.restart_needed(obj, tokens):
             values = sorted({v for s in self.settings for v in s.restart_values})
-            raise PermanentActuationError(
+            raise RefusedConfigError(
                 f"{self.where}: changing to or from {', '.join(values)} cannot be hot-reloaded (production-stack's "
                 f"dynamic-config watcher rebuilds the router with only session_key: "
                 f"src/vllm_router/routers/routing_logic.py); name the router Deployment in this target's `restart`")
         for ptr in self.mapping.immutable:
             if any(key == ptr or key.startswith(ptr + "/") for key in tokens):
-                raise PermanentActuationError(f"{self.where}: {ptr} cannot be updated; refusing to write it")
+                raise RefusedConfigError(f"{self.where}: {ptr} cannot be updated; refusing to write it")
         try:
             return stores.plan_tokens(self.mapping.store, obj, tokens, container=self.spec.container,
                                       data_key=self.spec.key, where=self.where, reason=reason)

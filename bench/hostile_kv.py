@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.prometheus import free_port_range
 
 LIMIT = 2**30  # the Deployment's memory limit (deploy/)
 ATTACKS = ("dp16_flood", "big_messages", "oversized", "media", "jump_and_topic")
@@ -38,28 +39,6 @@ def _status(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _free_base(n: int) -> int:
-    for _ in range(500):
-        with socket.socket() as s0:
-            s0.bind(("127.0.0.1", 0))
-            base = s0.getsockname()[1]
-        if base + n >= 65535:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def _ranks(attack: str) -> int:
@@ -164,7 +143,7 @@ def publisher(attack: str, base: int, quick: bool, ready: Any, done: Any) -> Non
 def run(attack: str, quick: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     ready, done, out = ctx.Event(), ctx.Event(), ctx.Queue()
-    base = _free_base(_ranks(attack))
+    base = free_port_range(_ranks(attack))
     sub = ctx.Process(target=subscriber, args=(attack, base, ready, done, out))
     pub = ctx.Process(target=publisher, args=(attack, base, quick, ready, done))
     sub.start()

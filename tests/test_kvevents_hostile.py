@@ -4,7 +4,6 @@ settings that would not fit in memory. Real ZMQ on loopback; memory is checked a
 (deterministic), the RSS figure is in bench/hostile_kv.py."""
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from agent.kvevents.settings import EndpointSpec, KvEventsSettings, LimitsSpec, 
 from agent.kvevents.signals import EngineId
 from agent.settings import AgentSettings
 from emulator.cluster.kv_publisher import KvEventPublisher
+from tests.support.prometheus import free_port_range
 
 SLOW_JOINER_S = 0.3
 
@@ -28,29 +28,6 @@ def ctx() -> Iterator[zmq.Context]:
     c = zmq.Context()
     yield c
     c.term()
-
-
-def _free_ports(n: int) -> int:
-    """A base port with n free consecutive ports (vLLM's DP ranks use port + rank)."""
-    for _ in range(200):
-        with socket.socket() as s0:
-            s0.bind(("127.0.0.1", 0))
-            base = s0.getsockname()[1]
-        if base + n >= 65535:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def _mgr(ctx: zmq.Context, specs: list[EndpointSpec], **kw: object) -> KvEventManager:
@@ -111,7 +88,7 @@ def test_budgets_are_per_pod_and_per_fleet_whatever_the_dp_size() -> None:
 # -- the flood -----------------------------------------------------------------------------------
 def test_flood_from_a_many_rank_pod_stays_in_its_budget(ctx: zmq.Context) -> None:
     ranks = 8
-    base = _free_ports(ranks)
+    base = free_port_range(ranks)
     pubs = [KvEventPublisher(f"tcp://127.0.0.1:{base}", data_parallel_rank=r, bind=True, context=ctx,
                              hwm=1_000_000) for r in range(ranks)]
     other = KvEventPublisher("tcp://127.0.0.1:0", bind=True, context=ctx)

@@ -1,7 +1,6 @@
 """The subscriber against the faithful publisher over real ZMQ sockets on 127.0.0.1."""
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ from agent.kvevents import KvEventManager, KvEventsCollector, workload_overlap
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId
 from emulator.cluster.kv_publisher import KvEventPublisher, cleared_event, removed_event, stored_event
+from tests.support.prometheus import free_port_range
 
 SLOW_JOINER_S = 0.3
 
@@ -175,22 +175,8 @@ def test_malformed_input_is_counted_and_skipped(ctx: zmq.Context) -> None:
             mgr.stop()
 
 
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as s1:
-            s1.bind(("127.0.0.1", 0))
-            port = s1.getsockname()[1]
-            with socket.socket() as s2:
-                try:
-                    s2.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no free pair of adjacent ports")
-
-
 def test_data_parallel_ranks_use_offset_ports(ctx: zmq.Context) -> None:
-    port = _free_port_pair()
+    port = free_port_range(2)
     pubs = [KvEventPublisher(f"tcp://127.0.0.1:{port}", data_parallel_rank=r, bind=True, context=ctx)
             for r in (0, 1)]
     try:

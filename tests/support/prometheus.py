@@ -47,6 +47,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_range(n: int) -> int:
+    """A base port on 127.0.0.1 with n consecutive ports free a moment ago (vLLM's data-parallel
+    ranks publish KV events on port + rank)."""
+    for _ in range(200):
+        base = free_port()
+        if base + n >= 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 class PrometheusError(RuntimeError):
     """Prometheus did not start, or a query failed."""
 

@@ -35,6 +35,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from agent.kvevents.fleet_overlap import FleetOverlap
     from agent.kvevents.manager import KvEventManager
 
 
@@ -64,9 +65,10 @@ __all__ = [
 ]
 
 
-def workload_overlap(manager: KvEventManager | None, model: str | None = None,
+def workload_overlap(manager: KvEventManager | FleetOverlap | None, model: str | None = None,
                      window_s: float | None = None) -> float | None:
-    """The workload's prefix overlap (0..1) from KV events, or None when unavailable."""
+    """The workload's prefix overlap (0..1) from KV events, or None when unavailable (`manager`:
+    anything with `current_overlap`, e.g. a sharded agent's `fleet_overlap.FleetOverlap`)."""
     if manager is None:
         return None
     reading = manager.current_overlap(model, window_s)

@@ -20,13 +20,17 @@ error is (1 - overlap) x (D's relative error), so below 3e = 1.2 percentage poin
 confidence, whatever the fleet size. Duplication carries D's error plus the per-engine sketches'
 (p = 12: 1.6% each, averaging out over engines). Tested against exact sets on the twin's streams
 (tests/test_kv_fleet_sketch.py). Memory: 64 KiB per model per slot, 4 KiB per engine per slot.
+
+The drift detector's `reuse_ratio` needs one more sketch (fleet_overlap.py): the hashes this
+shard's index counted as cold misses, per finer slot (a quarter slot), kept for the window and
+`COLD_HISTORY_WINDOWS` windows before it (64 KiB per model per quarter slot that saw a cold miss).
 """
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -37,6 +41,8 @@ ENGINE_P = 12
 
 
 FLUSH_HASHES = 16_384  # hashes buffered per slot before one vectorised sketch update
+COLD_HISTORY_WINDOWS = 3  # cold sketches kept before the window, in windows
+COLD_SLOTS_PER_SLOT = 4  # cold sketch slots per block sketch slot (15 s with the default 300 s window)
 
 
 @dataclass
@@ -48,11 +54,25 @@ class _Slot:
     pending_n: int = 0
 
 
+@dataclass
+class _ColdSlot:
+    """The hashes this shard's index counted as cold misses in one slot (fleet_overlap.py)."""
+
+    sketch: HyperLogLog
+    blocks: int = 0
+    pending: list[int] = field(default_factory=list)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.sketch.add(np.asarray(self.pending, dtype=np.uint64))
+            self.pending = []
+
+
 class BlockSketches:
     """Per model, a ring of time slots of sketches. Pure state; the caller serialises calls."""
 
     def __init__(self, window_s: float = 300.0, slots: int = 5, p: int = DEFAULT_P, engine_p: int = ENGINE_P,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, cold_history_s: float | None = None) -> None:
         import time
 
         if window_s <= 0 or slots < 1:
@@ -62,24 +82,52 @@ class BlockSketches:
         self.p = p
         self.engine_p = engine_p
         self.clock = clock or time.time
+        # cold sketches are kept this long before the window too: a block another shard saw
+        # first up to this long before the window is not fleet-cold (fleet_overlap.py)
+        self.cold_history_s = COLD_HISTORY_WINDOWS * window_s if cold_history_s is None else cold_history_s
+        # finer slots for the cold sketches: their span must match a counter reading's closely
+        self.cold_slot_s = self.slot_s / COLD_SLOTS_PER_SLOT
         self._models: dict[str, dict[int, _Slot]] = {}
+        self._cold: dict[str, dict[int, _ColdSlot]] = {}
 
-    def add(self, model: str, engine: str, ts: float, hashes: Sequence[int]) -> None:
-        """Buffer one message's stored hashes; the sketches take them in large vectorised
-        batches (numpy's per-call cost would otherwise dominate small messages)."""
-        if len(hashes) == 0:
-            return
+    def _slot(self, model: str, ts: float) -> _Slot:
         slots = self._models.setdefault(model, {})
         key = math.floor(ts / self.slot_s)
         slot = slots.get(key)
         if slot is None:
             slot = slots[key] = _Slot(HyperLogLog(self.p), 0, {}, {})
             self._prune(slots, key)
+        return slot
+
+    def add(self, model: str, engine: str, ts: float, hashes: Sequence[int]) -> None:
+        """Buffer one message's stored hashes; the sketches take them in large vectorised
+        batches (numpy's per-call cost would otherwise dominate small messages)."""
+        if len(hashes) == 0:
+            return
+        slot = self._slot(model, ts)
         slot.stores += len(hashes)
         slot.pending.setdefault(engine, []).extend(hashes)
         slot.pending_n += len(hashes)
         if slot.pending_n >= FLUSH_HASHES:
             self._flush(slot)
+
+    def add_cold(self, model: str, ts: float, hashes: Sequence[int]) -> None:
+        """Buffer the hashes this shard's index counted as cold misses (never seen on its pods):
+        merged across shards, their union is the fleet's cold set (fleet_overlap.py)."""
+        if len(hashes) == 0:
+            return
+        slots = self._cold.setdefault(model, {})
+        key = math.floor(ts / self.cold_slot_s)
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = _ColdSlot(HyperLogLog(self.p))
+            keep = math.ceil((self.window_s + self.cold_history_s) / self.cold_slot_s) + 1
+            for k in [k for k in slots if k <= key - keep]:
+                del slots[k]
+        slot.blocks += len(hashes)
+        slot.pending.extend(hashes)
+        if len(slot.pending) >= FLUSH_HASHES:
+            slot.flush()
 
     def _flush(self, slot: _Slot) -> None:
         for engine, hashes in slot.pending.items():
@@ -119,6 +167,24 @@ class BlockSketches:
                              "engine_distinct_sum": sum(h.estimate() for h in engines.values()),
                              "engines": len(engines)}
         return {"window_s": window_s, "models": models}
+
+    def cold_state(self, model: str, since: float, until: float) -> dict:
+        """The hashes this shard counted cold over [since, until] (whole slots: one HyperLogLog
+        and the exact count) and over the `cold_history_s` before it (fleet_overlap.py)."""
+        first, last = math.floor(since / self.cold_slot_s), math.floor(until / self.cold_slot_s)
+        inside, before = HyperLogLog(self.p), HyperLogLog(self.p)
+        blocks = 0
+        horizon = first - math.ceil(self.cold_history_s / self.cold_slot_s)
+        for k, s in self._cold.get(model, {}).items():
+            if not horizon <= k <= last:
+                continue
+            s.flush()
+            if k >= first:
+                inside.merge(s.sketch)
+                blocks += s.blocks
+            else:
+                before.merge(s.sketch)
+        return {"p": self.p, "registers": inside.to_text(), "blocks": blocks, "before_registers": before.to_text()}
 
 
 @dataclass(frozen=True)

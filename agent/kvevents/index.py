@@ -166,6 +166,9 @@ class FleetIndex:
         self.l2_shadow = TwoGenMap(self.limits.shadow_l2)
         self.l2_seq = 0
         self.duplicated = 0  # hashes held by >= 2 engines
+        # when a list: the hashes of every cold miss are appended (a sharded agent sketches them,
+        # agent/kvevents/fleet.py); None (the default) costs nothing
+        self.cold_sink: list[int] | None = None
         self.engines: dict[str, EngineState] = {}
         self._free_positions: list[int] = []
 
@@ -285,6 +288,7 @@ class FleetIndex:
         others = ~bit
         cold = capacity = routing = external = rereported = added = 0
         shadow = self.l2_shadow
+        cold_sink = self.cold_sink
         cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
         for h in ev.hashes:
             was_seen = next(seen)
@@ -312,6 +316,8 @@ class FleetIndex:
                         cap_dist[bucket] += size
                     else:
                         cold += 1
+                        if cold_sink is not None:
+                            cold_sink.append(h)
                     sy = shadow.young  # inlined TwoGenMap.put; a dropped generation simply ages out
                     shadow.old.pop(h, None)
                     sy[h] = self.l2_seq

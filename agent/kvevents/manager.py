@@ -26,6 +26,7 @@ import zmq
 
 from agent.kvevents.budget import plan_streams
 from agent.kvevents.fleet import BlockSketches
+from agent.kvevents.fleet_overlap import overlap_state
 from agent.kvevents.merge import EventTimeMerger
 from agent.kvevents.replay import ReplayState
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
@@ -131,10 +132,14 @@ class KvEventManager:
             self.signals.blocks = sketches
 
     def block_sketch_state(self, window_s: float | None = None) -> dict:
-        """This replica's mergeable block sketches over the window ({} models when disabled)."""
+        """This replica's mergeable block sketches over the window ({} models when disabled) and its
+        window readings per model (`overlap`), which the fleet overlap merges (fleet_overlap.py)."""
         with self._lock:
             blocks = self.signals.blocks
-            return blocks.state(window_s) if blocks is not None else {"window_s": window_s, "models": {}}
+            state = blocks.state(window_s) if blocks is not None else {"window_s": window_s, "models": {}}
+            readings = {m: self.signals.overlap(m, window_s) for m in self.signals.overlap_models()}
+            state["overlap"] = overlap_state(readings, blocks)
+            return state
 
     def current_overlap(self, model: str | None = None, window_s: float | None = None) -> OverlapReading | None:
         """The drift detector's signal: workload overlap over the window, or None without data."""

@@ -132,11 +132,19 @@ class KvSignals:
                 ev["AllBlocksCleared"] += 1
         for reason, n in batch.rejected.items():
             st.rejected[reason] = st.rejected.get(reason, 0) + n
-        self.index(engine.model).apply(engine.key, batch.ts, batch.events)
-        if self.blocks is not None:
-            gpu = [h for e in batch.events if type(e) is Stored and e.medium == "GPU"
-                   and (e.group is None or e.group == self.group_idx) for h in e.hashes]
-            self.blocks.add(engine.model, engine.key, batch.ts, gpu)
+        idx = self.index(engine.model)
+        if self.blocks is None:
+            idx.apply(engine.key, batch.ts, batch.events)
+            return
+        if idx.cold_sink is None:
+            idx.cold_sink = []
+        idx.apply(engine.key, batch.ts, batch.events)
+        gpu = [h for e in batch.events if type(e) is Stored and e.medium == "GPU"
+               and (e.group is None or e.group == self.group_idx) for h in e.hashes]
+        self.blocks.add(engine.model, engine.key, batch.ts, gpu)
+        if idx.cold_sink:
+            self.blocks.add_cold(engine.model, batch.ts, idx.cold_sink)
+            idx.cold_sink.clear()
 
     def reject(self, engine: EngineId, reason: str, n: int = 1) -> None:
         st = self.stream(engine)
@@ -219,6 +227,10 @@ class KvSignals:
     def observe_prompt_tokens(self, pod: str, model: str, total: float, ts: float | None = None) -> None:
         """Feed `vllm:prompt_tokens_total` only (no L2 correction, no tail estimate)."""
         self.observe_counters(pod, model, PodCounters(total), ts)
+
+    def overlap_models(self) -> list[str]:
+        """The models whose token counters were fed (the ones an overlap can be read for)."""
+        return sorted(self._windows)
 
     def overlap(self, model: str | None = None, window_s: float | None = None) -> OverlapReading | None:
         """Workload signals over the last `window_s` seconds (default: the configured window).

@@ -69,6 +69,11 @@ class OverlapReading:
     tail_tokens: float | None
     l1_hit_tokens: float
     l2_hit_tokens: float | None
+    # local-compute tokens (vLLM's counter) over the window, None when not fed
+    computed_tokens: float | None = None
+    # L2 hits beyond the capacity + routing misses: blocks the index took for cold. Unsharded it
+    # is ~0; a shard's index has not seen blocks other shards' pods put in the shared L2
+    l2_unmatched_tokens: float = 0.0
 
     def share(self, what: str) -> float | None:
         """Fraction of prompt tokens: cold, capacity, routing, tail, l1_hit or l2_hit."""
@@ -109,16 +114,20 @@ def estimate(model: str, base: _Sample, end: _Sample) -> OverlapReading | None:
     cap, rout = e1.capacity - e0.capacity, e1.routing - e0.routing
     l1 = e1.l1_hits - e0.l1_hits
     l2: float | None = None
+    unmatched = 0.0
     x = end.external - base.external
     if not math.isnan(x):
         l2 = max(0.0, x - l1)
+        unmatched = min(cold, max(0.0, l2 - (cap + rout)))
         cap, rout = _remove_l2_hits(l2, cap, rout, e0, e1)
     tail: float | None = None
     c = end.compute - base.compute
-    if not math.isnan(c):
-        tail = max(0.0, c - (cold + cap + rout))
+    computed = None if math.isnan(c) else c
+    if computed is not None:
+        tail = max(0.0, computed - (cold + cap + rout))
     ratio = 1.0 - (cold + (tail or 0.0)) / p
-    return OverlapReading(model, base.ts, end.ts, p, min(1.0, max(0.0, ratio)), cold, cap, rout, tail, l1, l2)
+    return OverlapReading(model, base.ts, end.ts, p, min(1.0, max(0.0, ratio)), cold, cap, rout, tail, l1, l2,
+                          computed, unmatched)
 
 
 def _remove_l2_hits(l2: float, cap: float, rout: float, e0: EventTotals, e1: EventTotals) -> tuple[float, float]:

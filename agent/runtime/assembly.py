@@ -82,6 +82,7 @@ class Runtime:
     kv_feed: Callable[[], int] | None = None
     paying: Any = None  # tuners.paying.Paying: the planner, counterfactual twin and calibrations
     fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
+    fleet_overlap: Any = None  # sharded: the KV-event overlap merged from every shard (FleetOverlap)
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -123,6 +124,12 @@ class Runtime:
                 stop()
             except Exception:
                 log.exception("while stopping")
+
+    @property
+    def overlap_source(self) -> Any:
+        """Where the drift detector and the workload fit read the KV-event `reuse_ratio`: the
+        shards' merged reading when sharded (never one shard's own), else the KV manager."""
+        return self.fleet_overlap if self.fleet_overlap is not None else self.kv
 
     def run_forever(self) -> None:
         """Start, block until SIGTERM or SIGINT, then stop cleanly."""
@@ -264,6 +271,7 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
     the fleet-wide overlap, distinct blocks and duplication merged from every shard."""
     from agent.collect.fleetstore import fetch_url
     from agent.kvevents.fleet import BlockSketches, FleetBlocksCollector, state_json
+    from agent.kvevents.fleet_overlap import FleetOverlap
 
     window_s = settings.kv_events.overlap_window_s
     kv.enable_block_sketches(BlockSketches(window_s=window_s, clock=clock))
@@ -280,9 +288,11 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
     rt.agent.add_route("/kv/sketch", serve)
     rt.agent.add_collector(FleetBlocksCollector(kv.block_sketch_state, settings.shard.peers, fetch_url,
                                                 settings.shard.peer_timeout_s, window_s))
+    rt.fleet_overlap = FleetOverlap(kv.block_sketch_state, settings.shard.peers, fetch_url,
+                                    settings.shard.peer_timeout_s)
 
 
-def observed_workload(store: Any, kv: KvEventManager | None, window_s: float) -> ObservedWorkload:
+def observed_workload(store: Any, kv: Any, window_s: float) -> ObservedWorkload:
     """The signals the synthetic warm-start workload is fitted to. Without KV events the
     overlap falls back to the cache's cumulative hit ratio (a lower bound)."""
     from agent.runtime.tuning_bridge import drift_signals, gpu_observations
@@ -419,7 +429,8 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                         **paying))
 
     rt.tuning = TuningLoop(
-        make_controller, lambda: drift_signals(rt.fleet_store, rt.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
+        make_controller,
+        lambda: drift_signals(rt.fleet_store, rt.overlap_source, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
         clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     rt.agent.add_health_check("tuner", rt.tuning.health)
@@ -483,7 +494,7 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
             raise RuntimeConfigError(f"key 'tuner.warm_start.trace': {exc}") from None
 
     def evaluator() -> Any:
-        observed = observed_workload(rt.fleet_store, rt.kv, settings.tuner.drift.window_s)
+        observed = observed_workload(rt.fleet_store, rt.overlap_source, settings.tuner.drift.window_s)
         # vLLM's real GPU KV capacity beats the profile's estimate; the observed queue is the load term
         twin_cluster = twin_cluster_for(cluster_kw, observed, limits.pods)
         if ws.workload == "trace":

@@ -122,7 +122,7 @@ def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, 
     `tuner` is the `tuner:` settings section (agent.settings.TunerSection)."""
     p, ws = tuner.planner, tuner.warm_start
     pods = int(cluster_kw["pods"])
-    history = FittedHistory(rt.fleet_store, rt.kv, clock, window_s=tuner.drift.window_s,
+    history = FittedHistory(rt.fleet_store, rt.overlap_source, clock, window_s=tuner.drift.window_s,
                             max_requests=ws.max_requests, seed=ws.seed)
 
     def twin_cluster() -> ClusterSpec:

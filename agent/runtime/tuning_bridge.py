@@ -36,6 +36,7 @@ from agent.collect.store import (
 )
 from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, prompt_lookups
 from agent.kvevents import EndpointSpec, KvEventManager, PodCounters, workload_overlap
+from agent.kvevents.fleet_overlap import FleetOverlap
 from agent.kvevents.settings import SettingsError as KvSettingsError
 from agent.kvevents.settings import endpoint_from_annotations
 from contracts.knobs import Knobs
@@ -116,13 +117,14 @@ def gpu_observations(window: pl.DataFrame) -> dict[str, float]:
 
 
 # -- drift signals ---------------------------------------------------------------------------
-def drift_signals(store: WindowStore, kv_manager: KvEventManager | None, window_s: float | None, *,
+def drift_signals(store: WindowStore, kv_manager: KvEventManager | FleetOverlap | None, window_s: float | None, *,
                   long_prompt_tokens: int = LONG_PROMPT_TOKENS) -> dict[str, float]:
     """The drift detector's inputs over the last `window_s`; signals without data are absent.
 
     arrival_rate (req/s), prompt_tokens_mean, long_prompt_fraction (share of requests whose
     prompt-length bucket starts at `long_prompt_tokens` or above), hit_ratio (cumulative, all
-    tiers; configuration-dependent) and reuse_ratio (the workload's own overlap from KV events).
+    tiers; configuration-dependent) and reuse_ratio (the workload's own overlap from KV events:
+    the KV manager's, or for a sharded agent the `FleetOverlap` merged from every shard).
     """
     out: dict[str, float] = {}
     req = store.request_rate(window_s=window_s)

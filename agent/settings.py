@@ -166,6 +166,13 @@ class ShardSettings(_Frozen):
     peers: tuple[str, ...] = Field((), description="base URLs of the other replicas' /window and /kv/sketch "
                                                   "(e.g. http://tierpilot-1.tierpilot:9400): the leader's fleet view")
     peer_timeout_s: float = Field(5.0, gt=0, description="time allowed per peer read")
+    token_file: Path | None = Field(None, description="file holding the bearer token the replicas share (a "
+                                    "mounted Secret): required on /window and /kv/sketch, sent to the peers; "
+                                    "re-read when the file changes")
+    token_grace_s: float = Field(300.0, ge=0, description="after a rotation, how long the previous token is "
+                                 "still accepted (replicas see the new Secret at different times)")
+    allow_unauthenticated: bool = Field(False, description="with count > 1 and no token_file, serve /window and "
+                                        "/kv/sketch to anyone who reaches the port (e.g. behind a NetworkPolicy)")
 
     @model_validator(mode="after")
     def _in_range(self) -> ShardSettings:
@@ -384,6 +391,15 @@ class AgentSettings(BaseSettings):
         if self.export.fleet == "leader" and self.shard.count > 1:
             raise ValueError("export.fleet 'leader' with shard.count > 1 would hide the other shards' series; "
                              "with sharding every replica exports its own shard: use export.fleet 'all'")
+        return self
+
+    @model_validator(mode="after")
+    def _peer_endpoints_guarded(self) -> AgentSettings:
+        sh = self.shard
+        if sh.count > 1 and sh.token_file is None and not sh.allow_unauthenticated:
+            raise ValueError("shard.count > 1 serves every pod's window to the peers on /window and /kv/sketch: "
+                             "set shard.token_file (a Secret mounted in every replica), or "
+                             "shard.allow_unauthenticated: true if the network already keeps others out")
         return self
 
     @model_validator(mode="after")

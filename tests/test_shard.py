@@ -84,7 +84,8 @@ def test_leader_fleet_view_from_the_shards_equals_the_unsharded_view():
                               **({"shard": shard} if shard else {}))
             return Agent(s, StaticTargets(targets), clock=clock)
 
-        whole, shard0, shard1 = agent(), agent(count=2, index=0), agent(count=2, index=1)
+        whole = agent()
+        shard0, shard1 = (agent(count=2, index=i, allow_unauthenticated=True) for i in (0, 1))
         shard1.start()
         try:
             rng = random.Random(5)
@@ -123,7 +124,7 @@ def test_sharded_runtime_follows_only_its_pods_kv_events_and_serves_its_sketch()
     pods = [f"vllm-{i}" for i in range(8)]
     endpoints = [{"pod": p, "model": "m", "endpoint": f"tcp://127.0.0.1:{5600 + i}"} for i, p in enumerate(pods)]
     settings = load_settings(env={}, kv_events={"enabled": True, "discovery": False, "endpoints": endpoints},
-                             shard={"count": 2, "index": 1, "peers": ["http://127.0.0.1:9/"]})
+                             shard={"count": 2, "index": 1, "peers": ["http://127.0.0.1:9/"], "allow_unauthenticated": True})
     rt = build_runtime(settings, targets=StaticTargets(()))
     followed = {s.pod for s in rt.kv._wanted}
     assert followed == {p for p in pods if shard_of(p, 2) == 1} and 0 < len(followed) < len(pods)

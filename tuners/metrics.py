@@ -35,7 +35,7 @@ ACTUATION_RESULTS: tuple[str, ...] = (
     "retriable_error", "permanent_error", "rollout_timeout", "rejected",
 )
 GUARDRAIL_REASONS: tuple[str, ...] = ("in_flight", "cooldown", "hourly_cap", "invalid")
-STEP_ERROR_KINDS: tuple[str, ...] = ("storage", "other")
+STEP_ERROR_KINDS: tuple[str, ...] = ("storage", "other", "partial_fleet")
 KNOB_LABELS: tuple[str, ...] = tuple(Knobs().to_dict())
 
 
@@ -83,7 +83,8 @@ class TunerMetrics(Collector):
             self._blocks[reason] += 1
 
     def step_error(self, kind: str) -> None:
-        """A tuning step failed: `storage` (the study storage did not answer) or `other`."""
+        """A tuning step failed: `storage` (the study storage did not answer), `other`, or
+        `partial_fleet` (a sharded leader skipped the step: a shard did not answer)."""
         if kind not in STEP_ERROR_KINDS:
             raise ValueError(f"step error kind {kind!r}; valid: {', '.join(STEP_ERROR_KINDS)}")
         with self._lock:

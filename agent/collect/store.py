@@ -220,6 +220,12 @@ class WindowStore:
         out = pl.concat(frames, how="vertical", rechunk=False)
         return out if since is None else out.filter(pl.col("ts") > since)
 
+    def window_between(self, since: float, until: float) -> pl.DataFrame:
+        """The window aggregate over exactly [since, until]: `since` prorates the first increase,
+        so it never reaches back before `since` (e.g. into the configuration before a rollout)."""
+        frame = self.frame(since=since)
+        return window_aggregate(frame.filter(pl.col("ts") <= until), since=since)
+
     def window(self, window_s: float | None = None, now: float | None = None) -> pl.DataFrame:
         """Per series over the window: increase (or lifetime total), last value, seconds covered."""
         now = self.clock() if now is None else now

@@ -18,6 +18,7 @@ import io
 import ipaddress
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -47,6 +48,7 @@ from agent.collect.store import WindowStore
 from agent.runtime.clock import SteadyWallClock
 from agent.runtime.health import Health, judge
 from agent.runtime.isolation import CollectorHealth, IsolatedCollector
+from agent.runtime.peer_auth import PEER_ENDPOINTS, REALM, PeerFetch, PeerToken
 from agent.settings import AgentSettings
 from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Snapshot
@@ -121,6 +123,12 @@ class Agent:
         monotonic: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
+        # /window and /kv/sketch: with shard.token_file only for holders of the shared token
+        # (peer_auth.py; PeerTokenError, a config error, when the file cannot be used)
+        sh = settings.shard
+        self.peer_token = PeerToken(sh.token_file, grace_s=sh.token_grace_s, monotonic=monotonic) \
+            if sh.token_file is not None else None
+        self.peer_fetch = PeerFetch(self.peer_token)
         source = targets if targets is not None else targets_from_settings(settings)
         if settings.shard.count > 1 and settings.source == "scrape":
             from agent.collect.shard import ShardedTargets, shard_index
@@ -144,6 +152,8 @@ class Agent:
         self.registry.register(self._fleet(SnapshotCollector(lambda: self._snapshot)))
         self.registry.register(self.job_stats)
         self.registry.register(self.collector_health)
+        if sh.count > 1 or self.peer_token is not None:
+            self.registry.register(self.peer_fetch.collector())
         for c in collectors:
             self.add_collector(c)
         self.jobs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
@@ -222,8 +232,13 @@ class Agent:
             raise RuntimeError("add routes before start()")
         self.routes[path] = handler
 
-    def _route(self, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> Callable[..., Any]:
+    def _route(self, path: str, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> Callable[..., Any]:
+        guarded = self.peer_token is not None and path in PEER_ENDPOINTS
+
         async def serve(request: web.Request) -> web.Response:
+            if guarded and not self.peer_token.accepts(request.headers.get("Authorization")):  # type: ignore[union-attr]
+                return web.Response(status=401, headers={"WWW-Authenticate": REALM},
+                                    text=f"{path} needs the replicas' bearer token (shard.token_file)\n")
             try:
                 body, ctype = await asyncio.get_running_loop().run_in_executor(None, handler, dict(request.query))
             except ValueError as exc:
@@ -307,7 +322,7 @@ class Agent:
         app.router.add_get("/readyz", self._serve_ready)
         app.router.add_get("/snapshot", self._serve_snapshot)
         for path, handler in self.routes.items():
-            app.router.add_get(path, self._route(handler))
+            app.router.add_get(path, self._route(path, handler))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.server.host, self.settings.server.port)
@@ -391,15 +406,30 @@ class Agent:
         return web.json_response(h.as_json(), status=200 if h.ready else 503)
 
     def _window_ipc(self, query: dict[str, str]) -> tuple[bytes, str]:
-        """GET /window?window_s=S: this replica's window aggregate as Arrow IPC (a sharded
+        """GET /window?window_s=S (the last S seconds) or /window?since=T0&until=T1 (exactly that
+        span, wall-clock seconds): this replica's window aggregate as Arrow IPC (a sharded
         leader's tuner concatenates the shards' windows: agent/collect/fleetstore.py)."""
-        try:
-            window_s = float(query["window_s"]) if "window_s" in query else None
-        except ValueError:
-            raise ValueError(f"window_s must be a number of seconds, got {query['window_s']!r}") from None
+        def number(key: str) -> float:
+            try:
+                value = float(query[key])
+            except ValueError:
+                raise ValueError(f"{key} must be a number of seconds, got {query[key]!r}") from None
+            if not math.isfinite(value):
+                raise ValueError(f"{key} must be finite, got {query[key]!r}")
+            return value
+
+        ipc = "application/vnd.apache.arrow.file"
+        if "since" in query or "until" in query:
+            if "since" not in query or "until" not in query or "window_s" in query:
+                raise ValueError("give since and until together, or window_s")
+            since, until = number("since"), number("until")
+            if not until >= since:
+                raise ValueError("until must not be before since")
+            return window_ipc(self.store.window_between(since, until)), ipc
+        window_s = number("window_s") if "window_s" in query else None
         if window_s is not None and not window_s > 0:
             raise ValueError("window_s must be positive")
-        return window_ipc(self.store.window(window_s)), "application/vnd.apache.arrow.file"
+        return window_ipc(self.store.window(window_s)), ipc
 
     async def _serve_snapshot(self, request: web.Request) -> web.Response:
         """Everything the agent knows, as JSON: only with `server.snapshot: true`, and only to

@@ -43,6 +43,7 @@ from agent.collect.discovery import (
 from agent.collect.scheduler import JobSpec
 from agent.runtime.app import Agent, run_until_signalled
 from agent.runtime.clock import SteadyWallClock
+from agent.runtime.peer_auth import PeerTokenError
 from agent.settings import AgentSettings, SettingsError
 from contracts.actuator import ActuationError
 from contracts.knobs import DEFAULT_KNOBS, Knobs
@@ -162,7 +163,10 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
         pod_api = KubernetesPodApi(k8s.CoreV1Api(api_client))
     if targets is None and api_client is not None:
         targets = _targets(settings, pod_api)
-    agent = Agent(settings, targets, clock=clock)
+    try:
+        agent = Agent(settings, targets, clock=clock)
+    except PeerTokenError as exc:  # shard.token_file unreadable or empty: refuse to start
+        raise RuntimeConfigError(str(exc)) from None
     rt = Runtime(settings, agent)
     rt.fleet_store = _fleet_store(settings, agent)
     if settings.kv_events.enabled:
@@ -203,7 +207,8 @@ def _fleet_store(settings: AgentSettings, agent: Agent) -> Any:
     if settings.shard.count > 1 and settings.shard.peers:
         from agent.collect.fleetstore import FleetStore
 
-        return FleetStore(agent.store, settings.shard.peers, timeout_s=settings.shard.peer_timeout_s)
+        return FleetStore(agent.store, settings.shard.peers, agent.peer_fetch, timeout_s=settings.shard.peer_timeout_s,
+                          strict=True)
     return agent.store
 
 
@@ -269,7 +274,6 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
                         clock: Callable[[], float]) -> None:
     """Sharded KV events: keep mergeable block sketches, serve them on /kv/sketch, and export
     the fleet-wide overlap, distinct blocks and duplication merged from every shard."""
-    from agent.collect.fleetstore import fetch_url
     from agent.kvevents.fleet import BlockSketches, FleetBlocksCollector, state_json
     from agent.kvevents.fleet_overlap import FleetOverlap
 
@@ -286,10 +290,10 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
         return state_json(kv.block_sketch_state(w)), "application/json"
 
     rt.agent.add_route("/kv/sketch", serve)
-    rt.agent.add_collector(FleetBlocksCollector(kv.block_sketch_state, settings.shard.peers, fetch_url,
+    fetch = rt.agent.peer_fetch  # with the replicas' token (peer_auth.py)
+    rt.agent.add_collector(FleetBlocksCollector(kv.block_sketch_state, settings.shard.peers, fetch,
                                                 settings.shard.peer_timeout_s, window_s))
-    rt.fleet_overlap = FleetOverlap(kv.block_sketch_state, settings.shard.peers, fetch_url,
-                                    settings.shard.peer_timeout_s)
+    rt.fleet_overlap = FleetOverlap(kv.block_sketch_state, settings.shard.peers, fetch, settings.shard.peer_timeout_s)
 
 
 def observed_workload(store: Any, kv: Any, window_s: float) -> ObservedWorkload:

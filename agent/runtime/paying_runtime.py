@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from agent.collect.store import bucket_increases, bucket_shares, signal_values, window_aggregate
+from agent.collect.store import bucket_increases, bucket_shares, signal_values
 from agent.runtime.tuning_bridge import deepest_cumulative_ratio, drift_signals, gpu_observations
 from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
 from simulator.cluster import ClusterSpec
@@ -32,9 +32,9 @@ from tuners.planner import PlanSettings
 
 
 def store_window(store: Any, since: float, until: float) -> pl.DataFrame:
-    """The store's window aggregate over exactly [since, until]."""
-    frame = store.frame(since=since)
-    return window_aggregate(frame.filter(pl.col("ts") <= until), since=since)
+    """The store's window aggregate over exactly [since, until] (a sharded leader's FleetStore:
+    every shard's)."""
+    return store.window_between(since, until)
 
 
 def _waiting_total(window: pl.DataFrame) -> float | None:

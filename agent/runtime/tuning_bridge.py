@@ -32,7 +32,6 @@ from agent.collect.store import (
     select,
     signal_rate,
     signal_values,
-    window_aggregate,
 )
 from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, prompt_lookups
 from agent.kvevents import EndpointSpec, KvEventManager, PodCounters, workload_overlap
@@ -61,10 +60,9 @@ class StoreWindowSource:
         self.store = store
 
     def _window(self, since: float, until: float) -> pl.DataFrame:
-        frame = self.store.frame(since=since)
-        # `since` prorates the first increase: it must not reach back before `since` (before
-        # the rollout a trial's window follows, i.e. into another configuration)
-        return window_aggregate(frame.filter(pl.col("ts") <= until), since=since)
+        # exactly [since, until]: not back into the configuration before a trial's rollout (a
+        # sharded leader's FleetStore reads every shard's window over the same span)
+        return self.store.window_between(since, until)
 
     def ttft_observations(self, since: float, until: float) -> TtftObservations | None:
         return ttft_observations(self._window(since, until))

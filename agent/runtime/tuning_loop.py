@@ -9,6 +9,13 @@ restores the last good configuration) and the guardrails' in-flight slot is free
 The guardrails (cooldown, hourly cap) are shared across terms, so a flapping Lease cannot
 multiply changes.
 
+A sharded leader reads the fleet from every shard (FleetStore, FleetOverlap). When a shard does
+not answer the signals read raises `PartialFleetError` and the cycle is skipped: no drift check,
+no measurement, no decision on part of the fleet; a trial in flight keeps its fixed window and is
+read on a later step (`step_errors_total{kind="partial_fleet"}`, /healthz `tuner`). A shard that
+fails between that read and the controller's own reads makes the step raise like any other
+failure below (the trial in flight is rolled back): never a partial fleet taken for the whole.
+
 Every path out of a trial frees the guardrails' in-flight slot. A step that raises (the study
 storage is down, or anything unexpected) fails the trial in flight: the measurement is dropped, the
 candidate is rolled back to the last good configuration at once (through the actuator, which does
@@ -25,6 +32,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
+from contracts.fleet import PartialFleetError
+from contracts.redact import redact_text
 from tuners.controller import StepReport, TuningController
 from tuners.guardrails import Guardrails
 from tuners.storage_errors import is_storage_error, one_line
@@ -74,11 +83,15 @@ class TuningLoop:
                     log.info("tuning: leader term %d starts; resuming from the study storage", self.terms)
                     # with a Lease, this replica is the only one acting: it adopts trials left in flight
                     self.controller.resume(now, adopt=self.is_leader is not None)
-                report = self.controller.step(now, self.signals())
+                try:
+                    signals = self.signals()
+                except PartialFleetError as exc:  # a shard did not answer: no step on part of the fleet
+                    report = self._partial_fleet(now, exc)
+                else:
+                    report = self.controller.step(now, signals)
+                    self.problem = None
             except Exception as exc:  # noqa: BLE001 - every path out of a trial must free the slot
                 report = self._step_failed(now, exc)
-            else:
-                self.problem = None
             self.state = report.state
             self.last_report = report
         level = logging.DEBUG if report.state in QUIET_STATES else logging.INFO
@@ -108,6 +121,20 @@ class TuningLoop:
             self.state = "stopped"
         finally:
             self._lock.release()
+
+    def _partial_fleet(self, now: float, exc: PartialFleetError) -> StepReport:
+        """A sharded leader's fleet read left a shard out: this cycle is skipped (nothing is
+        measured, decided or applied; a trial in flight keeps its window and is read on a later
+        step), counted as `step_errors_total{kind="partial_fleet"}` and shown in /healthz."""
+        self.errors["partial_fleet"] = self.errors.get("partial_fleet", 0) + 1
+        count = getattr(self.guardrails.metrics, "step_error", None)
+        if count is not None:
+            count("partial_fleet")
+        message = redact_text(str(exc).strip().splitlines()[0])[:300]  # PartialFleetError names peer and reason
+        self.problem = f"fleet view partial, cycle skipped: {message}"
+        log.warning("tuning: %s", self.problem)
+        phase = self.controller.phase if self.controller is not None else -1
+        return StepReport(now, phase, "partial_fleet", None, message)
 
     def _step_failed(self, now: float, exc: Exception) -> StepReport:
         kind = "storage" if is_storage_error(exc) else "other"

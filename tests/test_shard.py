@@ -135,3 +135,12 @@ def test_sharded_runtime_follows_only_its_pods_kv_events_and_serves_its_sketch()
         rt.agent.routes["/kv/sketch"]({"window_s": "soon"})
     text = rt.agent.metrics_text()
     assert 'tierpilot_kv_fleet_shards{state="failed"} 1.0' in text  # the unreachable peer, left out
+
+
+def test_one_peer_list_for_every_replica_leaves_out_the_replica_itself():
+    from agent.collect.shard import other_peers
+
+    peers = [f"http://tierpilot-{i}.tierpilot-peers.llm.svc:9400" for i in range(3)]
+    assert other_peers(peers, "tierpilot-1") == (peers[0], peers[2])
+    assert other_peers(peers, "tierpilot") == tuple(peers)  # a prefix of a name is not the name
+    assert other_peers(["http://10.0.0.7:9400"], None) == ("http://10.0.0.7:9400",)

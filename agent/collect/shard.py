@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from contracts.tier_model import Target
 
@@ -82,3 +83,19 @@ def shard_index(configured: int | None, count: int, env: Mapping[str, str] | Non
     if not 0 <= index < count:
         raise ValueError(f"shard index {index} is outside 0..{count - 1} (shard.count {count})")
     return index
+
+
+def other_peers(peers: Sequence[str], me: str | None) -> tuple[str, ...]:
+    """`shard.peers` without this replica's own URL. One config can then list every replica of a
+    StatefulSet (`http://<pod>.<headless service>:9400`, what the Helm chart renders): a peer whose
+    host is `me` ($POD_NAME) or starts with `me.` is this replica."""
+    out = []
+    for peer in peers:
+        host = (urlsplit(peer).hostname or "").lower()
+        if me and (host == me.lower() or host.startswith(me.lower() + ".")):
+            continue
+        out.append(peer)
+    return tuple(out)
+
+
+

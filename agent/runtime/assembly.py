@@ -84,6 +84,7 @@ class Runtime:
     paying: Any = None  # tuners.paying.Paying: the planner, counterfactual twin and calibrations
     fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
     fleet_overlap: Any = None  # sharded: the KV-event overlap merged from every shard (FleetOverlap)
+    shard_peers: tuple[str, ...] = ()  # shard.peers without this replica's own URL
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -168,7 +169,11 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     except PeerTokenError as exc:  # shard.token_file unreadable or empty: refuse to start
         raise RuntimeConfigError(str(exc)) from None
     rt = Runtime(settings, agent)
-    rt.fleet_store = _fleet_store(settings, agent)
+    if settings.shard.count > 1:
+        from agent.collect.shard import other_peers
+
+        rt.shard_peers = other_peers(settings.shard.peers, env.get("POD_NAME") or env.get("HOSTNAME"))
+    rt.fleet_store = _fleet_store(settings, agent, rt.shard_peers)
     if settings.kv_events.enabled:
         _add_kv_events(rt, settings, pod_api, clock, kv_context)
     if settings.tuner.enabled:
@@ -201,13 +206,13 @@ def _export_on_lease(rt: Runtime, settings: AgentSettings, api_client: Any, *, m
     log.info("export.fleet=leader: fleet series served while %s holds the Lease", rt.elector.identity)
 
 
-def _fleet_store(settings: AgentSettings, agent: Agent) -> Any:
+def _fleet_store(settings: AgentSettings, agent: Agent, peers: tuple[str, ...]) -> Any:
     """What the tuner, drift detector and workload fit read: this replica's store, or with
     `shard.peers` the fleet's (this shard's window plus every peer's /window)."""
-    if settings.shard.count > 1 and settings.shard.peers:
+    if settings.shard.count > 1 and peers:
         from agent.collect.fleetstore import FleetStore
 
-        return FleetStore(agent.store, settings.shard.peers, agent.peer_fetch, timeout_s=settings.shard.peer_timeout_s,
+        return FleetStore(agent.store, peers, agent.peer_fetch, timeout_s=settings.shard.peer_timeout_s,
                           strict=True)
     return agent.store
 
@@ -291,9 +296,9 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
 
     rt.agent.add_route("/kv/sketch", serve)
     fetch = rt.agent.peer_fetch  # with the replicas' token (peer_auth.py)
-    rt.agent.add_collector(FleetBlocksCollector(kv.block_sketch_state, settings.shard.peers, fetch,
+    rt.agent.add_collector(FleetBlocksCollector(kv.block_sketch_state, rt.shard_peers, fetch,
                                                 settings.shard.peer_timeout_s, window_s))
-    rt.fleet_overlap = FleetOverlap(kv.block_sketch_state, settings.shard.peers, fetch, settings.shard.peer_timeout_s)
+    rt.fleet_overlap = FleetOverlap(kv.block_sketch_state, rt.shard_peers, fetch, settings.shard.peer_timeout_s)
 
 
 def observed_workload(store: Any, kv: Any, window_s: float) -> ObservedWorkload:

@@ -24,7 +24,7 @@ from dashboards import build
 from dashboards.settings import BuildSettings
 from tests.conftest import REPO_ROOT
 from tests.support.kube import kubectl_path
-from tests.test_k8s_deploy import CUSTOM_KINDS, OVERLAYS, rbac_problems
+from tests.test_k8s_deploy import CUSTOM_KINDS, OVERLAYS, assert_sharded_wiring, rbac_problems, workload
 
 CHART = REPO_ROOT / "deploy" / "helm" / "tierpilot"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -129,7 +129,7 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
         (tmp_path / "agent.yaml").write_text(data["agent.yaml"])
         agent = load_agent_settings(path=tmp_path / "agent.yaml", env={})
         settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=name)
-        dep = _one(docs, "Deployment", "tierpilot")
+        dep = workload(docs)
         pod = dep["spec"]["template"]["spec"]
         (c,) = pod["containers"]
         assert {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"] == agent.server.port
@@ -151,7 +151,10 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
                 _one(docs, "StatefulSet", ref["name"])
             else:
                 assert ref == {"name": "tierpilot-study-storage", "key": "dsn"}
-            assert dep["spec"]["replicas"] == 2 and agent.export.fleet == "leader"
+            if name == "sharded":
+                assert_sharded_wiring(docs, agent, dep)
+            else:
+                assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 2 and agent.export.fleet == "leader"
             _one(docs, "PodDisruptionBudget", "tierpilot")
         assert env["TIERPILOT_DRY_RUN"]["value"] == ("true" if name == "dry-run" else "false")
 
@@ -222,6 +225,7 @@ def test_bad_values_fail_with_a_clear_message():
         (["--set", "podAntiAffinity=sometimes"], '"sometimes" is not soft, hard or empty'),
         (["--set", "actuation.leaderElection=false"], "export.fleet=leader needs actuation.leaderElection=true"),
         (["--set", "export.fleet=some"], '"some" is not leader or all'),
+        (["--set", "shard.count=2"], "shard.count > 1 needs export.fleet=all"),
     ):
         proc = helm("template", RELEASE, str(CHART), *args)
         assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)
@@ -275,3 +279,19 @@ def test_overlay_renders_the_same_objects_as_the_chart(rendered, overlay):
     assert set(kust) - OVERLAY_ONLY == set(chart)
     for key, doc in chart.items():
         assert kust[key] == doc, key
+
+
+def test_sharded_install_generates_the_peer_token_once_and_keeps_it():
+    """Without shard.tokenSecret.name the chart writes the Secret the StatefulSet mounts: a random
+    token of its own (`lookup` keeps an installed one on upgrade; `helm template` has none)."""
+    docs = template("--set", "shard.count=2", "--set", "export.fleet=all")
+    sts = workload(docs)
+    assert sts["kind"] == "StatefulSet" and sts["spec"]["replicas"] == 2
+    secret_ref = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "peer-token")["secret"]
+    secret = _one(docs, "Secret", secret_ref["secretName"])
+    assert secret_ref["items"] == [{"key": "token", "path": "token"}]
+    token = secret["data"]["token"]
+    assert len(token) >= 64 and token != _one(template("--set", "shard.count=2", "--set", "export.fleet=all"),
+                                              "Secret", secret_ref["secretName"])["data"]["token"]
+    assert not [d for d in template() if d["kind"] in ("Secret", "StatefulSet")]  # unsharded: nothing of it
+

@@ -18,7 +18,7 @@ from tests.conftest import REPO_ROOT
 from tests.support.kube import kubectl_path
 
 DEPLOY = REPO_ROOT / "deploy"
-OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "dry-run")
+OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "dry-run", "sharded")
 CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # Prometheus Operator: no schema offline
 
 
@@ -36,6 +36,13 @@ def rendered() -> dict[str, list[dict]]:
 def _one(docs, kind, name=None):
     found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
     assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
+    return found[0]
+
+
+def workload(docs) -> dict:
+    """The agent's workload: the Deployment, or the StatefulSet of a sharded install."""
+    found = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"] == "tierpilot"]
+    assert len(found) == 1, [d["kind"] for d in found]
     return found[0]
 
 
@@ -73,9 +80,10 @@ def rbac_problems(roles: list[dict], expected: list[dict]) -> list[str]:
 def test_overlay_renders_and_validates(rendered, overlay):
     docs = rendered[overlay]
     kinds = sorted(d["kind"] for d in docs)
-    for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "ServiceMonitor", "PodMonitor",
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "Service", "ServiceMonitor", "PodMonitor",
                  "PrometheusRule", "ConfigMap"):
         assert kind in kinds, (overlay, kind)
+    assert workload(docs)["kind"] == ("StatefulSet" if overlay == "sharded" else "Deployment")
     assert not {"ClusterRole", "ClusterRoleBinding"} & set(kinds), "nothing cluster-wide"
     for doc in docs:
         if doc["kind"] in CUSTOM_KINDS:
@@ -116,7 +124,7 @@ def test_the_rbac_check_catches_wildcards_and_unused_verbs(rendered):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_agent_deployment_is_locked_down_and_wired(rendered, overlay, tmp_path):
     docs = rendered[overlay]
-    dep = _one(docs, "Deployment", "tierpilot")
+    dep = workload(docs)
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
@@ -150,6 +158,38 @@ def test_agent_deployment_is_locked_down_and_wired(rendered, overlay, tmp_path):
     assert pm["spec"]["selector"]["matchLabels"] and pm["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
     rule = _one(docs, "PrometheusRule")
     assert rule["spec"]["groups"], "the dashboards' alert rules are wrapped"
+    if overlay == "sharded":
+        assert_sharded_wiring(docs, agent, dep)
+
+
+def assert_sharded_wiring(docs: list[dict], agent, sts: dict) -> None:
+    """A sharded install: one StatefulSet pod per shard behind a headless Service, every replica a
+    peer by its stable name (the agent skips its own), the token mounted from a Secret as a
+    projected key (updated on rotation, unlike a subPath), fleet series exported by every shard."""
+    from agent.collect.shard import other_peers
+
+    count = agent.shard.count
+    assert count > 1 and sts["spec"]["replicas"] == count and agent.export.fleet == "all"
+    peers_svc = _one(docs, "Service", sts["spec"]["serviceName"])
+    assert peers_svc["spec"]["clusterIP"] == "None" and peers_svc["spec"]["publishNotReadyAddresses"] is True
+    assert peers_svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert peers_svc["metadata"]["labels"]["app.kubernetes.io/component"] != "agent"  # not scraped twice
+    svc = sts["spec"]["serviceName"]
+    assert len(agent.shard.peers) == count
+    for i in range(count):
+        assert other_peers(agent.shard.peers, f"tierpilot-{i}") == tuple(
+            p for p in agent.shard.peers if not p.startswith(f"http://tierpilot-{i}.{svc}."))
+        assert len(other_peers(agent.shard.peers, f"tierpilot-{i}")) == count - 1
+    pod = sts["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "peer-token")
+    assert "subPath" not in mount and mount["readOnly"] is True
+    secret = next(v for v in pod["volumes"] if v["name"] == "peer-token")["secret"]
+    assert agent.shard.token_file == Path(mount["mountPath"]) / secret["items"][0]["path"]
+    assert agent.shard.allow_unauthenticated is False
+    egress = _one(docs, "NetworkPolicy")["spec"]["egress"]
+    assert any(r.get("to") == [{"podSelector": {"matchLabels": sts["spec"]["selector"]["matchLabels"]}}]
+               and r["ports"] == [{"port": 9400, "protocol": "TCP"}] for r in egress)
 
 
 def test_dockerfile_runs_as_non_root_and_copies_only_what_exists():

@@ -50,6 +50,26 @@ app.kubernetes.io/component: agent
 {{- if and .Values.actuation.leaderElection (or .Values.tuner.enabled (eq .Values.export.fleet "leader")) -}}true{{- end -}}
 {{- end -}}
 
+{{/* Sharded direct scrape: shard.count > 1 replicas of a StatefulSet split the pods (the ordinal is the shard). */}}
+{{- define "tierpilot.sharded" -}}
+{{- if gt (int .Values.shard.count) 1 -}}true{{- end -}}
+{{- end -}}
+
+{{/* How many agent pods: one per shard when sharded, else replicaCount. */}}
+{{- define "tierpilot.replicas" -}}
+{{- if include "tierpilot.sharded" . -}}{{ int .Values.shard.count }}{{- else -}}{{ int .Values.replicaCount }}{{- end -}}
+{{- end -}}
+
+{{/* The headless Service that gives every shard a stable DNS name for its peers. */}}
+{{- define "tierpilot.peersService" -}}
+{{- printf "%s-peers" (include "tierpilot.fullname" .) -}}
+{{- end -}}
+
+{{/* The Secret holding the replicas' shared bearer token for /window and /kv/sketch. */}}
+{{- define "tierpilot.peerTokenSecret" -}}
+{{- default (printf "%s-peer-token" (include "tierpilot.fullname" .)) .Values.shard.tokenSecret.name -}}
+{{- end -}}
+
 {{/* Secret name and key holding the study storage DSN ("" when the study is on a PVC). */}}
 {{- define "tierpilot.storageSecret" -}}
 {{- if and .Values.tuner.enabled (eq .Values.tuner.storage.type "postgresql") -}}

@@ -180,6 +180,14 @@ class ShardSettings(_Frozen):
             raise ValueError(f"index {self.index} must be below count {self.count}")
         return self
 
+    @model_validator(mode="after")
+    def _peer_endpoints_guarded(self) -> ShardSettings:
+        if self.count > 1 and self.token_file is None and not self.allow_unauthenticated:
+            raise ValueError("count > 1 serves every pod's window to the peers on /window and /kv/sketch: "
+                             "set token_file (a Secret mounted in every replica), or "
+                             "allow_unauthenticated: true if the network already keeps others out")
+        return self
+
 
 class TierSettings(_Frozen):
     kv_bytes_per_token: float | None = Field(
@@ -391,15 +399,6 @@ class AgentSettings(BaseSettings):
         if self.export.fleet == "leader" and self.shard.count > 1:
             raise ValueError("export.fleet 'leader' with shard.count > 1 would hide the other shards' series; "
                              "with sharding every replica exports its own shard: use export.fleet 'all'")
-        return self
-
-    @model_validator(mode="after")
-    def _peer_endpoints_guarded(self) -> AgentSettings:
-        sh = self.shard
-        if sh.count > 1 and sh.token_file is None and not sh.allow_unauthenticated:
-            raise ValueError("shard.count > 1 serves every pod's window to the peers on /window and /kv/sketch: "
-                             "set shard.token_file (a Secret mounted in every replica), or "
-                             "shard.allow_unauthenticated: true if the network already keeps others out")
         return self
 
     @model_validator(mode="after")

@@ -179,7 +179,7 @@ def test_leader_export_elects_a_leader_even_without_the_tuner(kube):
     with pytest.raises(RuntimeConfigError, match="key 'export.fleet'"):
         build_runtime(no_election, targets=StaticTargets([]), env={})
     with pytest.raises(SettingsError, match="other shards' series"):
-        load_settings(env={}, export={"fleet": "leader"}, shard={"count": 2})
+        load_settings(env={}, export={"fleet": "leader"}, shard={"count": 2, "allow_unauthenticated": True})
 
 
 def test_two_replicas_behind_the_operator_count_once_and_fail_over_with_a_warm_window(kube, tmp_path):

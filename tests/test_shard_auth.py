@@ -47,7 +47,7 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes, dict]:
 
 
 def test_sharding_without_a_token_needs_an_explicit_opt_out(tmp_path):
-    with pytest.raises(SettingsError, match=r"shard.token_file .*allow_unauthenticated"):
+    with pytest.raises(SettingsError, match=r"key .shard.: .*set token_file .*allow_unauthenticated"):
         load_settings(env={}, shard={"count": 2})
     assert load_settings(env={}, shard={"count": 2, "allow_unauthenticated": True}).shard.count == 2
     token = tmp_path / "token"

@@ -135,6 +135,15 @@ def test_sharded_runtime_follows_only_its_pods_kv_events_and_serves_its_sketch()
         rt.agent.routes["/kv/sketch"]({"window_s": "soon"})
     text = rt.agent.metrics_text()
     assert 'tierpilot_kv_fleet_shards{state="failed"} 1.0' in text  # the unreachable peer, left out
+    # the drift detector's inputs are the fleet's: with the peer unreachable they are refused
+    from agent.runtime.tuning_bridge import drift_signals
+    from contracts.fleet import PartialFleetError
+
+    assert rt.overlap_source is rt.fleet_overlap is not None
+    with pytest.raises(PartialFleetError, match="shard http://127.0.0.1:9 left out"):
+        drift_signals(rt.fleet_store, rt.overlap_source, 60.0)
+    assert 'tierpilot_fleet_peer_fetch_failures_total{endpoint="/window",peer="http://127.0.0.1:9",reason="unreachable"}' \
+        in rt.agent.metrics_text()
 
 
 def test_one_peer_list_for_every_replica_leaves_out_the_replica_itself():

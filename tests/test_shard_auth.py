@@ -103,6 +103,11 @@ def test_peer_endpoints_need_the_token_and_follow_its_rotation(tmp_path):
         status, text, _ = _get(peer.url)
         assert status == 200 and "tierpilot_peer_auth_refused_total 6.0" in text.decode()
 
+        # rotation seen by the reader first: it falls back to the previous token while the peer has it
+        _write(client_file, "token-zero")
+        assert FleetStore(local, [base], client, strict=True).window().height == 0
+        _write(client_file, "token-one")  # (and back: two rotations of the reader's file)
+        assert client.token is not None and client.token.current() == "token-one" and client.token.rotations == 2
         # rotation: the server's Secret changes; the old token works for the grace period only
         _write(server_file, "token-three")
         assert _get(f"{base}/window", "token-three")[0] == 200
@@ -114,7 +119,7 @@ def test_peer_endpoints_need_the_token_and_follow_its_rotation(tmp_path):
         # the client's Secret follows: re-read on the next request, no restart
         _write(client_file, "token-three")
         assert FleetStore(local, [base], client, strict=True).window().height == 0
-        assert client.token is not None and client.token.rotations == 1
+        assert client.token.rotations == 3
         # a file that turns bad later keeps the last good token
         client_file.write_text("")
         assert client.token.current() == "token-three"

@@ -93,7 +93,7 @@ class FleetStore(WindowStore):
         return self._union(self.local.window(window_s, now), f"window_s={window_s:g}")
 
     def window_between(self, since: float, until: float) -> pl.DataFrame:
-        return self._union(self.local.window_between(since, until), f"since={since!r}&until={until!r}")
+        return self._union(self.local.window_between(since, until), f"since={float(since)!r}&until={float(until)!r}")
 
 
 __all__ = ["FleetStore", "fetch_url"]

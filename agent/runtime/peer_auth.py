@@ -9,8 +9,9 @@ would break sharding. With `shard.token_file` (a Kubernetes Secret mounted in ev
   (`hmac.compare_digest`). A file that cannot be read at start is a config error; a failed re-read
   later keeps the last token (and logs it).
 - `PeerFetch(token)`: what `FleetStore`, `FleetOverlap` and the fleet sketch collector read peers
-  with: `Authorization: Bearer <token>`; a 401/403 becomes `PeerRefused`, one line naming the peer
-  and the setting to check; failures are counted per peer, endpoint and reason
+  with: `Authorization: Bearer <token>` (after a rotation, within the grace period, a refused read
+  is tried once more with the previous token: the peer may not have seen the new Secret yet); a
+  401/403 becomes `PeerRefused`, one line naming the peer and the setting to check; failures are counted per peer, endpoint and reason
   (`tierpilot_fleet_peer_fetch_failures_total`).
 """
 from __future__ import annotations
@@ -93,6 +94,12 @@ class PeerToken:
                     self._stamp = stamp
             return self._token
 
+    def previous(self) -> str | None:
+        """The token before the last rotation while its grace period lasts, else None."""
+        self.current()
+        with self._lock:
+            return self._previous if self.monotonic() < self._previous_until else None
+
     def accepts(self, authorization: str | None) -> bool:
         """Whether an `Authorization` header carries the token (or, within the grace period after
         a rotation, the previous one). Constant-time in the token's content."""
@@ -124,12 +131,21 @@ class PeerFetch:
         with self._lock:
             self.failures[key] = self.failures.get(key, 0) + 1
 
+    def _get(self, url: str, timeout_s: float, token: str | None) -> bytes:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as resp:
+            return resp.read()
+
     def __call__(self, url: str, timeout_s: float) -> bytes:
-        headers = {"Authorization": f"Bearer {self.token.current()}"} if self.token is not None else {}
-        request = urllib.request.Request(url, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                return resp.read()
+            try:
+                return self._get(url, timeout_s, self.token.current() if self.token is not None else None)
+            except urllib.error.HTTPError as exc:
+                previous = self.token.previous() if self.token is not None else None
+                if exc.code not in (401, 403) or previous is None:
+                    raise
+                # this replica saw the rotation first: the peer may still hold the previous token
+                return self._get(url, timeout_s, previous)
         except urllib.error.HTTPError as exc:
             where = redact_url(url.partition("?")[0])
             if exc.code in (401, 403):

@@ -105,7 +105,7 @@ def test_kv_signals_feed_the_sketches_from_gpu_stores_only():
     assert merge_states([sig.blocks.state(window_s=10.0, now=200.0)]) == []
 
 
-def test_collector_merges_peers_and_leaves_out_a_failing_one():
+def test_collector_merges_peers_and_leaves_out_a_failing_one(caplog):
     mine, theirs = BlockSketches(clock=lambda: 10.0), BlockSketches(clock=lambda: 10.0)
     mine.add("m", "a", 5.0, [1, 2, 3])
     theirs.add("m", "b", 5.0, [3, 4])
@@ -118,7 +118,12 @@ def test_collector_merges_peers_and_leaves_out_a_failing_one():
         raise OSError("connection refused")
 
     col = FleetBlocksCollector(mine.state, ["http://ok:9400", "http://down:9400", "http://junk:9400"], fetch)
-    fams = {f.name: f for f in col.collect()}
+    with caplog.at_level("INFO", logger="agent.kvevents.fleet"):
+        fams = {f.name: f for f in col.collect()}
+        list(col.collect())  # a peer that keeps failing the same way is logged once
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["fleet block sketches: shard http://down:9400 left out: connection refused",
+                     "fleet block sketches: shard http://junk:9400 left out: model 'm': malformed sketch ('registers')"]
     assert fams["tierpilot_kv_fleet_distinct_blocks"].samples[0].value == pytest.approx(4, abs=0.05)
     assert fams["tierpilot_kv_fleet_block_overlap_ratio"].samples[0].value == pytest.approx(0.2, abs=0.01)
     assert {s.labels["state"]: s.value for s in fams["tierpilot_kv_fleet_shards"].samples} == {"ok": 2, "failed": 2}

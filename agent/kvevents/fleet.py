@@ -28,6 +28,7 @@ shard's index counted as cold misses, per finer slot (a quarter slot), kept for 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agent.kvevents.hll import DEFAULT_P, HyperLogLog
 
 ENGINE_P = 12
+log = logging.getLogger(__name__)
 
 
 FLUSH_HASHES = 16_384  # hashes buffered per slot before one vectorised sketch update
@@ -242,6 +244,7 @@ class FleetBlocksCollector:
         self.fetch = fetch
         self.timeout_s = timeout_s
         self.window_s = window_s
+        self._problems: dict[str, str | None] = {}
 
     def read(self) -> tuple[list[FleetBlocks], int, int]:
         states = [self.local()]
@@ -252,9 +255,22 @@ class FleetBlocksCollector:
                 doc = json.loads(self.fetch(f"{peer}/kv/sketch?window_s={self.window_s:g}", self.timeout_s))
                 merge_states([doc])  # validates before it joins the merge
                 states.append(doc)
-            except Exception:  # noqa: BLE001 - any peer fault leaves that peer out of this read
+            except Exception as exc:  # noqa: BLE001 - any peer fault leaves that peer out of this read
                 failed += 1
+                self._note(peer, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            else:
+                self._note(peer, None)
         return merge_states(states), 1 + len(self.peers) - failed, failed
+
+    def _note(self, peer: str, problem: str | None) -> None:
+        """One log line when a peer starts failing (or fails differently), one when it answers again."""
+        if self._problems.get(peer) == problem:
+            return
+        if problem is not None:
+            log.warning("fleet block sketches: shard %s left out: %s", peer, problem)
+        else:
+            log.info("fleet block sketches: shard %s answers again", peer)
+        self._problems[peer] = problem
 
     def describe(self) -> list[Metric]:
         return []

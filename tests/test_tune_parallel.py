@@ -1,45 +1,104 @@
-"""Twin searches in parallel on one optuna study in a real PostgreSQL: worker processes share the
-trial budget, every trial lands once, the defaults are tried once, and the best is the study's."""
+"""Twin searches in parallel on one optuna study in a real PostgreSQL: this process and helper
+processes share one trial budget, every trial lands once, the defaults are tried once, the best is
+the study's, a pool serves several searches, and a helper that cannot start costs no trial."""
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from tests.support.postgres import postgres_url  # noqa: F401
 from tuners.objective import ObjectiveSpec
 from tuners.optuna_tuner import OptunaTuner
-from tuners.parallel import ClusterArgs, WorkloadSpec, parallel_tune, split_budget
+from tuners.parallel import ClusterArgs, SearchTask, TrialBudget, TunePool, WorkloadSpec, parallel_tune
 from tuners.space import DeploymentLimits, SearchSpace
 
 LIMITS = DeploymentLimits(pods=2, l2_backend="twin")
+WORKLOAD = WorkloadSpec(preset="sessions", max_requests=600)
 
 
-def test_split_budget():
-    assert split_budget(10, 4) == [3, 3, 2, 2]
-    assert split_budget(3, 4) == [1, 1, 1, 0]
-    with pytest.raises(ValueError):
-        split_budget(5, 0)
+def _study(url: str, name: str) -> OptunaTuner:
+    return OptunaTuner(SearchSpace.from_limits(LIMITS), ObjectiveSpec(), storage=url, study_name=name)
+
+
+def test_trial_budget_hands_out_exactly_its_limit_under_contention():
+    import multiprocessing
+
+    budget = TrialBudget(multiprocessing.get_context("spawn"))
+    budget.reset(500)
+    taken = [0] * 4
+
+    def take(i: int) -> None:
+        while budget.take():
+            taken[i] += 1
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(taken) == budget.taken == 500
+    budget.reset(3)
+    assert [budget.take() for _ in range(5)] == [True, True, True, False, False]
 
 
 def test_workers_share_one_study_on_postgres(postgres_url):  # noqa: F811
-    result = parallel_tune(WorkloadSpec(preset="sessions", max_requests=250), ClusterArgs({"pods": 2}), LIMITS,
-                           storage=postgres_url, study="par", trials=10, workers=2, seed=3)
-    assert [r.trials for r in sorted(result.workers, key=lambda r: r.worker)] == [5, 5]
-    tuner = OptunaTuner(SearchSpace.from_limits(LIMITS), ObjectiveSpec(), storage=postgres_url, study_name="par")
-    trials = tuner.trials()
-    assert result.trials == len(trials) == 10
-    assert len({t.number for t in trials}) == 10
-    owners = {t.attrs.get("candidate", {}).get("owner") for t in trials}
-    assert owners == {"tune-worker-0", "tune-worker-1"}  # both processes ran trials
-    assert sum(t.attrs.get("source") == "defaults" for t in trials) == 1
-    values = [t.value for t in trials if t.state == "complete" and t.feasible and t.value is not None]
-    assert result.best is not None and result.best.value == min(values)
-    # resuming (here with one in-process worker) adds to the same study
-    more = parallel_tune(WorkloadSpec(preset="sessions", max_requests=250), ClusterArgs({"pods": 2}), LIMITS,
-                         storage=postgres_url, study="par", trials=3, workers=1, seed=4, in_process=True)
-    assert more.trials == 13
+    with TunePool(WORKLOAD, ClusterArgs({"pods": 2}), LIMITS, workers=2) as pool:
+        pool.wait_ready()  # so both start together and both run trials
+        result = parallel_tune(WORKLOAD, ClusterArgs({"pods": 2}), LIMITS, storage=postgres_url, study="par",
+                               trials=16, workers=2, seed=3, pool=pool)
+        assert result.errors == ()
+        assert sorted(r.worker for r in result.workers) == [0, 1]
+        assert sum(r.trials for r in result.workers) == 16
+        trials = _study(postgres_url, "par").trials()
+        assert result.trials == len(trials) == 16
+        assert len({t.number for t in trials}) == 16
+        owners = {t.attrs.get("candidate", {}).get("owner") for t in trials}
+        assert owners == {"tune-worker-0", "tune-worker-1"}  # this process and the helper ran trials
+        assert sum(t.attrs.get("source") == "defaults" for t in trials) == 1
+        values = [t.value for t in trials if t.state == "complete" and t.feasible and t.value is not None]
+        assert result.best is not None and result.best.value == min(values)
+        # the same pool runs a second search; its budget is counted afresh
+        again = parallel_tune(WORKLOAD, ClusterArgs({"pods": 2}), LIMITS, storage=postgres_url, study="par-2",
+                              trials=5, workers=2, seed=4, pool=pool)
+        assert again.trials == 5 and sum(r.trials for r in again.workers) == 5
+    # resuming (here with one worker: this process only) adds to the same study
+    more = parallel_tune(WORKLOAD, ClusterArgs({"pods": 2}), LIMITS, storage=postgres_url, study="par",
+                         trials=3, workers=1, seed=4)
+    assert more.trials == 19
+    assert [r.worker for r in more.workers] == [0]
+
+
+def test_a_helper_that_cannot_start_costs_no_trial(postgres_url, tmp_path):  # noqa: F811
+    missing = WorkloadSpec(trace=tmp_path / "gone.jsonl")  # the helpers cannot load it
+    frame = WORKLOAD.load()  # this process already has the workload
+    result = parallel_tune(missing, ClusterArgs({"pods": 2}), LIMITS, storage=postgres_url, study="lonely",
+                           trials=4, workers=2, seed=0, frame=frame)
+    assert result.trials == 4
+    assert [(r.worker, r.trials) for r in result.workers] == [(0, 4)]
+    assert len(result.errors) == 1
+    assert result.errors[0].startswith("tune worker 1: start-up:") and "gone.jsonl" in result.errors[0]
+    assert "\n" not in result.errors[0]
+
+
+def test_pool_search_reports_where_the_time_went(postgres_url):  # noqa: F811
+    with TunePool(WORKLOAD, ClusterArgs({"pods": 2}), LIMITS, workers=1) as pool:
+        _study(postgres_url, "timed")
+        (report,) = pool.search(SearchTask(postgres_url, "timed", ObjectiveSpec(), seed=1), 3)
+    assert report.trials == report.replays == 3
+    assert report.replay_seconds > 0 and report.storage_seconds > 0
+    assert report.wall_seconds >= report.replay_seconds + report.storage_seconds
 
 
 def test_needs_a_shared_storage():
     with pytest.raises(ValueError, match="shared RDB storage"):
         parallel_tune(WorkloadSpec(preset="sessions"), ClusterArgs(), LIMITS, storage="memory", study="x",
                       trials=2, workers=2)
+    with pytest.raises(ValueError, match="start_method"):
+        TunePool(WORKLOAD, ClusterArgs(), LIMITS, workers=1, start_method="fork")
+
+
+def test_workload_spec_loads_what_load_workload_loads():
+    assert WORKLOAD.load().height == 600
+    with pytest.raises(ValueError, match="exactly one"):
+        WorkloadSpec().load()

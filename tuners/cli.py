@@ -73,8 +73,8 @@ Examples:
 @click.option("--max-requests", type=click.IntRange(1), help="Replay only the first N requests.")
 @click.option("--duration", type=click.FloatRange(0, min_open=True), help="Replay only the first S seconds.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
-              help="Worker processes sharing the study (needs an RDB --storage; PostgreSQL for more than "
-                   "two). Each runs its share of --trials; see docs/tuner.md.")
+              help="Processes sharing the study: this one plus N-1 helpers (needs an RDB --storage; "
+                   "PostgreSQL for more than two). They draw from one budget of --trials; see docs/tuner.md.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, storage: str, study: str | None,
          new_study: bool, targets_file: Path | None, seed: int, metric: str, memory_ms_per_gib: float,
@@ -205,11 +205,16 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
     try:
         result = parallel_tune(WorkloadSpec(**workload_spec), ClusterArgs(cluster_kw), limits,  # type: ignore[arg-type]
                                storage=storage, study=study, trials=trials, workers=workers,
-                               objective=objective, sampler=sampler, seed=seed, settings=settings)
+                               objective=objective, sampler=sampler, seed=seed, settings=settings, frame=workload)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"{sum(r.trials for r in result.workers)} trials on {workers} workers in "
+    for error in result.errors:
+        click.echo(f"warning: {error} (the other workers ran its trials)", err=True)
+    click.echo(f"{sum(r.trials for r in result.workers)} trials on {len(result.workers)} workers in "
                f"{result.wall_seconds:.1f} s; study now holds {result.trials} trials")
+    for r in result.workers:
+        click.echo(f"  worker {r.worker}: {r.trials} trials, {r.replay_seconds:.1f} s replaying, "
+                   f"{r.storage_seconds:.1f} s in ask/tell, ready {r.startup_seconds:.1f} s after the search began")
     if result.best is None:
         raise click.ClickException("no feasible trial finished; nothing to report")
     evaluator = TwinEvaluator(workload, cluster, limits)  # type: ignore[arg-type]

@@ -141,6 +141,10 @@ class PrometheusSourceSettings(_Frozen):
     pod_label: str = Field("pod", description="label naming the pod (else `instance` is used)")
     namespace_label: str = Field("namespace", description="label naming the namespace")
     backfill: bool = Field(True, description="at start, fill the window with one range query per series")
+    aggregate: Literal["server", "agent"] = Field(
+        "server", description="server: Prometheus aggregates every mapping rule per pod and model "
+                              "(promplan.py; small answers, the large-fleet mode); agent: read the raw "
+                              "series and normalise them here, as a direct scrape does")
 
     @field_validator("url")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ class FakeQueryApi:
 
     def __init__(self) -> None:
         self.mode = "ok"
+        self.aggregate = "server"
         self.up = 1.0
         self.requests: list[tuple[dict, dict]] = []
         self.port = free_port()
@@ -56,6 +58,11 @@ class FakeQueryApi:
             return web.json_response({"status": "error", "errorType": "timeout", "error": "query timed out"},
                                      status=503)
         q = form["query"]
+        agg = re.match(r"sum by \(([^)]*)\) \(([a-zA-Z_:]+)\{", q)
+        if agg:  # aggregate: server, one rule's part: the series grouped by the listed labels
+            by = [x.strip() for x in agg.group(1).split(",")]
+            labels = {k: v for k, v in VLLM.items() if k in by}
+            return web.json_response(_vector((labels, 500.0 if "hits" in agg.group(2) else 1000.0)))
         if q.startswith("up"):
             return web.json_response(_vector(({k: v for k, v in VLLM.items() if k != "__name__"}
                                                | {"__name__": "up"}, self.up)))
@@ -66,9 +73,16 @@ class FakeQueryApi:
             return web.json_response(_vector((labels, 100.0 if "queries" in name else 25.0)))
         return web.json_response(_vector((VLLM, 1000.0), (hits, 500.0)))
 
+    async def _names(self, request: web.Request) -> web.Response:
+        self.requests.append((dict(request.headers), dict(request.query)))
+        if self.mode != "ok":
+            return await self._handle(request)
+        return web.json_response({"status": "success", "data": [VLLM["__name__"], "vllm:prefix_cache_hits_total"]})
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
+        app.router.add_get("/api/v1/label/__name__/values", self._names)
         app.router.add_post("/api/v1/query", self._handle)
         app.router.add_post("/api/v1/query_range", self._handle)
         runner = web.AppRunner(app)
@@ -87,17 +101,20 @@ class FakeQueryApi:
         self._thread.join(5)
 
 
-@pytest.fixture()
-def api() -> Iterator[FakeQueryApi]:
+@pytest.fixture(params=["server", "agent"])
+def api(request) -> Iterator[FakeQueryApi]:
+    """The fake query API, once for each `aggregate` mode (the agent built by `_agent` uses it)."""
     server = FakeQueryApi()
+    server.aggregate = request.param
     server.start()
     yield server
     server.stop()
 
 
-def _agent(url: str, **prom) -> Agent:
+def _agent(url: str, aggregate: str = "server", **prom) -> Agent:
     settings = load_settings(env={}, source="prometheus", prometheus={"url": url, "timeout_s": 1.0,
-                                                                     "backfill": False, **prom})
+                                                                     "backfill": False, "aggregate": aggregate,
+                                                                     **prom})
     return Agent(settings, StaticTargets(()))
 
 
@@ -138,10 +155,13 @@ def test_query_plan_reads_only_mapped_names_and_keeps_series_born_in_the_window(
 def test_bearer_token_and_basic_auth_are_read_from_files_each_cycle(api, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    agent = _agent(api.url, bearer_token_file=str(token))
+    agent = _agent(api.url, api.aggregate, bearer_token_file=str(token))
     snap = agent.scrape_now()
     assert all(h["Authorization"] == "Bearer s3cret" for h, _ in api.requests)
-    assert [t.tier for t in snap.tiers] == ["gpu"] and snap.tiers[0].hit_ratio == 0.25
+    # agent-side: the window's `increase()` (25 of 100); server-side: the store differences the
+    # lifetime values between cycles, so the first cycle has lifetime totals only (500 of 1000)
+    assert [t.tier for t in snap.tiers] == ["gpu"]
+    assert snap.tiers[0].hit_ratio == (0.25 if api.aggregate == "agent" else 0.5)
     token.write_text("rotated")
     api.requests.clear()
     agent.scrape_now()
@@ -149,15 +169,15 @@ def test_bearer_token_and_basic_auth_are_read_from_files_each_cycle(api, tmp_pat
     pw = tmp_path / "pw"
     pw.write_text("hunter2\n")
     api.requests.clear()
-    _agent(api.url, basic_auth={"username": "agent", "password_file": str(pw)}).scrape_now()
+    _agent(api.url, api.aggregate, basic_auth={"username": "agent", "password_file": str(pw)}).scrape_now()
     assert api.requests[0][0]["Authorization"] == "Basic " + base64.b64encode(b"agent:hunter2").decode()
     # the server-side timeout travels with every query, below the client's
-    assert float(api.requests[0][1]["timeout"]) < 1.0
+    assert all(float(form["timeout"]) < 1.0 for _, form in api.requests if "query" in form)
 
 
 @pytest.mark.parametrize(("mode", "reason"), [("slow", "timeout"), ("503", "http_5xx"), ("error", "query_error")])
 def test_failing_query_api_marks_targets_down_and_keeps_the_last_answer(api, mode, reason):
-    agent = _agent(api.url)
+    agent = _agent(api.url, api.aggregate)
     good = agent.scrape_now()
     rows = agent.store.rows
     assert good.targets[0].up and good.tiers
@@ -173,8 +193,9 @@ def test_failing_query_api_marks_targets_down_and_keeps_the_last_answer(api, mod
     assert again.targets[0].up and again.targets[0].errors == {reason: 1}
 
 
-def test_unreachable_query_api_is_one_reasoned_status():
-    snap = _agent(f"http://127.0.0.1:{free_port()}").scrape_now()
+@pytest.mark.parametrize("aggregate", ["server", "agent"])
+def test_unreachable_query_api_is_one_reasoned_status(aggregate):
+    snap = _agent(f"http://127.0.0.1:{free_port()}", aggregate).scrape_now()
     (status,) = snap.targets
     assert not status.up and status.reason == "connection_refused" and status.target.pod == "prometheus"
     assert not snap.tiers
@@ -182,7 +203,7 @@ def test_unreachable_query_api_is_one_reasoned_status():
 
 def test_target_prometheus_cannot_scrape_is_down_with_reason(api):
     api.up = 0.0
-    snap = _agent(api.url).scrape_now()
+    snap = _agent(api.url, api.aggregate).scrape_now()
     (status,) = snap.targets
     assert not status.up and status.reason == "target_down" and "10.0.0.1:8000" in status.detail
     text = json.dumps([t.pod for t in snap.tiers])
@@ -190,7 +211,7 @@ def test_target_prometheus_cannot_scrape_is_down_with_reason(api):
 
 
 def test_query_concurrency_gate_survives_one_event_loop_per_cycle(api):
-    agent = _agent(api.url, concurrency=1)  # every query waits for the gate
+    agent = _agent(api.url, api.aggregate, concurrency=1)  # every query waits for the gate
     for _ in range(2):  # scrape_now runs each cycle on a fresh event loop
         snap = agent.scrape_now()
         assert snap.targets[0].up and snap.tiers

@@ -86,7 +86,8 @@ def scraped_cluster(prometheus_factory):  # noqa: F811
         yield cluster, prom
 
 
-def test_direct_scrape_and_prometheus_source_agree(scraped_cluster):
+@pytest.mark.parametrize("aggregate", ["server", "agent"])
+def test_direct_scrape_and_prometheus_source_agree(scraped_cluster, aggregate):
     cluster, prom = scraped_cluster
     store = {"store": {"window_s": WINDOW_S, "retention_s": WINDOW_S}}
     direct = Agent(load_settings(env={}, **store), StaticTargets(
@@ -98,7 +99,8 @@ def test_direct_scrape_and_prometheus_source_agree(scraped_cluster):
         time.sleep(1.1)
     time.sleep(2.5)  # Prometheus has scraped the final state
     d_snap = direct.scrape_now()
-    via_prom = Agent(load_settings(env={}, source="prometheus", prometheus={"url": prom.url},
+    via_prom = Agent(load_settings(env={}, source="prometheus",
+                                   prometheus={"url": prom.url, "aggregate": aggregate},
                                    scrape={"interval_s": 1.0}, **store), StaticTargets(()))
     p_snap = via_prom.scrape_now()
     assert_equivalent(d_snap, p_snap)

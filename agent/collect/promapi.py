@@ -99,24 +99,72 @@ class PrometheusApi:
         form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
         return await self._post(session, "query_range", form)
 
+    async def query_body(self, session: aiohttp.ClientSession, promql: str,
+                         at: float | None = None) -> tuple[bytes, float] | QueryFailure:
+        """An instant query's raw answer and its duration, for a caller that decodes it into its
+        own types (promtable.AnswerDecoder); a failure as for `query`. A body that is not a
+        successful answer is decoded here, for its error."""
+        form = {"query": promql}
+        if at is not None:
+            form["time"] = f"{at:.3f}"
+        async with self._semaphore():
+            got = await self._send(session, "query", form)
+        if isinstance(got, QueryFailure):
+            return got
+        status, body, duration = got
+        if status != 200 or not body.startswith(b'{"status":"success"'):
+            res = _decode(status, body, promql, duration)
+            if isinstance(res, QueryFailure):
+                return res
+        return body, duration
+
+    async def label_values(self, session: aiohttp.ClientSession, label: str, match: str, start: float,
+                           end: float) -> list[str] | QueryFailure:
+        """`/api/v1/label/<label>/values` of the series matching `match` in [start, end]: the
+        index alone, no samples read (every API-compatible server has it)."""
+        params = {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"}
+        async with self._semaphore():
+            got = await self._send(session, f"label/{label}/values", params, method="GET")
+        if isinstance(got, QueryFailure):
+            return got
+        status, body, duration = got
+        try:
+            doc = _JSON.decode(body)
+        except msgspec.DecodeError:
+            doc = None
+        if status == 200 and isinstance(doc, dict) and doc.get("status") == "success" \
+                and isinstance(doc.get("data"), list):
+            return [str(v) for v in doc["data"]]
+        failure = _decode(status, body, match, duration)
+        return failure if isinstance(failure, QueryFailure) else QueryFailure(
+            "query_error", f"not a label values answer (HTTP {status})", duration)
+
     async def _post(self, session: aiohttp.ClientSession, endpoint: str,
                     form: dict[str, str]) -> list[dict[str, Any]] | QueryFailure:
         async with self._semaphore():  # waiting for a slot does not count against the timeout
-            return await self._post_now(session, endpoint, form)
+            got = await self._send(session, endpoint, form)
+        if isinstance(got, QueryFailure):
+            return got
+        status, body, duration = got
+        return _decode(status, body, form["query"], duration)
 
-    async def _post_now(self, session: aiohttp.ClientSession, endpoint: str,
-                        form: dict[str, str]) -> list[dict[str, Any]] | QueryFailure:
+    async def _send(self, session: aiohttp.ClientSession, endpoint: str, form: dict[str, str],
+                    method: str = "POST") -> tuple[int, bytes, float] | QueryFailure:
         start = self.clock()
         timeout_s = self.settings.timeout_s
         try:
             headers = auth_header(self.settings)
         except OSError as exc:
             return QueryFailure("auth_error", f"cannot read credentials: {exc}", self.clock() - start)
-        # the server gives up a little before the client does, and says so in its answer
-        form = {**form, "timeout": f"{max(timeout_s * 0.9, 0.1):.3f}"}  # seconds as a float
         url = f"{self.base}/api/v1/{endpoint}"
         try:
-            async with asyncio.timeout(timeout_s), session.post(url, data=form, headers=headers) as resp:
+            if method == "POST":
+                # the server gives up a little before the client does, and says so in its answer
+                form = {**form, "timeout": f"{max(timeout_s * 0.9, 0.1):.3f}"}  # seconds as a float
+                request = session.post(url, data=form, headers=headers)
+            else:
+                request = session.get(url, params=form, headers=headers)
+            async with asyncio.timeout(timeout_s), request as resp:
                 body = await resp.read()
                 status = resp.status
         except TimeoutError:
@@ -127,7 +175,7 @@ class PrometheusApi:
                                 self.clock() - start)
         except (aiohttp.ClientError, OSError) as exc:
             return QueryFailure("connection_error", f"{type(exc).__name__}: {exc}", self.clock() - start)
-        return _decode(status, body, form["query"], self.clock() - start)
+        return status, body, self.clock() - start
 
 
 _JSON = msgspec.json.Decoder()

@@ -60,9 +60,15 @@ class SeriesGroup:
                 mine.setdefault(k, v)
 
 
+# the histograms whose buckets the snapshot reads (the others, e.g. prompt length, are the store's)
+READ_BUCKETS = ("ttft_seconds", "l2_read_latency_seconds", "l2_write_latency_seconds",
+                *(f"{tier}_{sig}" for tier in AGE_TIERS for sig in AGE_SIGNALS.values()))
+
+
 def group_window(window: pl.DataFrame) -> dict[tuple[str, str], SeriesGroup]:
     groups: dict[tuple[str, str], SeriesGroup] = defaultdict(SeriesGroup)
-    cols = window.select("pod", "model", "signal", "le", "source", "increase", "last", "seconds")
+    cols = window.filter(pl.col("le").is_null() | pl.col("signal").is_in(READ_BUCKETS)).select(
+        "pod", "model", "signal", "le", "source", "increase", "last", "seconds")
     for pod, model, signal, le, source, inc, last, secs in cols.iter_rows():
         g = groups[(pod, model)]
         if le is None:

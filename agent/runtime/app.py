@@ -97,6 +97,10 @@ def make_cycle(settings: AgentSettings, mappings: MappingSet, store: WindowStore
     if settings.source == "prometheus":
         from agent.collect.promsource import PrometheusCycle
 
+        if settings.prometheus.aggregate == "server":
+            from agent.collect.promaggregate import AggregatedCycle
+
+            return AggregatedCycle(settings, mappings, store, clock)
         return PrometheusCycle(settings, mappings, store, clock)
     return ScrapeCycle(settings, mappings, store, clock)
 

@@ -1,0 +1,228 @@
+"""`source: prometheus` with `aggregate: server` (the default): one agent cycle in which
+Prometheus does the per-pod normalisation (promplan.py) and the agent only reads small answers
+column-wise (promtable.py). The I/O shell; the faults are promsource.PrometheusCycle's.
+
+Per cycle and role group, all at one evaluation time:
+  1. `/api/v1/label/__name__/values` of the group's series over the window, and `up{<selector>}`:
+     which mapped names exist (the index only; no samples read), which targets are down;
+  2. per part of every rule whose names exist, its expression (promplan.py), `concurrency` at a
+     time: one small series per target, model (and bucket) and rule;
+  3. a target with a NaN or infinite aggregate is read the exact way (its raw series through the
+     mapping files, promsource's agent-side path), so its anomaly is reported and counted and its
+     valid series kept.
+The rows of every group are resolved across sources and written to the window store
+(column-wise), which differences them between cycles as it does a direct scrape's; the snapshot
+is built from the store's window, as ScrapeCycle builds it. At the first cycle the range-query
+backfill (promsource) gives the store the window's history, so increases exist at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import polars as pl
+
+from agent.collect.normalise import normalise
+from agent.collect.parse import Payload
+from agent.collect.promapi import QueryFailure
+from agent.collect.promframe import GroupKey, RoleGroup, split_vector, target_of, up_statuses
+from agent.collect.promplan import Part, compile_group, quote
+from agent.collect.promsource import GroupResult, PrometheusCycle
+from agent.collect.promtable import (
+    FRAME_SCHEMA,
+    AnswerDecoder,
+    part_labels,
+    part_rows,
+    resolve_frame,
+    signals_frame,
+    stage_frame,
+)
+from agent.collect.snapshot import build_snapshot
+from contracts.tier_model import Snapshot, Target, TargetStatus
+
+
+class AggregatedResult(GroupResult):
+    """One group's answers: rows of lifetime values per target, model, signal and bucket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = pl.DataFrame(schema=FRAME_SCHEMA)
+        self.anomalies: dict[GroupKey, dict[str, int]] = {}
+        self.series: dict[GroupKey, int] = {}  # rows read per target (after aggregation)
+
+    def targets(self) -> list[GroupKey]:
+        return list(self.series)
+
+
+class AggregatedCycle(PrometheusCycle):
+    """PrometheusCycle whose queries Prometheus aggregates per pod, model and rule."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.decoder = AnswerDecoder(self.labelling, self.mappings)
+        self._parts: dict[tuple[int, frozenset[str]], tuple[Part, ...]] = {}
+        self.last_timings: dict[str, float] = {}
+
+    def _compiled(self, index: int, group: RoleGroup, present: frozenset[str]) -> tuple[Part, ...]:
+        key = (index, present)
+        parts = self._parts.get(key)
+        if parts is None:
+            if len(self._parts) > 64:
+                self._parts.clear()
+            parts = self._parts[key] = compile_group(group, self.mappings, self.labelling, present)
+        return parts
+
+    async def _part(self, session: aiohttp.ClientSession, part: Part, promql: str, group: RoleGroup,
+                    at: float) -> pl.DataFrame | QueryFailure:
+        got = await self.api.query_body(session, promql, at)
+        if isinstance(got, QueryFailure):
+            return got
+        body, _ = got
+        result = self.decoder.decode(body)
+        if result is None:
+            return QueryFailure("query_error", f"unexpected answer to {promql[:120]!r}", 0.0)
+        cols = self.decoder.columns(result, part_labels(part, group.role, self.labelling))
+        return part_rows(part, cols, group.role, self.labelling, self.roles_by_name)
+
+    async def _query_aggregated(self, session: aiohttp.ClientSession, index: int, group: RoleGroup,
+                                at: float) -> AggregatedResult:
+        out = AggregatedResult()
+        start = time.perf_counter()
+        window_s = self.settings.store.window_s
+        names, up = await asyncio.gather(
+            self.api.label_values(session, "__name__", group.last_query(), at - window_s, at),
+            self.api.query(session, group.up_query(), at))
+        failure = next((r for r in (names, up) if isinstance(r, QueryFailure)), None)
+        if failure is not None:
+            out.failure, out.duration_s = failure, time.perf_counter() - start
+            return out
+        assert not isinstance(names, QueryFailure) and not isinstance(up, QueryFailure)
+        out.down = up_statuses(up, group, self.labelling)
+        parts = self._compiled(index, group, frozenset(names) & frozenset(group.names))
+        answers = await asyncio.gather(*(self._part(session, p, p.query, group, at) for p in parts))
+        failure = next((a for a in answers if isinstance(a, QueryFailure)), None)
+        if failure is not None:
+            out.failure, out.duration_s = failure, time.perf_counter() - start
+            return out
+        stage = stage_frame(zip(parts, answers, strict=True))  # type: ignore[arg-type]
+        out.last = stage.frame
+        if stage.suspects:
+            await self._read_exactly(session, group, stage.suspects, at, out)
+        counts = out.last.group_by(["role", "pod", "namespace"]).len()
+        out.series = {(r, p, ns): n for r, p, ns, n in counts.iter_rows()}
+        out.duration_s = time.perf_counter() - start
+        return out
+
+    async def _read_exactly(self, session: aiohttp.ClientSession, group: RoleGroup,
+                            suspects: frozenset[tuple[str, str, str]], at: float, out: AggregatedResult) -> None:
+        """The suspect targets through the agent-side path: raw series, mapping files, anomalies."""
+        lab = self.labelling
+        pods = sorted({pod for _, pod, _ in suspects})
+        regex = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", p) for p in pods)  # RE2 literals
+        extra = f"{lab.pod_label}=~{quote(regex)}"
+        narrowed = RoleGroup(group.role, f"{group.selector},{extra}" if group.selector else extra,
+                             group.names, group.counters)
+        answer = await self.api.query(session, narrowed.last_query(), at)
+        if isinstance(answer, QueryFailure):
+            out.failure = answer
+            return
+        payloads: dict[GroupKey, Payload] = {}
+        split_vector(answer, narrowed, lab, self.roles_by_name, payloads)
+        drop = pl.DataFrame(list(suspects), schema={"role": pl.String(), "pod": pl.String(),
+                                                    "namespace": pl.String()}, orient="row")
+        out.last = out.last.join(drop, on=["role", "pod", "namespace"], how="anti")
+        base = self.source.url or ""
+        exact = []
+        for key, payload in payloads.items():
+            res = normalise(target_of(base, key), payload, self.mappings)
+            exact.append(_with_target(signals_frame(res.signals), key))
+            if res.anomalies:
+                out.anomalies[key] = res.anomalies
+        out.last = pl.concat([out.last, *exact], how="vertical_relaxed")
+
+    # -- the cycle -------------------------------------------------------------------------------
+    async def run(self, _session: Any = None, _targets: Sequence[Target] = ()) -> Snapshot:
+        start = time.perf_counter()
+        now = self.clock()
+        session = self._api_session()
+        results = await asyncio.gather(*(self._query_aggregated(session, i, g, now)
+                                         for i, g in enumerate(self.groups)))
+        queried = time.perf_counter()
+        if not self.backfilled and all(r.failure is None for r in results):
+            await self._backfill(session, now)
+        lasts = []
+        statuses: dict[str, TargetStatus] = {}
+        fresh: list[pl.DataFrame] = []
+        for i, (group, res) in enumerate(zip(self.groups, results, strict=True)):
+            used = res
+            if res.failure is not None:
+                previous = self.previous.get(i)
+                used = previous if isinstance(previous, AggregatedResult) else AggregatedResult()
+            else:
+                self.previous[i] = res
+                fresh.append(res.last)
+            lasts.append(used.last)
+            statuses.update(self._target_statuses(group, res, used))
+        last = resolve_frame(pl.concat(lasts, how="vertical_relaxed"), self.mappings)
+        if fresh:  # a failed group's pods keep their rows in the store: nothing new, nothing lost
+            fresh_pods = pl.concat(fresh, how="vertical_relaxed").select("pod").unique()
+            self.store.ingest_frame(last.join(fresh_pods, on="pod", how="semi"), ts=now)
+        snap = build_snapshot(
+            self.store.window(now=now), list(statuses.values()), taken_at=now,
+            live_pods=set(last["pod"].unique().to_list()),
+            kv_bytes_per_token=self.settings.tiers.kv_bytes_per_token,
+            cpu_capacity_bytes=self.settings.cpu_capacity_bytes,
+            cycle_duration_s=time.perf_counter() - start, store_rows=self.store.rows,
+        )
+        end = time.perf_counter()
+        self.last_timings = {"queries_s": queried - start, "agent_s": end - queried, "total_s": end - start}
+        return snap
+
+    def _target_statuses(self, group: RoleGroup, res: AggregatedResult | GroupResult,
+                         used: AggregatedResult) -> dict[str, TargetStatus]:
+        base = self.source.url or ""
+        keys = used.targets()
+        known = {(role, pod) for role, pod, _ in keys}
+        for role, pod in used.down:
+            if (role, pod) not in known and role:
+                keys.append((role, pod, ""))
+        if not keys and res.failure is not None:  # nothing known yet: the query endpoint itself
+            keys = [(group.role or "vllm", "prometheus", "")]
+        out: dict[str, TargetStatus] = {}
+        for key in keys:
+            t = target_of(base, key)
+            samples = used.series.get(key, 0)
+            errors = self.errors.get(t.key, {})
+            if res.failure is not None:
+                self._count(t, res.failure.reason)
+                st = TargetStatus(t, False, res.failure.duration_s, res.failure.reason,
+                                  f"Prometheus query failed: {res.failure.detail}", samples=samples,
+                                  errors=dict(self.errors.get(t.key, {})))
+            elif (instance := used.down.get((key[0], key[1])) or used.down.get(("", key[1]))) is not None:
+                self._count(t, "target_down")
+                st = TargetStatus(t, False, res.duration_s, "target_down",
+                                  f"Prometheus reports up == 0 for {instance}", samples=samples,
+                                  errors=dict(self.errors.get(t.key, {})))
+            elif key in used.anomalies:
+                anomalies = used.anomalies[key]
+                for reason, n in anomalies.items():
+                    self._count(t, reason, n)
+                st = TargetStatus(t, False, res.duration_s, next(iter(anomalies)),
+                                  "; ".join(f"{r} ({n} series dropped)" for r, n in anomalies.items()),
+                                  samples=samples, errors=dict(self.errors.get(t.key, {})))
+            else:
+                st = TargetStatus(t, True, res.duration_s, samples=samples, errors=dict(errors))
+            out[t.key] = st
+        return out
+
+
+def _with_target(frame: pl.DataFrame, key: GroupKey) -> pl.DataFrame:
+    role, _pod, namespace = key
+    return frame.with_columns(role=pl.lit(role), namespace=pl.lit(namespace))
+
+
+__all__ = ["AggregatedCycle"]

@@ -12,12 +12,15 @@ Per cycle and role group, all at one evaluation time:
      valid series kept.
 The rows of every group are resolved across sources and written to the window store
 (column-wise), which differences them between cycles as it does a direct scrape's; the snapshot
-is built from the store's window, as ScrapeCycle builds it. At the first cycle the range-query
-backfill (promsource) gives the store the window's history, so increases exist at once.
+is built from the store's window, as ScrapeCycle builds it. At the first cycle (`backfill`) the
+same queries at a few past instants across the window give the store its history, so increases
+and rates over the window exist at once.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -44,6 +47,28 @@ from agent.collect.promtable import (
 from agent.collect.snapshot import build_snapshot
 from contracts.tier_model import Snapshot, Target, TargetStatus
 
+log = logging.getLogger(__name__)
+BACKFILL_ATTEMPTS = 3
+
+
+def backfill_instants(now: float, window_s: float, interval_s: float, earliest: float | None = None) -> list[float]:
+    """The window's start (or Prometheus' first sample of the targets, when later: a baseline
+    before anything it saw happened), then now - interval x 2^k for k = ..., 2, 1, 0 after it:
+    fine history where the window's rates are read first, about log2(window / interval) + 1
+    instants in all (6 for 300 s at 15 s)."""
+    start = now - window_s if earliest is None else max(now - window_s, earliest)
+    out, back = [start], max(interval_s, 1e-3)
+    while now - back > start:
+        out.append(now - back)
+        back *= 2
+    return sorted(out)
+
+
+def first_sample_query(group: RoleGroup, window_s: float, interval_s: float) -> str:
+    """When Prometheus first scraped any of the group's targets within the window (`up`)."""
+    return (f"min(min_over_time(timestamp({group.up_query()})"
+            f"[{max(1, math.ceil(window_s))}s:{max(1, math.ceil(interval_s))}s]))")
+
 
 class AggregatedResult(GroupResult):
     """One group's answers: rows of lifetime values per target, model, signal and bucket."""
@@ -66,6 +91,7 @@ class AggregatedCycle(PrometheusCycle):
         self.decoder = AnswerDecoder(self.labelling, self.mappings)
         self._parts: dict[tuple[int, frozenset[str]], tuple[Part, ...]] = {}
         self.last_timings: dict[str, float] = {}
+        self._backfill_attempts = 0
 
     def _compiled(self, index: int, group: RoleGroup, present: frozenset[str]) -> tuple[Part, ...]:
         key = (index, present)
@@ -76,8 +102,11 @@ class AggregatedCycle(PrometheusCycle):
             parts = self._parts[key] = compile_group(group, self.mappings, self.labelling, present)
         return parts
 
-    async def _part(self, session: aiohttp.ClientSession, part: Part, promql: str, group: RoleGroup,
-                    at: float) -> pl.DataFrame | QueryFailure:
+    async def _query_parts(self, session: aiohttp.ClientSession, parts: list[Part], group: RoleGroup,
+                     at: float) -> list[pl.DataFrame] | QueryFailure:
+        """One query for parts that ask the same (two mappings of one engine reading the same
+        series, e.g. vLLM V0's and V1's TTFT histogram): its answer's rows for each of them."""
+        promql = parts[0].query
         got = await self.api.query_body(session, promql, at)
         if isinstance(got, QueryFailure):
             return got
@@ -85,8 +114,9 @@ class AggregatedCycle(PrometheusCycle):
         result = self.decoder.decode(body)
         if result is None:
             return QueryFailure("query_error", f"unexpected answer to {promql[:120]!r}", 0.0)
-        cols = self.decoder.columns(result, part_labels(part, group.role, self.labelling))
-        return part_rows(part, cols, group.role, self.labelling, self.roles_by_name)
+        labels = [label for p in parts for label in part_labels(p, group.role, self.labelling)]
+        cols = self.decoder.columns(result, labels)
+        return [part_rows(p, cols, group.role, self.labelling, self.roles_by_name) for p in parts]
 
     async def _query_aggregated(self, session: aiohttp.ClientSession, index: int, group: RoleGroup,
                                 at: float) -> AggregatedResult:
@@ -103,12 +133,16 @@ class AggregatedCycle(PrometheusCycle):
         assert not isinstance(names, QueryFailure) and not isinstance(up, QueryFailure)
         out.down = up_statuses(up, group, self.labelling)
         parts = self._compiled(index, group, frozenset(names) & frozenset(group.names))
-        answers = await asyncio.gather(*(self._part(session, p, p.query, group, at) for p in parts))
+        same: dict[str, list[Part]] = {}
+        for p in parts:
+            same.setdefault(p.query, []).append(p)
+        answers = await asyncio.gather(*(self._query_parts(session, ps, group, at) for ps in same.values()))
         failure = next((a for a in answers if isinstance(a, QueryFailure)), None)
         if failure is not None:
             out.failure, out.duration_s = failure, time.perf_counter() - start
             return out
-        stage = stage_frame(zip(parts, answers, strict=True))  # type: ignore[arg-type]
+        stage = stage_frame((p, rows) for ps, got in zip(same.values(), answers, strict=True)
+                            for p, rows in zip(ps, got, strict=True))  # type: ignore[arg-type]
         out.last = stage.frame
         if stage.suspects:
             await self._read_exactly(session, group, stage.suspects, at, out)
@@ -144,6 +178,46 @@ class AggregatedCycle(PrometheusCycle):
                 out.anomalies[key] = res.anomalies
         out.last = pl.concat([out.last, *exact], how="vertical_relaxed")
 
+    # -- backfill ------------------------------------------------------------------------------
+    async def _backfill(self, session: aiohttp.ClientSession, now: float) -> None:
+        """Give the store the window's history at once: the same aggregated queries evaluated at
+        past instants (backfill_instants: one scrape interval back, then twice as far each time,
+        the last at the window's start), each a cycle's worth of Prometheus work, once; an instant
+        before Prometheus has data costs one index lookup. Tried on at most BACKFILL_ATTEMPTS
+        cycles, then left to the cycles themselves (a fleet whose history cannot be read in time
+        must not pay for it on every cycle)."""
+        self._backfill_attempts += 1
+        window, interval = self.settings.store.window_s, self.settings.scrape.interval_s
+        firsts = await asyncio.gather(*(self.api.query(session, first_sample_query(g, window, interval), now)
+                                        for g in self.groups))
+        if any(isinstance(f, QueryFailure) for f in firsts):
+            self._give_up_backfill_after_attempts()
+            return
+        starts = [float(item["value"][1]) for f in firsts for item in f]  # type: ignore[union-attr]
+        if not starts:  # Prometheus has nothing of these targets yet
+            self.backfilled = True
+            return
+        instants = backfill_instants(now, window, interval, earliest=min(starts))
+        frames: list[tuple[float, pl.DataFrame]] = []
+        for at in instants:
+            results = await asyncio.gather(*(self._query_aggregated(session, i, g, at)
+                                             for i, g in enumerate(self.groups)))
+            if any(r.failure is not None for r in results):
+                self._give_up_backfill_after_attempts()
+                return  # nothing half-written: tried again next cycle
+            frame = pl.concat([r.last for r in results], how="vertical_relaxed")
+            if frame.height:
+                frames.append((at, resolve_frame(frame, self.mappings)))
+        for at, frame in sorted(frames, key=lambda f: f[0]):
+            self.store.ingest_frame(frame, ts=at)
+        self.backfilled = True
+
+    def _give_up_backfill_after_attempts(self) -> None:
+        if self._backfill_attempts >= BACKFILL_ATTEMPTS:
+            log.warning("backfill from %s gave up after %d attempts; the window fills as cycles run",
+                        self.source.url, self._backfill_attempts)
+            self.backfilled = True
+
     # -- the cycle -------------------------------------------------------------------------------
     async def run(self, _session: Any = None, _targets: Sequence[Target] = ()) -> Snapshot:
         start = time.perf_counter()
@@ -151,9 +225,9 @@ class AggregatedCycle(PrometheusCycle):
         session = self._api_session()
         results = await asyncio.gather(*(self._query_aggregated(session, i, g, now)
                                          for i, g in enumerate(self.groups)))
-        queried = time.perf_counter()
         if not self.backfilled and all(r.failure is None for r in results):
-            await self._backfill(session, now)
+            await self._backfill(session, now)  # before this cycle's rows: the store is in time order
+        queried = time.perf_counter()
         lasts = []
         statuses: dict[str, TargetStatus] = {}
         fresh: list[pl.DataFrame] = []

@@ -111,6 +111,10 @@ class WindowStore:
         self._frames: deque[tuple[float, pl.DataFrame]] = deque()
         self._last: dict[tuple, tuple[float, float]] = {}  # series -> (ts, value)
         self._counters: set[tuple] = set()  # series that are counters
+        # (pod, source) -> when that target was last read: a counter series first seen on a later
+        # read was born in between and counts from zero (as Prometheus' counters do), not from
+        # its first value
+        self._seen: dict[tuple[str, str], float] = {}
         # (pod, signal) -> value of a model-less counter (a per-node daemon's, e.g. Curvine FUSE
         # read bytes) when the pod's engine last restarted: its lifetime "last" is reported since
         # then, so lifetime splits against the engine's own counters stay consistent
@@ -137,6 +141,8 @@ class WindowStore:
         last = self._last
         reset_pods: set[str] = set()
         seen: set[tuple] = set()
+        seen_before = dict(self._seen)
+        read = self._seen
         for s in signals:
             le = None if s.le != s.le else s.le
             key = (s.pod, s.model, s.name, le, s.source)
@@ -154,6 +160,11 @@ class WindowStore:
                     reset_pods.add(s.pod)
                 delta = s.value if new_process else counter_delta(prev[1], s.value)
                 dt = ts - prev[0]
+            elif s.kind == "counter" and prev is None:
+                before = seen_before.get((s.pod, s.source))
+                if before is not None and ts > before:  # born since its target's previous read
+                    delta, dt = s.value, ts - before
+            read[(s.pod, s.source)] = ts
             last[key] = (ts, s.value)
             cols["ts"].append(ts)
             cols["pod"].append(s.pod)
@@ -179,7 +190,8 @@ class WindowStore:
     def ingest_frame(self, rows: pl.DataFrame, ts: float | None = None) -> IngestReport:
         """`ingest` of one cycle given as a frame (columns pod, model, signal, le, source, kind,
         value; `le` null for non-buckets), all read at `ts`: the same rows, deltas and resets,
-        computed column-wise (the Prometheus source's path: 100k+ series per cycle)."""
+        computed column-wise (the Prometheus source's path: 100k+ series per cycle). A counter
+        series first seen after an earlier read counts from zero (see below)."""
         cycle_ts = self.clock() if ts is None else ts
         cols = [rows[c].to_list() for c in ("pod", "model", "signal", "le", "source")]
         kinds = rows["kind"].to_list()
@@ -187,6 +199,14 @@ class WindowStore:
         keys = list(zip(*cols, strict=True))
         last = self._last
         prev = [last.get(k) for k in keys]
+        seen = self._seen
+        # a counter series new since the previous read was born in between: from zero. A
+        # Prometheus source has every target's history, so absent at the previous read means not
+        # yet born (`(x unless x offset w) or increase(x[w])` counts it the same way)
+        before = max(seen.values(), default=None)
+        if before is not None and before < cycle_ts:
+            prev = [p if p is not None or kind != "counter" else (before, 0.0)
+                    for p, kind in zip(prev, kinds, strict=True)]
         prev_ts = [None if p is None else p[0] for p in prev]
         prev_value = [None if p is None else p[1] for p in prev]
         frame = rows.select("pod", "model", "signal", "le", "source", "kind", "value").with_columns(
@@ -205,6 +225,7 @@ class WindowStore:
         reset_pods = set(resets.filter(pl.col("delta").is_not_null())["pod"].to_list())
         self._counters.update(k for k, kind in zip(keys, kinds, strict=True) if kind == "counter")
         last.update(zip(keys, ((cycle_ts, v) for v in values), strict=True))
+        seen.update(dict.fromkeys(zip(cols[0], cols[4], strict=True), cycle_ts))
         out = frame.select(list(SCHEMA)).cast(SCHEMA)  # type: ignore[arg-type]
         with self._lock:
             self._frames.append((cycle_ts, out))
@@ -233,6 +254,7 @@ class WindowStore:
         if dropped:  # series not seen for a whole retention are forgotten
             self._last = {k: v for k, v in self._last.items() if v[0] >= horizon}
             self._counters &= self._last.keys()
+            self._seen = {k: v for k, v in self._seen.items() if v >= horizon}
 
     def forget_pods(self, pods: Iterable[str]) -> None:
         """Drop the remembered last values of pods that are gone (their rows age out)."""
@@ -240,6 +262,7 @@ class WindowStore:
         with self._lock:
             self._last = {k: v for k, v in self._last.items() if k[0] not in gone}
             self._bases = {k: v for k, v in self._bases.items() if k[0] not in gone}
+            self._seen = {k: v for k, v in self._seen.items() if k[0] not in gone}
 
     # -- reading -----------------------------------------------------------------------------
     @property

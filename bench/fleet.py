@@ -7,7 +7,10 @@ emulated cluster's pods; the reference samples that parse), then:
    own cores in production, so the fleet's cycle is the slowest replica's. Scaling efficiency
    = (1-shard CPU) / (N x the mean replica's CPU); target: within 20% of linear (>= 0.8).
 2. `source: prometheus`: one real Prometheus (Debian's) scrapes the same 2,000 payloads (with the
-   `pod` label); the agent's cycle (all queries + normalise + snapshot) at 200 and at 2,000 pods.
+   `pod` label); the agent's cycle (all queries + normalise + store + snapshot) at 200 and at 2,000
+   pods, with `aggregate: server` (the default: Prometheus aggregates each mapping rule per pod)
+   and `aggregate: agent` (raw series normalised in the agent: the reference run), and
+   Prometheus' own query time for one server-side cycle (`stats=all`, queries one at a time).
    Targets: < 1 s at 2,000 pods, and the 2,000-pod cycle within 2x of the 200-pod one.
 3. KV events, sharded: decoded vLLM event batches of 32 pods applied to one replica (the whole
    fleet) or to 2 (each its rendezvous share, with the mergeable fleet sketches on); block events
@@ -148,33 +151,70 @@ def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30,
             time.sleep(5)
         time.sleep(2 * interval_s + 5)  # at least two scrapes of every target, so increases exist
         print(f"   Prometheus up with {n_targets} targets scraped twice in {time.perf_counter() - t0:.0f} s")
-        for size, selector in ((small, 'subset="small"'), (n_targets, 'job="fleet"')):
-            settings = load_settings(env={}, source="prometheus",
-                                     prometheus={"url": prom.url, "roles": {"vllm": selector}, "backfill": False,
-                                                 "timeout_s": 120})
-            agent = Agent(settings, StaticTargets(()))
-            agent.scrape_now()  # warm-up
-            walls, cpus = [], []
-            for _ in range(cycles):
-                w0, c0 = time.perf_counter(), time.process_time()
-                snap = agent.scrape_now()
-                walls.append(time.perf_counter() - w0)
-                cpus.append(time.process_time() - c0)
-            if profile and size == n_targets:  # one more cycle under cProfile, not in the figures
-                import cProfile
-                cProfile.runctx("agent.scrape_now()", globals(), {"agent": agent}, profile)
-                print(f"   profile of one {size}-pod cycle written to {profile}")
-            up = sum(st.up for st in snap.targets)
-            assert up == len(snap.targets) == size, (up, size, [s.reason for s in snap.targets if not s.up][:3])
-            print(f"   {size:>5} pods: agent cycle wall median {statistics.median(walls) * 1000:.0f} ms "
-                  f"(min {min(walls) * 1000:.0f}), agent CPU {statistics.median(cpus) * 1000:.0f} ms; "
-                  f"{len(snap.tiers)} tier series")
-            if size == small:
-                small_wall = statistics.median(walls)
-        print(f"   2,000/200 cycle ratio: {statistics.median(walls) / small_wall:.2f}x (target <= 2x); "
-              f"at {n_targets}: {'< 1 s' if statistics.median(walls) < 1 else '>= 1 s'} ({load()})")
+        walls: dict[tuple[str, int], float] = {}
+        for aggregate in ("server", "agent"):  # agent: the raw series normalised here, the reference
+            for size, selector in ((small, 'subset="small"'), (n_targets, 'job="fleet"')):
+                settings = load_settings(env={}, source="prometheus",
+                                         prometheus={"url": prom.url, "roles": {"vllm": selector}, "backfill": False,
+                                                     "timeout_s": 120, "aggregate": aggregate})
+                agent = Agent(settings, StaticTargets(()))
+                agent.scrape_now()  # warm-up (and the store's first read)
+                cycle_walls, cpus, waits = [], [], []
+                for _ in range(cycles):
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    snap = agent.scrape_now()
+                    cycle_walls.append(time.perf_counter() - w0)
+                    cpus.append(time.process_time() - c0)
+                    waits.append(getattr(agent.cycle, "last_timings", {}).get("queries_s", float("nan")))
+                if profile and size == n_targets and aggregate == "server":  # not in the figures
+                    import cProfile
+                    cProfile.runctx("agent.scrape_now()", globals(), {"agent": agent}, profile)
+                    print(f"   profile of one {size}-pod cycle written to {profile}")
+                up = sum(st.up for st in snap.targets)
+                assert up == len(snap.targets) == size, (up, size, [s.reason for s in snap.targets if not s.up][:3])
+                walls[(aggregate, size)] = statistics.median(cycle_walls)
+                wait = "" if aggregate == "agent" else \
+                    f", of which queries (Prometheus + decoding) {statistics.median(waits) * 1000:.0f} ms"
+                print(f"   aggregate: {aggregate:6} {size:>5} pods: agent cycle wall median "
+                      f"{statistics.median(cycle_walls) * 1000:.0f} ms (min {min(cycle_walls) * 1000:.0f}){wait}; "
+                      f"agent CPU {statistics.median(cpus) * 1000:.0f} ms; {len(snap.tiers)} tier series ({load()})")
+            if aggregate == "server":
+                work = prometheus_work(prom.url, 'job="fleet"')
+                print(f"   Prometheus' own work for one {n_targets}-pod cycle, queries one at a time: {work}")
+        for aggregate in ("server", "agent"):
+            big, little = walls[(aggregate, n_targets)], walls[(aggregate, small)]
+            print(f"   aggregate: {aggregate}: {n_targets}/{small} cycle ratio {big / little:.2f}x (target <= 2x); "
+                  f"at {n_targets}: {big:.2f} s ({'< 1 s' if big < 1 else '>= 1 s'})")
+        print(f"   server vs agent (the reference, same process) at {n_targets} pods: "
+              f"{walls[('agent', n_targets)] / walls[('server', n_targets)]:.2f}x faster")
     finally:
         prom.stop()
+
+
+def prometheus_work(url: str, selector: str) -> str:
+    """Prometheus' own time (`stats=all`: execTotalTime) for every query of one server-side
+    cycle, asked one at a time: what the agent waits for even with a core to itself."""
+    import urllib.parse
+    import urllib.request
+
+    from agent.collect.mapping import load_mappings
+    from agent.collect.promframe import Labelling, plan
+    from agent.collect.promplan import compile_group
+
+    mappings = load_mappings()
+    (group,) = plan(mappings, {"vllm": selector})
+    names = json.load(urllib.request.urlopen(
+        f"{url}/api/v1/label/__name__/values?{urllib.parse.urlencode({'match[]': group.last_query()})}"))["data"]
+    queries = {p.query for p in compile_group(group, mappings, Labelling(), frozenset(names) & set(group.names))}
+    total = series = size = 0
+    for q in queries:
+        body = urllib.request.urlopen(f"{url}/api/v1/query",
+                                      data=urllib.parse.urlencode({"query": q, "stats": "all"}).encode()).read()
+        data = json.loads(body)["data"]
+        total += data["stats"]["timings"]["execTotalTime"]
+        series += len(data["result"])
+        size += len(body)
+    return f"{total:.2f} s over {len(queries)} queries, {series} series answered ({size / 1e6:.0f} MB JSON)"
 
 
 def kv_events(n_msgs: int) -> None:

@@ -1,5 +1,8 @@
 """`source: prometheus`: one agent cycle from a Prometheus-compatible query API instead of scraping
-every pod. The I/O shell around promframe.py (the pure part).
+every pod. The I/O shell around promframe.py (the pure part). This is `aggregate: agent`: raw
+series, normalised in the agent. The default, `aggregate: server` (promaggregate.py), lets
+Prometheus aggregate per pod and reuses this class's fault handling and its raw read for pods
+whose aggregate is not finite.
 
 Per cycle and role group (see promframe.plan), all at one evaluation time:
   1. `{__name__=~"<the mappings' wire names>",<selector>}`   lifetime totals and gauges;

@@ -8,6 +8,9 @@ whole, so memory is bounded by retention / scrape interval frames.
 Window semantics (used by the snapshot, the tuner's live evaluator and the drift detector):
 - a counter's increase over a window is the sum of its deltas inside the window; if the series
   has no delta there (one single scrape so far), its latest value, i.e. the lifetime total;
+- a counter series that first appears on a later read of a target already read (an LMCache
+  histogram with its first observation, a new `source` label value) was born in between: its
+  first delta is its value, counted from zero as Prometheus counts a new counter;
 - a gauge's value is its latest one;
 - a rate is increase / covered seconds (None when only lifetime totals exist);
 - the first delta inside the window usually covers time before it (since the scrape before the

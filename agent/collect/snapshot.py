@@ -66,23 +66,27 @@ READ_BUCKETS = ("ttft_seconds", "l2_read_latency_seconds", "l2_write_latency_sec
 
 
 def group_window(window: pl.DataFrame) -> dict[tuple[str, str], SeriesGroup]:
+    """Window rows -> per pod and model: scalars by signal, and the histograms the snapshot reads
+    as (le, increase, last) rows sorted by `le`. Grouped by polars, so each pod costs a few dict
+    builds rather than a Python step per row (2,000 pods: ~70k rows)."""
     groups: dict[tuple[str, str], SeriesGroup] = defaultdict(SeriesGroup)
-    cols = window.filter(pl.col("le").is_null() | pl.col("signal").is_in(READ_BUCKETS)).select(
-        "pod", "model", "signal", "le", "source", "increase", "last", "seconds")
-    for pod, model, signal, le, source, inc, last, secs in cols.iter_rows():
+    cols = window.select("pod", "model", "signal", "le", "source", "increase", "last", "seconds")
+    scalars = cols.filter(pl.col("le").is_null()).group_by(["pod", "model"], maintain_order=True).agg(
+        "signal", "increase", "last", "seconds", "source")
+    for pod, model, signals, incs, lasts, secs, sources in scalars.iter_rows():
         g = groups[(pod, model)]
-        if le is None:
-            g.increase[signal] = inc
-            g.last[signal] = last
-            if secs is not None:
-                g.seconds[signal] = secs
-            g.sources[signal] = source
-        else:
-            g.buckets.setdefault(signal, []).append((le, inc, last))
-            g.sources.setdefault(signal, source)
-    for g in groups.values():
-        for rows in g.buckets.values():
-            rows.sort()
+        g.increase = dict(zip(signals, incs, strict=True))
+        g.last = dict(zip(signals, lasts, strict=True))
+        g.seconds = {sig: v for sig, v in zip(signals, secs, strict=True) if v is not None}
+        g.sources = dict(zip(signals, sources, strict=True))
+    buckets = cols.filter(pl.col("le").is_not_null() & pl.col("signal").is_in(READ_BUCKETS)) \
+        .sort(["pod", "model", "signal", "le", "increase", "last"]) \
+        .group_by(["pod", "model", "signal"], maintain_order=True).agg(
+            "le", "increase", "last", source=pl.col("source").first())
+    for pod, model, signal, les, incs, lasts, source in buckets.iter_rows():
+        g = groups[(pod, model)]
+        g.buckets[signal] = list(zip(les, incs, lasts, strict=True))
+        g.sources.setdefault(signal, source)
     return merge_model_less(groups)
 
 

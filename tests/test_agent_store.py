@@ -120,3 +120,53 @@ def test_reset_detector_tells_a_restart_from_one_odd_series():
     assert det.restarted("t")  # most went down (s2, a quiet one, climbed past its old value)
     det.observe("t", [sig("s0", 2.0), sig("s1", 3.0), sig("s2", 151.0), sig("s3", 4.0)])
     assert not det.restarted("t")
+
+
+def _frame(signals):
+    import polars as pl
+
+    return pl.DataFrame({"pod": [s.pod for s in signals], "model": [s.model for s in signals],
+                         "signal": [s.name for s in signals],
+                         "le": [None if s.le != s.le else s.le for s in signals],
+                         "source": [s.source for s in signals], "kind": [s.kind for s in signals],
+                         "value": [s.value for s in signals]},
+                        schema={"pod": pl.String, "model": pl.String, "signal": pl.String, "le": pl.Float64,
+                                "source": pl.String, "kind": pl.String, "value": pl.Float64})
+
+
+def test_a_series_born_between_reads_counts_from_zero_and_a_new_target_does_not():
+    clock = [0.0]
+    store = WindowStore(clock=lambda: clock[0])
+    store.ingest([sig("gpu_lookup_tokens", 1000), sig("gpu_hit_tokens", 500)])
+    clock[0] = 15.0
+    # the target read before now shows a new series (vLLM's host-cache source, first used), and a
+    # target never read before appears (a FUSE daemon with a lifetime total of its own)
+    store.ingest([sig("gpu_lookup_tokens", 1200), sig("gpu_hit_tokens", 600), sig("cached_host_tokens", 40),
+                  sig("l2_read_bytes", 9e9, model="", source="curvine_fuse")])
+    clock[0] = 30.0
+    store.ingest([sig("gpu_lookup_tokens", 1300), sig("gpu_hit_tokens", 650), sig("cached_host_tokens", 70),
+                  sig("l2_read_bytes", 9.5e9, model="", source="curvine_fuse")])
+    window = store.window()
+    inc = {r["signal"]: r["increase"] for r in window.iter_rows(named=True)}
+    assert inc["cached_host_tokens"] == 70  # born at 15 s: 40 then 30, from zero
+    assert inc["l2_read_bytes"] == 0.5e9  # new target: its lifetime before 15 s is not this window's
+    assert inc["gpu_lookup_tokens"] == 300
+
+
+def test_frame_ingest_equals_signal_ingest_and_counts_new_series_from_zero():
+    reads = [[sig("gpu_lookup_tokens", 1000), sig("gpu_hit_tokens", 500), sig("gpu_usage_ratio", 0.5, kind="gauge")],
+             [sig("gpu_lookup_tokens", 1200), sig("gpu_hit_tokens", 600), sig("gpu_usage_ratio", 0.7, kind="gauge"),
+              sig("ttft_seconds", 3, 0.5), sig("ttft_seconds", 4, INF)],
+             [sig("gpu_lookup_tokens", 100), sig("gpu_hit_tokens", 50), sig("gpu_usage_ratio", 0.1, kind="gauge"),
+              sig("ttft_seconds", 5, 0.5), sig("ttft_seconds", 9, INF)]]  # a restart at the third read
+    clock = [0.0]
+    by_signal, by_frame = WindowStore(clock=lambda: clock[0]), WindowStore(clock=lambda: clock[0])
+    for t, signals in enumerate(reads):
+        clock[0] = t * 15.0
+        a = by_signal.ingest(signals)
+        b = by_frame.ingest_frame(_frame(signals))
+        assert a.resets == b.resets == (("p",) if t == 2 else ())
+    a, b = by_signal.window(), by_frame.window()
+    assert a.sort(["signal", "le"]).equals(b.sort(["signal", "le"]))
+    ttft = {r["le"]: r["increase"] for r in b.iter_rows(named=True) if r["signal"] == "ttft_seconds"}
+    assert ttft == {0.5: 3 + 2, INF: 4 + 5}  # born at 15 s (after a read): from zero, then deltas

@@ -176,3 +176,11 @@ def test_server_side_aggregation_gives_the_agent_side_view(fleet, roles):
     # every pod with a mapped series has a status (the docs' usage excerpt has none: no KV pod)
     assert {t.target.pod for t in s_snap.targets} == set(payloads) - {"vllm-metrics-docs-usage-excerpt"}
 
+
+
+def test_backfill_instants_start_at_the_first_sample_and_double_back():
+    from agent.collect.promaggregate import backfill_instants
+
+    assert backfill_instants(1000.0, 300.0, 15.0) == [700.0, 760.0, 880.0, 940.0, 970.0, 985.0]
+    # Prometheus has the targets only since 950: the baseline is its first sample, not before
+    assert backfill_instants(1000.0, 300.0, 15.0, earliest=950.0) == [950.0, 970.0, 985.0]

@@ -18,7 +18,7 @@ from tests.conftest import REPO_ROOT
 from tests.support.kube import kubectl_path
 
 DEPLOY = REPO_ROOT / "deploy"
-OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "dry-run", "sharded")
+OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "dry-run", "sharded", "prometheus-source")
 CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # Prometheus Operator: no schema offline
 
 

@@ -106,3 +106,52 @@ the result with required_rules() for every target kind.
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/*
+source.type=prometheus: the agent reads the fleet from a query API instead of scraping the pods.
+Validates the source values (fails the render with a message naming the key) and returns "true".
+*/}}
+{{- define "tierpilot.promSource" -}}
+{{- $s := .Values.source -}}
+{{- if not (has $s.type (list "direct" "prometheus")) -}}
+{{- fail (printf "source.type: %q is not direct or prometheus" $s.type) -}}
+{{- end -}}
+{{- if eq $s.type "prometheus" -}}
+{{- $p := $s.prometheus -}}
+{{- if not $p.url -}}
+{{- fail "source.type=prometheus needs source.prometheus.url (the query API, e.g. http://prometheus.monitoring:9090)" -}}
+{{- end -}}
+{{- if not (regexMatch "^https?://[^/?#]+" $p.url) -}}
+{{- fail (printf "source.prometheus.url: %q must start with http:// or https:// and name a host" $p.url) -}}
+{{- end -}}
+{{- if gt (int .Values.shard.count) 1 -}}
+{{- fail "shard.count > 1 is sharded direct scraping; source.type=prometheus reads the whole fleet from the query API: set shard.count: 1" -}}
+{{- end -}}
+{{- if not (has $p.aggregate (list "server" "agent")) -}}
+{{- fail (printf "source.prometheus.aggregate: %q is not server or agent" $p.aggregate) -}}
+{{- end -}}
+{{- if and $p.bearerToken.secretName $p.basicAuth.secretName -}}
+{{- fail "source.prometheus: give bearerToken.secretName or basicAuth.secretName, not both" -}}
+{{- end -}}
+{{- if ne (not $p.basicAuth.username) (not $p.basicAuth.secretName) -}}
+{{- fail "source.prometheus.basicAuth needs both username and secretName (the Secret holding the password)" -}}
+{{- end -}}
+{{- if and $p.tls.ca.secretName $p.tls.ca.configMapName -}}
+{{- fail "source.prometheus.tls.ca: give secretName or configMapName, not both" -}}
+{{- end -}}
+{{- if and .Values.kvEvents.enabled (not (get (.Values.discovery.kubernetes.roles | default dict) "vllm")) -}}
+{{- fail "kvEvents.enabled with source.type=prometheus finds the KV-event endpoints on the vLLM pods: set discovery.kubernetes.roles.vllm.selector (or kvEvents.enabled=false)" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The query API's port (source.prometheus.url's, else the scheme's), for the NetworkPolicy. */}}
+{{- define "tierpilot.queryApiPort" -}}
+{{- $u := urlParse .Values.source.prometheus.url -}}
+{{- $p := splitList ":" $u.host | last -}}
+{{- if and (contains ":" $u.host) (regexMatch "^[0-9]+$" $p) -}}{{ $p }}{{- else if eq $u.scheme "https" -}}443{{- else -}}80{{- end -}}
+{{- end -}}
+
+{{/* Where the query API's credentials are mounted (projected keys: kubelet's swap on rotation is seen). */}}
+{{- define "tierpilot.promSecretsDir" -}}/var/run/secrets/tierpilot{{- end -}}

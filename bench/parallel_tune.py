@@ -2,8 +2,10 @@
 
 For 1, 2 and 4 workers at the same trial budget and the same seeds (one study per search), prints
 per worker count: the median wall time of a search and its speed-up against 1 worker in this run;
-where the time went (mean per trial: twin replay, ask/tell = sampler + storage round trips, the
-PostgreSQL server's CPU; helper start-up); the best objective each search found, and a two-sided
+where the time went (mean per trial: wall seconds in the twin replay and in ask/tell = sampler +
+storage round trips; the workers' CPU seconds, which stay flat across arms when parallel workers
+do no extra work; the PostgreSQL server's CPU seconds; the helpers' start-up, median per search);
+the best objective each search found, and a two-sided
 Mann-Whitney U test of those best values against the 1-worker searches (a large p: no evidence the
 parallel search finds worse configurations at one budget; with n seeds per arm the test only
 detects large differences, so say how many seeds ran).
@@ -80,7 +82,7 @@ def _search(args: argparse.Namespace, url: str, seed: int, workers: int, pool=No
     ws = res.workers
     return {"wall": wall, "best": res.best.value if res.best and res.best.value is not None else float("nan"),
             "trials": sum(r.trials for r in ws), "replay": sum(r.replay_seconds for r in ws),
-            "storage": sum(r.storage_seconds for r in ws),
+            "storage": sum(r.storage_seconds for r in ws), "cpu": sum(r.cpu_seconds for r in ws),
             "startup": max((r.startup_seconds for r in ws if r.worker > 0), default=0.0), "errors": res.errors}
 
 
@@ -152,9 +154,10 @@ def main() -> None:
             for pool in pools.values():
                 pool.close()
     base = statistics.median(r["wall"] for r in runs[counts[0]])
-    print(f"\nper search, medians over {args.seeds} seeds; per trial, means (seconds of CPU-bound work)")
-    print("workers  wall s  speed-up  | replay/trial  ask+tell/trial  server/trial  helper start-up | "
-          "best objective  Mann-Whitney p vs 1")
+    print(f"\nper search, medians over {args.seeds} seeds; per trial, means: wall seconds in replay and in ask/tell, "
+          f"CPU seconds of the workers (after start-up) and of the PostgreSQL server")
+    print("workers  wall s  speed-up  | replay/trial  ask+tell/trial  CPU/trial  server CPU/trial  helper start-up |"
+          " best objective  Mann-Whitney p vs 1")
     for n in counts:
         rs = runs[n]
         trials = sum(r["trials"] for r in rs) or 1
@@ -163,7 +166,8 @@ def main() -> None:
         p = mannwhitneyu(best, ref, alternative="two-sided").pvalue if n != counts[0] else 1.0
         wall = statistics.median(r["wall"] for r in rs)
         print(f"{n:>7}  {wall:6.2f}  {base / wall:7.2f}x  | {sum(r['replay'] for r in rs) / trials:12.3f}  "
-              f"{sum(r['storage'] for r in rs) / trials:14.3f}  {server[n] / trials:12.3f}  "
+              f"{sum(r['storage'] for r in rs) / trials:14.3f}  {sum(r['cpu'] for r in rs) / trials:9.3f}  "
+              f"{server[n] / trials:16.3f}  "
               f"{statistics.median(r['startup'] for r in rs):15.2f} | {statistics.median(best):14.4f}  {p:.2f}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end (2 shared cores: other work competes)")
 

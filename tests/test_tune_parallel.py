@@ -88,6 +88,7 @@ def test_pool_search_reports_where_the_time_went(postgres_url):  # noqa: F811
     assert report.trials == report.replays == 3
     assert report.replay_seconds > 0 and report.storage_seconds > 0
     assert report.wall_seconds >= report.replay_seconds + report.storage_seconds
+    assert 0 < report.cpu_seconds <= report.wall_seconds + 0.05
 
 
 def test_needs_a_shared_storage():

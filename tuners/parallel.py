@@ -100,6 +100,7 @@ class WorkerReport:
     wall_seconds: float  # from this search's start (for worker 0: the caller's) to this worker's end
     startup_seconds: float = 0.0  # before the worker's first ask: imports, workload, twin, study
     replays: int = 0
+    cpu_seconds: float = 0.0  # this process's CPU time over its part of the search
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +179,7 @@ class _Worker:
         from tuners.evaluators import EvaluationCache, TwinEvaluator, run_trials
         from tuners.optuna_tuner import OptunaTuner
 
+        cpu0 = time.process_time()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         seed = None if task.seed is None else task.seed * 1009 + self.index
         tuner = _TimedTuner(OptunaTuner(SearchSpace.from_limits(self.limits), task.objective,
@@ -189,7 +191,7 @@ class _Worker:
         while not tuner.exhausted() and budget.take():
             trials += len(run_trials(tuner, evaluator, 1))
         return WorkerReport(self.index, trials, evaluator.replay_seconds, tuner.seconds, time.time() - started,
-                            ready - started, evaluator.replays)
+                            ready - started, evaluator.replays, time.process_time() - cpu0)
 
 
 def _helper_main(index: int, workload: WorkloadSpec, cluster: ClusterArgs, limits: DeploymentLimits,

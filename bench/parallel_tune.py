@@ -52,7 +52,10 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--trace", type=Path, default=None, help="replay this Mooncake trace (the realistic run)")
     ap.add_argument("--warm", action="store_true", help="reuse one TunePool per worker count across seeds")
-    ap.add_argument("--one", nargs=3, metavar=("URL", "SEED", "WORKERS"), help=argparse.SUPPRESS)
+    ap.add_argument("--modes", default="same,tpe",
+                    help="same: every arm replays the same randomly drawn configurations (the speed-up, free of "
+                         "which candidates a search happens to propose); tpe: TPE searches (best values compared)")
+    ap.add_argument("--one", nargs=4, metavar=("URL", "SEED", "WORKERS", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pods is None:
         args.pods = 24 if args.trace else 4
@@ -70,14 +73,30 @@ def _setup(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return workload, ClusterArgs({"pods": args.pods}), DeploymentLimits(pods=args.pods, l2_backend="twin")
 
 
-def _search(args: argparse.Namespace, url: str, seed: int, workers: int, pool=None) -> dict:  # type: ignore[no-untyped-def]
+def _prefill(url: str, study: str, limits, trials: int, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Enqueue `trials` configurations drawn at random with `seed`: every arm replays the same ones."""
+    from tuners.objective import ObjectiveSpec
+    from tuners.optuna_tuner import OptunaTuner
+    from tuners.space import SearchSpace
+
+    space = SearchSpace.from_limits(limits)
+    target = OptunaTuner(space, ObjectiveSpec(), storage=url, study_name=study)
+    draw = OptunaTuner(space, ObjectiveSpec(), storage=None, study_name="draw", sampler="random", seed=seed)
+    for _ in range(trials):
+        target.enqueue(draw.ask().knobs, source="bench")
+
+
+def _search(args: argparse.Namespace, url: str, seed: int, workers: int, mode: str, pool=None) -> dict:  # type: ignore[no-untyped-def]
     from tuners.parallel import parallel_tune
 
     workload, cluster, limits = _setup(args)
     frame = workload.load() if pool is None else None  # loaded before the clock, as the CLI does
+    study = f"{mode}-s{seed}-w{workers}"
+    if mode == "same":
+        _prefill(url, study, limits, args.trials, seed)
     t = time.perf_counter()
-    res = parallel_tune(workload, cluster, limits, storage=url, study=f"s{seed}-w{workers}", trials=args.trials,
-                        workers=workers, seed=seed, frame=frame, pool=pool)
+    res = parallel_tune(workload, cluster, limits, storage=url, study=study, trials=args.trials,
+                        workers=workers, seed=seed, frame=frame, pool=pool, enqueue_defaults=mode == "tpe")
     wall = time.perf_counter() - t
     ws = res.workers
     return {"wall": wall, "best": res.best.value if res.best and res.best.value is not None else float("nan"),
@@ -109,21 +128,21 @@ def _server_cpu(port: int) -> float:
 def main() -> None:
     args = _args()
     if args.one:
-        url, seed, workers = args.one[0], int(args.one[1]), int(args.one[2])
-        print(json.dumps(_search(args, url, seed, workers)))
+        url, seed, workers, mode = args.one[0], int(args.one[1]), int(args.one[2]), args.one[3]
+        print(json.dumps(_search(args, url, seed, workers, mode)))
         return
-
-    from scipy.stats import mannwhitneyu
 
     from tests.support.postgres import running_postgres
     from tuners.parallel import TunePool
 
     counts = [int(x) for x in args.workers.split(",")]
+    modes = args.modes.split(",")
     what = f"{args.trace or 'sessions'} ({args.requests or 'all'} requests), {args.pods} pods"
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} at start; {args.trials} trials per search "
-          f"on {what}; {args.seeds} seeds per worker count; {'warm pools' if args.warm else 'cold: a process per search'}")
-    runs: dict[int, list[dict]] = {n: [] for n in counts}
-    server: dict[int, float] = {n: 0.0 for n in counts}
+          f"on {what}; {args.seeds} seeds per worker count and mode; "
+          f"{'warm pools' if args.warm else 'cold: a process per search'}")
+    runs = {(m, n): [] for m in modes for n in counts}
+    server = {(m, n): 0.0 for m in modes for n in counts}
     with running_postgres("bench") as url:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         pools = {}
@@ -135,41 +154,60 @@ def main() -> None:
                 pools[n].wait_ready()
                 print(f"  pool of {n}: ready in {time.perf_counter() - t:.2f} s")
         try:
-            for seed in range(args.seeds):
-                for n in counts:
-                    cpu0 = _server_cpu(port)
-                    if args.warm:
-                        run = _search(args, url, seed, n, pools[n])
-                    else:
-                        cmd = [sys.executable, __file__, "--one", url, str(seed), str(n), "--trials", str(args.trials),
-                               "--pods", str(args.pods)] + (["--trace", str(args.trace)] if args.trace else []) + (
-                               ["--requests", str(args.requests)] if args.requests else [])
-                        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-                        run = json.loads(out.stdout.strip().splitlines()[-1])
-                    server[n] += _server_cpu(port) - cpu0
-                    runs[n].append(run)
-                    print(f"  seed {seed} workers {n}: {run['wall']:6.2f} s, best {run['best']:.4f}"
-                          + (f"  ERRORS {run['errors']}" if run["errors"] else ""), flush=True)
+            for mode in modes:
+                for seed in range(args.seeds):
+                    for n in counts:  # interleaved, so drift in the machine's load hits every arm alike
+                        cpu0 = _server_cpu(port)
+                        run = _search(args, url, seed, n, mode, pools[n]) if args.warm else _one(args, url, seed, n, mode)
+                        server[mode, n] += _server_cpu(port) - cpu0
+                        runs[mode, n].append(run)
+                        print(f"  {mode} seed {seed} workers {n}: {run['wall']:6.2f} s, best {run['best']:.4f}"
+                              + (f"  ERRORS {run['errors']}" if run["errors"] else ""), flush=True)
         finally:
             for pool in pools.values():
                 pool.close()
-    base = statistics.median(r["wall"] for r in runs[counts[0]])
-    print(f"\nper search, medians over {args.seeds} seeds; per trial, means: wall seconds in replay and in ask/tell, "
-          f"CPU seconds of the workers (after start-up) and of the PostgreSQL server")
-    print("workers  wall s  speed-up  | replay/trial  ask+tell/trial  CPU/trial  server CPU/trial  helper start-up |"
-          " best objective  Mann-Whitney p vs 1")
-    for n in counts:
-        rs = runs[n]
-        trials = sum(r["trials"] for r in rs) or 1
-        best = [r["best"] for r in rs]
-        ref = [r["best"] for r in runs[counts[0]]]
-        p = mannwhitneyu(best, ref, alternative="two-sided").pvalue if n != counts[0] else 1.0
-        wall = statistics.median(r["wall"] for r in rs)
-        print(f"{n:>7}  {wall:6.2f}  {base / wall:7.2f}x  | {sum(r['replay'] for r in rs) / trials:12.3f}  "
-              f"{sum(r['storage'] for r in rs) / trials:14.3f}  {sum(r['cpu'] for r in rs) / trials:9.3f}  "
-              f"{server[n] / trials:16.3f}  "
-              f"{statistics.median(r['startup'] for r in rs):15.2f} | {statistics.median(best):14.4f}  {p:.2f}")
+    for mode in modes:
+        _table(mode, counts, runs, server, args.seeds)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (2 shared cores: other work competes)")
+
+
+def _one(args: argparse.Namespace, url: str, seed: int, n: int, mode: str) -> dict:
+    cmd = [sys.executable, __file__, "--one", url, str(seed), str(n), mode, "--trials", str(args.trials),
+           "--pods", str(args.pods)] + (["--trace", str(args.trace)] if args.trace else []) + (
+           ["--requests", str(args.requests)] if args.requests else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _table(mode: str, counts: list[int], runs: dict, server: dict, seeds: int) -> None:
+    from scipy.stats import mannwhitneyu
+
+    ref = runs[mode, counts[0]]
+    if mode == "same":
+        print(f"\nsame configurations in every arm ({seeds} draws): speed-up = median over draws of the paired "
+              f"ratio (1-worker wall / n-worker wall); best equal in every arm: "
+              f"{all(len({runs[mode, n][i]['best'] for n in counts}) == 1 for i in range(seeds))}")
+    else:
+        print(f"\nTPE searches ({seeds} seeds): speed-up = ratio of median walls (each search proposes other "
+              f"candidates, whose replay costs differ); Mann-Whitney p of the best values against 1 worker")
+    print("workers  wall s  speed-up  | replay/trial  ask+tell/trial  CPU/trial  server CPU/trial  helper start-up |"
+          " best objective  p vs 1")
+    for n in counts:
+        rs = runs[mode, n]
+        trials = sum(r["trials"] for r in rs) or 1
+        wall = statistics.median(r["wall"] for r in rs)
+        if mode == "same":
+            speed = statistics.median(a["wall"] / b["wall"] for a, b in zip(ref, rs))
+        else:
+            speed = statistics.median(r["wall"] for r in ref) / wall
+        best = [r["best"] for r in rs]
+        p = mannwhitneyu(best, [r["best"] for r in ref], alternative="two-sided").pvalue if n != counts[0] else 1.0
+        print(f"{n:>7}  {wall:6.2f}  {speed:7.2f}x  | {sum(r['replay'] for r in rs) / trials:12.3f}  "
+              f"{sum(r['storage'] for r in rs) / trials:14.3f}  {sum(r['cpu'] for r in rs) / trials:9.3f}  "
+              f"{server[mode, n] / trials:16.3f}  "
+              f"{statistics.median(r['startup'] for r in rs):15.2f} | {statistics.median(best):14.4f}  {p:.2f}")
+    print("best values per seed: " + "; ".join(
+        f"{n} workers " + " ".join(f"{r['best']:.4f}" for r in runs[mode, n]) for n in counts))
 
 
 if __name__ == "__main__":

@@ -103,3 +103,19 @@ def test_workload_spec_loads_what_load_workload_loads():
     assert WORKLOAD.load().height == 600
     with pytest.raises(ValueError, match="exactly one"):
         WorkloadSpec().load()
+
+
+def test_tune_command_with_workers(postgres_url, tmp_path):  # noqa: F811
+    import yaml
+    from click.testing import CliRunner
+
+    from agent.cli import main
+
+    out = tmp_path / "best.yaml"
+    result = CliRunner().invoke(main, ["tune", "--workload", "sessions", "--max-requests", "300", "--trials", "6",
+                                       "--workers", "2", "--storage", postgres_url, "--study", "cli", "--pods", "2",
+                                       "-q", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "6 trials on 2 workers" in result.output and "study now holds 6 trials" in result.output
+    assert "worker 0:" in result.output and "worker 1:" in result.output
+    assert yaml.safe_load(out.read_text())["tuned"]["workers"] == 2

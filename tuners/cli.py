@@ -198,10 +198,16 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
 def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, workload: object, limits: object,
                    objective: ObjectiveSpec, storage: str, study: str, trials: int, workers: int, sampler: str,
                    seed: int, out: Path | None, settings: dict[str, Any]) -> None:
+    import os
+
     from tuners.evaluators import TwinEvaluator
     from tuners.offline import DEFAULTS, best_yaml
     from tuners.parallel import ClusterArgs, WorkloadSpec, parallel_tune
 
+    cores = len(os.sched_getaffinity(0))
+    if workers > cores:
+        click.echo(f"note: {workers} workers on {cores} cores: at most {cores} trials run at once here; the extra "
+                   f"workers add start-up and contention (pods on other nodes do not)", err=True)
     try:
         result = parallel_tune(WorkloadSpec(**workload_spec), ClusterArgs(cluster_kw), limits,  # type: ignore[arg-type]
                                storage=storage, study=study, trials=trials, workers=workers,

@@ -5,6 +5,7 @@ need it); bad combinations fail the render with a one-line message naming the ke
 from __future__ import annotations
 
 import json
+import re
 from pathlib import PurePosixPath
 
 import kubernetes_validate
@@ -14,6 +15,7 @@ import yaml
 from agent.k8s.rbac import required_rules
 from agent.k8s.settings import settings_from_mapping
 from agent.settings import load_settings as load_agent_settings
+from tests.conftest import REPO_ROOT
 from tests.test_helm_chart import CHART, CUSTOM_KINDS, RELEASE, _one, helm, template
 from tests.test_k8s_deploy import rbac_problems, workload
 
@@ -199,3 +201,16 @@ def test_bad_combinations_fail_with_one_line(args, message):
     proc = helm("template", RELEASE, str(CHART), *args)
     assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)
     assert message in proc.stderr.splitlines()[0], proc.stderr  # the first line says it all
+
+
+def test_the_values_example_in_docs_deploy_renders_and_loads(tmp_path):
+    doc = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    section = doc.split("### Reading from the cluster's Prometheus", 1)[1].split("\n### ", 1)[0]
+    values = tmp_path / "prometheus-source.yaml"
+    values.write_text(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    docs = template("-f", str(values))
+    agent, _ = agent_settings(docs, tmp_path)
+    assert agent.source == "prometheus" and agent.prometheus.url.startswith("https://")
+    pod = workload(docs)["spec"]["template"]["spec"]
+    assert mounted_source(pod, agent.prometheus.bearer_token_file) == ("secret", "tierpilot-query-token", "token")
+    assert mounted_source(pod, agent.prometheus.tls.ca_file) == ("configMap", "monitoring-ca", "ca.crt")

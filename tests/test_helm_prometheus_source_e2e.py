@@ -1,9 +1,11 @@
-"""The chart's `source.type: prometheus` wiring against a real Prometheus that demands what a
+"""The chart's `source.type: prometheus` wiring, run: against a real Prometheus that demands what a
 hardened query API demands: HTTPS with its own CA, a client certificate (mutual TLS) and basic
 auth (Prometheus' --web.config.file). The agent.yaml `helm template` renders is loaded with the
 agent's parser after the Secrets are laid out where the Deployment mounts them (as kubelet would);
 one agent cycle then reads the vLLM pod through the query API. A wrong or rotated password, or no
-client certificate, is a reasoned status, and the rotated file is read again on the next cycle."""
+client certificate, is a reasoned status, and the rotated file is read again on the next cycle.
+And with KV events on, the runtime built from the rendered agent.yaml (the vLLM role alone, nothing
+scraped) still finds the vLLM pods' KV-event endpoints through the Kubernetes API (the emulator)."""
 from __future__ import annotations
 
 import base64
@@ -23,8 +25,10 @@ import yaml
 
 from agent.collect.discovery import StaticTargets
 from agent.runtime.app import Agent
+from agent.runtime.assembly import build_runtime
 from agent.settings import load_settings
 from tests.support.fake_targets import MetricsServer
+from tests.support.kube import NS, serve
 from tests.support.prometheus import PROMETHEUS_BIN, free_port, write_config
 from tests.test_helm_chart import _one, template
 from tests.test_k8s_deploy import workload
@@ -175,3 +179,33 @@ def test_the_rendered_config_reads_a_real_prometheus_over_mtls_with_basic_auth(s
         "tls": settings.prometheus.tls.model_copy(update={"cert_file": None, "key_file": None})})})
     (status,) = Agent(bare, StaticTargets(())).scrape_now(timeout=60).targets
     assert not status.up and status.reason, status
+
+
+@pytest.fixture()
+def kube(shared_dir):
+    yield from serve(shared_dir)
+
+
+def test_the_rendered_config_still_finds_the_kv_event_endpoints(kube, tmp_path):
+    def pod(name, ip, annotations):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": NS, "labels": {"app": "vllm-llama"}, "annotations": annotations},
+            "spec": {"containers": [{"name": "vllm", "image": "i"}]}, "status": {"phase": "Running", "podIP": ip}}
+
+    kube.put(pod("vllm-0", "10.0.0.1", {"tierpilot.io/kv-events-port": "5557", "tierpilot.io/model": "m"}))
+    kube.put(pod("vllm-1", "10.0.0.2", {}))  # publishes no events
+    source = {"type": "prometheus", "prometheus": {"url": "http://127.0.0.1:1"}}
+    docs = template("--set-json", f"source={json.dumps(source)}", "--set", "tuner.enabled=false",
+                    "--set", "export.fleet=all", "--set-json",
+                    'discovery.kubernetes.roles={"vllm":{"selector":"app=vllm-llama","port":8000}}',
+                    namespace=NS)
+    (tmp_path / "agent.yaml").write_text(_one(docs, "ConfigMap", "tierpilot-config")["data"]["agent.yaml"])
+    settings = load_settings(tmp_path / "agent.yaml", env={})
+    assert settings.source == "prometheus" and set(settings.targets.kubernetes.roles) == {"vllm"}
+    rt = build_runtime(settings, api_client=kube.api_client(), env={})
+    try:
+        assert type(rt.agent.cycle).__name__ == "AggregatedCycle"  # the query API, not a scrape
+        assert rt.kv_refresh() == 1
+        assert [(s.pod, s.endpoint) for s in rt.kv._wanted] == [("vllm-0", "tcp://10.0.0.1:5557")]
+    finally:
+        rt.kv.stop()

@@ -240,7 +240,8 @@ class AggregatedCycle(PrometheusCycle):
                 self.previous[i] = res
                 fresh.append(res.last)
             lasts.append(used.last)
-            statuses.update(self._target_statuses(group, res, used))
+            statuses.update(self._target_statuses(group, res, used.targets(), used.down,
+                                                  lambda key, u=used: u.series.get(key, 0), used.anomalies))
         last = resolve_frame(pl.concat(lasts, how="vertical_relaxed"), self.mappings)
         if fresh:  # a failed group's pods keep their rows in the store: nothing new, nothing lost
             fresh_pods = pl.concat(fresh, how="vertical_relaxed").select("pod").unique()
@@ -255,43 +256,6 @@ class AggregatedCycle(PrometheusCycle):
         end = time.perf_counter()
         self.last_timings = {"queries_s": queried - start, "agent_s": end - queried, "total_s": end - start}
         return snap
-
-    def _target_statuses(self, group: RoleGroup, res: AggregatedResult | GroupResult,
-                         used: AggregatedResult) -> dict[str, TargetStatus]:
-        base = self.source.url or ""
-        keys = used.targets()
-        known = {(role, pod) for role, pod, _ in keys}
-        for role, pod in used.down:
-            if (role, pod) not in known and role:
-                keys.append((role, pod, ""))
-        if not keys and res.failure is not None:  # nothing known yet: the query endpoint itself
-            keys = [(group.role or "vllm", "prometheus", "")]
-        out: dict[str, TargetStatus] = {}
-        for key in keys:
-            t = target_of(base, key)
-            samples = used.series.get(key, 0)
-            errors = self.errors.get(t.key, {})
-            if res.failure is not None:
-                self._count(t, res.failure.reason)
-                st = TargetStatus(t, False, res.failure.duration_s, res.failure.reason,
-                                  f"Prometheus query failed: {res.failure.detail}", samples=samples,
-                                  errors=dict(self.errors.get(t.key, {})))
-            elif (instance := used.down.get((key[0], key[1])) or used.down.get(("", key[1]))) is not None:
-                self._count(t, "target_down")
-                st = TargetStatus(t, False, res.duration_s, "target_down",
-                                  f"Prometheus reports up == 0 for {instance}", samples=samples,
-                                  errors=dict(self.errors.get(t.key, {})))
-            elif key in used.anomalies:
-                anomalies = used.anomalies[key]
-                for reason, n in anomalies.items():
-                    self._count(t, reason, n)
-                st = TargetStatus(t, False, res.duration_s, next(iter(anomalies)),
-                                  "; ".join(f"{r} ({n} series dropped)" for r, n in anomalies.items()),
-                                  samples=samples, errors=dict(self.errors.get(t.key, {})))
-            else:
-                st = TargetStatus(t, True, res.duration_s, samples=samples, errors=dict(errors))
-            out[t.key] = st
-        return out
 
 
 def _with_target(frame: pl.DataFrame, key: GroupKey) -> pl.DataFrame:

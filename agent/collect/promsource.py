@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -173,10 +173,20 @@ class PrometheusCycle:
         errs[reason] = errs.get(reason, 0) + n
 
     def _statuses(self, group: RoleGroup, res: GroupResult, used: GroupResult) -> dict[str, TargetStatus]:
+        last = used.payloads.last
+        return self._target_statuses(group, res, list(last), used.down,
+                                     lambda key: last[key].lines if key in last else 0)
+
+    def _target_statuses(self, group: RoleGroup, res: GroupResult, keys: list[GroupKey],
+                         down: Mapping[tuple[str, str], str], samples_of: Callable[[GroupKey], int],
+                         anomalies: Mapping[GroupKey, Mapping[str, int]] | None = None) -> dict[str, TargetStatus]:
+        """One status per target of the group: the query's failure, `up == 0`, an anomaly of its
+        series (counted per cycle), or up. Targets Prometheus reports down without series are
+        listed too; with nothing known and a failed query, the pseudo-pod `prometheus`."""
         base = self.source.url or ""
-        keys: list[GroupKey] = list(used.payloads.last)
+        keys = list(keys)
         known = {(role, pod) for role, pod, _ in keys}
-        for role, pod in used.down:
+        for role, pod in down:
             if (role, pod) not in known and role:
                 keys.append((role, pod, ""))
         if not keys and res.failure is not None:  # nothing known yet: the query endpoint itself
@@ -184,23 +194,27 @@ class PrometheusCycle:
         out: dict[str, TargetStatus] = {}
         for key in keys:
             t = target_of(base, key)
-            samples = used.payloads.last[key].lines if key in used.payloads.last else 0
+            samples = samples_of(key)
+            found = (anomalies or {}).get(key)
             if res.failure is not None:
                 self._count(t, res.failure.reason)
                 st = TargetStatus(t, False, res.failure.duration_s, res.failure.reason,
                                   f"Prometheus query failed: {res.failure.detail}", samples=samples,
                                   errors=dict(self.errors.get(t.key, {})))
+            elif (instance := down.get((key[0], key[1])) or down.get(("", key[1]))) is not None:
+                self._count(t, "target_down")
+                st = TargetStatus(t, False, res.duration_s, "target_down",
+                                  f"Prometheus reports up == 0 for {instance}", samples=samples,
+                                  errors=dict(self.errors.get(t.key, {})))
+            elif found:
+                for reason, n in found.items():
+                    self._count(t, reason, n)
+                st = TargetStatus(t, False, res.duration_s, next(iter(found)),
+                                  "; ".join(f"{r} ({n} series dropped)" for r, n in found.items()),
+                                  samples=samples, errors=dict(self.errors.get(t.key, {})))
             else:
-                role, pod, _ = key
-                instance = res.down.get((role, pod)) or res.down.get(("", pod))
-                if instance is not None:
-                    self._count(t, "target_down")
-                    st = TargetStatus(t, False, res.duration_s, "target_down",
-                                      f"Prometheus reports up == 0 for {instance}", samples=samples,
-                                      errors=dict(self.errors.get(t.key, {})))
-                else:
-                    st = TargetStatus(t, True, res.duration_s, samples=samples,
-                                      errors=dict(self.errors.get(t.key, {})))
+                st = TargetStatus(t, True, res.duration_s, samples=samples,
+                                  errors=dict(self.errors.get(t.key, {})))
             out[t.key] = st
         return out
 

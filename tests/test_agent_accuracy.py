@@ -13,7 +13,8 @@ import pytest
 from agent.collect.discovery import StaticTargets
 from agent.collect.mapping import builtin_mapping_paths, load_mappings
 from agent.collect.normalise import resolve
-from agent.collect.store import SCHEMA, window_aggregate
+from agent.collect.store import SCHEMA
+from agent.collect.window import window_aggregate
 from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import Signal, Target

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 
 import polars as pl
 
-from agent.collect.store import WINDOW_SCHEMA, WindowStore
+from agent.collect.store import WindowStore
+from agent.collect.window import WINDOW_SCHEMA
 from contracts.fleet import PartialFleetError
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import polars as pl
 from agent.collect.mapping import MappingSet
 from agent.collect.normalise import normalise, resolve
 from agent.collect.parse import Payload
-from agent.collect.store import WINDOW_SCHEMA
+from agent.collect.window import WINDOW_SCHEMA
 from contracts.tier_model import ROLES, Role, Sample, Signal, Target
 
 GroupKey = tuple[str, str, str]  # (role, pod, namespace)

@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from agent.collect.store import bucket_increases, bucket_shares, signal_values
+from agent.collect.window import bucket_increases, bucket_shares, signal_values
 from agent.runtime.tuning_bridge import deepest_cumulative_ratio, drift_signals, gpu_observations
 from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
 from simulator.cluster import ClusterSpec

@@ -26,14 +26,9 @@ from typing import Any
 import optuna
 import polars as pl
 
-from agent.collect.store import (
-    WindowStore,
-    bucket_increases,
-    select,
-    signal_rate,
-    signal_values,
-)
+from agent.collect.store import WindowStore
 from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, prompt_lookups
+from agent.collect.window import bucket_increases, select, signal_rate, signal_values
 from agent.kvevents import EndpointSpec, KvEventManager, PodCounters, workload_overlap
 from agent.kvevents.fleet_overlap import FleetOverlap
 from agent.kvevents.settings import SettingsError as KvSettingsError

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import PurePosixPath
+from typing import get_args
 
 import kubernetes_validate
 import pytest
@@ -15,6 +16,7 @@ import yaml
 from agent.k8s.rbac import required_rules
 from agent.k8s.settings import settings_from_mapping
 from agent.settings import load_settings as load_agent_settings
+from contracts.tier_model import Role
 from tests.conftest import REPO_ROOT
 from tests.test_helm_chart import CHART, CUSTOM_KINDS, RELEASE, _one, helm, template
 from tests.test_k8s_deploy import rbac_problems, workload
@@ -167,6 +169,14 @@ def test_the_query_api_port_comes_from_the_url(url, port):
     assert [r["ports"] for r in rules] == [[{"port": port, "protocol": "TCP"}]]
 
 
+def test_the_chart_takes_every_role_the_agent_knows(tmp_path):
+    roles = {role: f'job="{role}"' for role in get_args(Role)}
+    docs = render({"source": {"type": "prometheus", "prometheus": {
+        "url": "http://p:9090", "roles": roles, "timeoutSeconds": 2}}})
+    agent, _ = agent_settings(docs, tmp_path)
+    assert agent.prometheus.roles == roles and agent.prometheus.timeout_s == 2
+
+
 def test_direct_stays_the_default_and_unchanged():
     explicit = template("--set", "source.type=direct", "--set", "source.prometheus.url=http://ignored:9090")
     default = template()
@@ -185,6 +195,15 @@ def test_direct_stays_the_default_and_unchanged():
       "--set", "export.fleet=all"], "shard.count > 1 is sharded direct scraping"),
     (["--set", "source.type=prometheus", "--set", "source.prometheus.url=http://p:9090",
       "--set", "source.prometheus.aggregate=both"], 'source.prometheus.aggregate: "both" is not server or agent'),
+    (["--set", "source.type=prometheus", "--set", "source.prometheus.url=http://p:9090",
+      "--set", "source.prometheus.roles.vllm-engine=job=x"], 'source.prometheus.roles: "vllm-engine" is not a role'),
+    (["--set", "source.type=prometheus", "--set", "source.prometheus.url=http://p:9090",
+      "--set-json", 'source.prometheus.roles={"vllm":{"job":"vllm"}}'],
+     "source.prometheus.roles.vllm: give a series selector string"),
+    (["--set", "source.type=prometheus", "--set", "source.prometheus.url=http://p:9090",
+      "--set", "source.prometheus.timeoutSeconds=10s"], "source.prometheus.timeoutSeconds: 10s is not a number"),
+    (["--set", "source.type=prometheus", "--set", "source.prometheus.url=http://p:9090",
+      "--set", "source.prometheus.timeoutSeconds=0"], "source.prometheus.timeoutSeconds: 0 is not a number"),
     (["--set", "source.type=prometheus", "--set", "source.prometheus.url=http://p:9090",
       "--set", "source.prometheus.bearerToken.secretName=a", "--set", "source.prometheus.basicAuth.secretName=b",
       "--set", "source.prometheus.basicAuth.username=u"], "give bearerToken.secretName or basicAuth.secretName"),

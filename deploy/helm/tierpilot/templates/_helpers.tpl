@@ -127,6 +127,18 @@ Validates the source values (fails the render with a message naming the key) and
 {{- if gt (int .Values.shard.count) 1 -}}
 {{- fail "shard.count > 1 is sharded direct scraping; source.type=prometheus reads the whole fleet from the query API: set shard.count: 1" -}}
 {{- end -}}
+{{- $roles := list "vllm" "lmcache" "curvine-master" "curvine-worker" "curvine-fuse" "router" -}}
+{{- range $role, $selector := ($p.roles | default dict) -}}
+{{- if not (has $role $roles) -}}
+{{- fail (printf "source.prometheus.roles: %q is not a role (%s)" $role (join ", " $roles)) -}}
+{{- end -}}
+{{- if not (kindIs "string" $selector) -}}
+{{- fail (printf "source.prometheus.roles.%s: give a series selector string, e.g. 'job=\"%s\"'" $role $role) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (and (or (kindIs "float64" $p.timeoutSeconds) (kindIs "int64" $p.timeoutSeconds)) (gt (float64 $p.timeoutSeconds) 0.0)) -}}
+{{- fail (printf "source.prometheus.timeoutSeconds: %v is not a number of seconds above 0" $p.timeoutSeconds) -}}
+{{- end -}}
 {{- if not (has $p.aggregate (list "server" "agent")) -}}
 {{- fail (printf "source.prometheus.aggregate: %q is not server or agent" $p.aggregate) -}}
 {{- end -}}

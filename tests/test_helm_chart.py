@@ -88,7 +88,7 @@ def test_rbac_is_exactly_what_the_code_uses(rendered, values):
     settings = settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=values)
     agent = yaml.safe_load(data["agent.yaml"])
     expected = required_rules(settings.model_copy(update={"lease": settings.lease.model_copy(
-        update={"name": agent["actuation"]["lease_name"]})}))
+        update={"name": agent["actuation"]["lease_name"]})}), pod_watch=agent.get("source", "scrape") == "scrape")
     discovery_ns = agent["targets"]["kubernetes"]["namespace"]
     roles = [d for d in docs if d["kind"] == "Role"]
     if discovery_ns != settings.namespace:  # pods are listed where they run

@@ -120,9 +120,9 @@ def _pod_rules(docs: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("kv_events, tuner", [(True, True), (False, True), (False, False), (True, False)])
 def test_nothing_of_direct_scraping_is_rendered(tmp_path, kv_events, tuner):
-    """No scrape ports in the NetworkPolicy, the query API's port instead; pods are watched only for
-    the KV-event endpoints (the vLLM role alone), listed for the actuator when tuning; the Roles
-    are exactly what that code uses."""
+    """No scrape ports in the NetworkPolicy, the query API's port instead; pods are never watched,
+    listed for the KV-event endpoints (the vLLM role alone) and for the actuator when tuning; the
+    Roles are exactly what that code uses."""
     roles = {"vllm": {"selector": "app=vllm", "port": 8000}, "router": {"selector": "app=router", "port": 8001},
              "curvine-master": {"selector": "app=cm", "port": 9001}}
     args = ["--set", f"kvEvents.enabled={str(kv_events).lower()}", "--set", f"tuner.enabled={str(tuner).lower()}",
@@ -136,13 +136,11 @@ def test_nothing_of_direct_scraping_is_rendered(tmp_path, kv_events, tuner):
     assert k8s.enabled is kv_events and agent.kv_events.enabled is kv_events
     assert set(k8s.roles) == ({"vllm"} if kv_events else set()) and not agent.targets.static
     pods = _pod_rules(docs)
-    assert [r["verbs"] for r in pods] == ([["list", "watch"]] if kv_events else [["list"]] if tuner else [])
+    assert [r["verbs"] for r in pods] == ([["list"]] if kv_events or tuner else [])
     if tuner:
         settings = settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source="prometheus")
         lease = settings.lease.model_copy(update={"name": agent.actuation.lease_name})
-        expected = required_rules(settings.model_copy(update={"lease": lease}))
-        if not kv_events:  # no discovery: only the actuator's list of the pods a change restarts
-            expected = [{**r, "verbs": ["list"]} if r["resources"] == ["pods"] else r for r in expected]
+        expected = required_rules(settings.model_copy(update={"lease": lease}), pod_watch=False)
         assert rbac_problems([d for d in docs if d["kind"] == "Role"], expected) == []
     # the query API rule reaches anywhere unless networkPolicy.queryApiTo names the peers
     (rule,) = [r for r in _one(docs, "NetworkPolicy")["spec"]["egress"] if r["ports"][0]["port"] == 9090]
@@ -154,7 +152,7 @@ def test_kv_events_in_another_namespace_get_a_pods_role_there():
                   "--set", "discovery.kubernetes.namespace=serving")
     by_ns = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and
              any("pods" in r["resources"] for r in d["rules"])}
-    assert [r["verbs"] for r in by_ns["serving"]["rules"]] == [["list", "watch"]]
+    assert [r["verbs"] for r in by_ns["serving"]["rules"]] == [["list"]]  # the KV-event endpoints
     assert [r["verbs"] for r in by_ns["llm"]["rules"] if r["resources"] == ["pods"]] == [["list"]]  # actuator
 
 

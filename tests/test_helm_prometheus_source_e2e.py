@@ -5,7 +5,8 @@ agent's parser after the Secrets are laid out where the Deployment mounts them (
 one agent cycle then reads the vLLM pod through the query API. A wrong or rotated password, or no
 client certificate, is a reasoned status, and the rotated file is read again on the next cycle.
 And with KV events on, the runtime built from the rendered agent.yaml (the vLLM role alone, nothing
-scraped) still finds the vLLM pods' KV-event endpoints through the Kubernetes API (the emulator)."""
+scraped, no pod watch) still lists the vLLM pods' KV-event endpoints from the Kubernetes API (the
+emulator)."""
 from __future__ import annotations
 
 import base64
@@ -23,7 +24,7 @@ import bcrypt
 import pytest
 import yaml
 
-from agent.collect.discovery import StaticTargets
+from agent.collect.discovery import KubernetesTargets, StaticTargets
 from agent.runtime.app import Agent
 from agent.runtime.assembly import build_runtime
 from agent.settings import load_settings
@@ -205,7 +206,19 @@ def test_the_rendered_config_still_finds_the_kv_event_endpoints(kube, tmp_path):
     rt = build_runtime(settings, api_client=kube.api_client(), env={})
     try:
         assert type(rt.agent.cycle).__name__ == "AggregatedCycle"  # the query API, not a scrape
+        assert not [s for s in rt.agent.target_source.sources if isinstance(s, KubernetesTargets)]  # no watch
         assert rt.kv_refresh() == 1
         assert [(s.pod, s.endpoint) for s in rt.kv._wanted] == [("vllm-0", "tcp://10.0.0.1:5557")]
     finally:
         rt.kv.stop()
+
+
+def test_an_agent_reading_the_query_api_builds_no_pod_watch():
+    """Agent() without injected targets (agent.runtime.app.targets_from_settings): with `source:
+    prometheus` targets.kubernetes (kept for the KV-event endpoints) starts no scrape discovery,
+    so no Kubernetes client is even loaded here."""
+    settings = load_settings(env={}, source="prometheus", prometheus={"url": "http://127.0.0.1:1"},
+                             targets={"kubernetes": {"enabled": True, "namespace": NS,
+                                                     "roles": {"vllm": {"selector": "app=vllm-llama"}}}})
+    agent = Agent(settings)
+    assert not [s for s in agent.target_source.sources if isinstance(s, KubernetesTargets)]

@@ -97,7 +97,8 @@ def test_rbac_is_exactly_what_the_code_uses(rendered, overlay):
     settings = settings_from_mapping(yaml.safe_load(_config(docs)["targets.yaml"]), source=f"{overlay} targets")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert {r["metadata"]["namespace"] for r in roles} == {settings.namespace}
-    assert rbac_problems(roles, required_rules(settings)) == []
+    scrapes = yaml.safe_load(_config(docs)["agent.yaml"]).get("source", "scrape") == "scrape"
+    assert rbac_problems(roles, required_rules(settings, pod_watch=scrapes)) == []
     bound = {b["roleRef"]["name"] for b in docs if b["kind"] == "RoleBinding"}
     assert bound == {r["metadata"]["name"] for r in roles}
     assert all(s["name"] == "tierpilot" for b in docs if b["kind"] == "RoleBinding" for s in b["subjects"])

@@ -37,8 +37,10 @@ def used_verbs() -> dict[str, set[str]]:
     return dict(out)
 
 
-def required_rules(settings: ActuationSettings) -> list[dict[str, Any]]:
-    """The Role rules the agent needs in `settings.namespace`, resourceNames wherever possible."""
+def required_rules(settings: ActuationSettings, *, pod_watch: bool = True) -> list[dict[str, Any]]:
+    """The Role rules the agent needs in `settings.namespace`, resourceNames wherever possible.
+    `pod_watch=False`: no pod discovery for scrape targets (`source: prometheus`), so pods are
+    only listed (the KV-event endpoints, the pods a change restarts)."""
     mappings = load_mappings()
     target_verbs = sorted(used_verbs()[TARGETS])
     named: dict[tuple[str, str], dict[str, set[str]]] = collections.defaultdict(lambda: collections.defaultdict(set))
@@ -59,12 +61,12 @@ def required_rules(settings: ActuationSettings) -> list[dict[str, Any]]:
         for verbs, objs in sorted(by_verbs.items()):
             rules.append({"apiGroups": [group], "resources": [plural], "resourceNames": sorted(objs),
                           "verbs": list(verbs)})
-    rules.extend(_fixed_rules(settings))
+    rules.extend(_fixed_rules(settings, pod_watch))
     return rules
 
 
-def _fixed_rules(settings: ActuationSettings) -> list[dict[str, Any]]:
-    calls = [*api_calls(), *DISCOVERY_CALLS]
+def _fixed_rules(settings: ActuationSettings, pod_watch: bool = True) -> list[dict[str, Any]]:
+    calls = [*api_calls(), *(c for c in DISCOVERY_CALLS if pod_watch or c.verb != "watch")]
     rules: list[dict[str, Any]] = []
     for kind in ("Pod", "Event", "Lease"):
         info = RESOURCES[kind]

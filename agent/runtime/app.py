@@ -79,11 +79,12 @@ class JobStats(Collector):
 
 
 def targets_from_settings(settings: AgentSettings) -> TargetSource:
-    """Static list + optional file + optional Kubernetes discovery, as configured."""
+    """Static list + optional file + optional Kubernetes discovery, as configured. With
+    `source: prometheus` the query API names the pods: no pod watch for scrape targets."""
     sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
     if settings.targets.file is not None:
         sources.append(FileTargets(settings.targets.file))
-    if settings.targets.kubernetes.enabled:
+    if settings.targets.kubernetes.enabled and settings.source == "scrape":
         from agent.collect.discovery import kubernetes_pod_api
 
         api = kubernetes_pod_api(settings.targets.kubernetes.in_cluster)

@@ -229,10 +229,12 @@ def _kv_shard(settings: AgentSettings) -> Callable[[str], bool]:
 
 
 def _targets(settings: AgentSettings, pod_api: PodApi | None) -> TargetSource:
+    """The scrape targets; with `source: prometheus` the query API names the pods, so pods are
+    not watched (targets.kubernetes then serves only the KV-event endpoints, listed)."""
     sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
     if settings.targets.file is not None:
         sources.append(FileTargets(settings.targets.file))
-    if settings.targets.kubernetes.enabled and pod_api is not None:
+    if settings.targets.kubernetes.enabled and pod_api is not None and settings.source == "scrape":
         sources.append(KubernetesTargets(pod_api, settings.targets.kubernetes))
     return CombinedTargets(sources)
 

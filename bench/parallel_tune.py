@@ -12,6 +12,8 @@ For each mode and worker count it prints: the median wall time of a search and t
 where the time went (mean per trial: wall seconds in the twin replay and in ask/tell = sampler +
 storage round trips; the workers' CPU seconds, which stay flat across arms when parallel workers
 do no extra work; the PostgreSQL server's CPU seconds; the helpers' start-up, median per search);
+the cores the search actually got (workers' + server's CPU seconds / wall, median: on a shared
+machine the speed-up is bounded by this, not by the core count);
 the best objective each search found, and a two-sided
 Mann-Whitney U test of those best values against the 1-worker searches (a large p: no evidence the
 parallel search finds worse configurations at one budget; with n seeds per arm the test only
@@ -169,7 +171,8 @@ def main() -> None:
                     for n in counts:  # interleaved, so drift in the machine's load hits every arm alike
                         cpu0 = _server_cpu(port)
                         run = _search(args, url, seed, n, mode, pools[n]) if args.warm else _one(args, url, seed, n, mode)
-                        server[mode, n] += _server_cpu(port) - cpu0
+                        run["server"] = _server_cpu(port) - cpu0
+                        server[mode, n] += run["server"]
                         runs[mode, n].append(run)
                         print(f"  {mode} seed {seed} workers {n}: {run['wall']:6.2f} s, best {run['best']:.4f}"
                               + (f"  ERRORS {run['errors']}" if run["errors"] else ""), flush=True)
@@ -200,8 +203,8 @@ def _table(mode: str, counts: list[int], runs: dict, server: dict, seeds: int) -
     else:
         print(f"\nTPE searches ({seeds} seeds): speed-up = ratio of median walls (each search proposes other "
               f"candidates, whose replay costs differ); Mann-Whitney p of the best values against 1 worker")
-    print("workers  wall s  speed-up  | replay/trial  ask+tell/trial  CPU/trial  server CPU/trial  helper start-up |"
-          " best objective  p vs 1")
+    print("workers  wall s  speed-up  cores used | replay/trial  ask+tell/trial  CPU/trial  server CPU/trial  "
+          "helper start-up | best objective  p vs 1")
     for n in counts:
         rs = runs[mode, n]
         trials = sum(r["trials"] for r in rs) or 1
@@ -212,7 +215,8 @@ def _table(mode: str, counts: list[int], runs: dict, server: dict, seeds: int) -
             speed = statistics.median(r["wall"] for r in ref) / wall
         best = [r["best"] for r in rs]
         p = mannwhitneyu(best, [r["best"] for r in ref], alternative="two-sided").pvalue if n != counts[0] else 1.0
-        print(f"{n:>7}  {wall:6.2f}  {speed:7.2f}x  | {sum(r['replay'] for r in rs) / trials:12.3f}  "
+        cores = statistics.median((r["cpu"] + r["server"]) / r["wall"] for r in rs)
+        print(f"{n:>7}  {wall:6.2f}  {speed:7.2f}x  {cores:10.2f} | {sum(r['replay'] for r in rs) / trials:12.3f}  "
               f"{sum(r['storage'] for r in rs) / trials:14.3f}  {sum(r['cpu'] for r in rs) / trials:9.3f}  "
               f"{server[mode, n] / trials:16.3f}  "
               f"{statistics.median(r['startup'] for r in rs):15.2f} | {statistics.median(best):14.4f}  {p:.2f}")

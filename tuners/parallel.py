@@ -32,6 +32,7 @@ trial budget the parallel search may be slightly less sample-efficient than a se
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import queue
 import threading
@@ -272,15 +273,20 @@ class TunePool:
         live = [i for i in range(1, self.workers) if i not in self.errors]
         for i in live:
             self._inboxes[i - 1].put((task, started))
-        reports = [self._local.search(task, self.budget, started)]
-        done = self._collect(set(live), {"done"}, READY_TIMEOUT_S + 3600)
+        try:
+            reports = [self._local.search(task, self.budget, started)]
+        except BaseException:
+            self.budget.reset(0)  # the helpers stop after the trial they have in flight
+            self._collect(set(live), {"done"}, READY_TIMEOUT_S)
+            raise
+        done = self._collect(set(live), {"done"}, None)  # a live helper is waited for; a dead one is not
         return reports + [done[i] for i in sorted(done)]
 
-    def _collect(self, pending: set[int], kinds: set[str], timeout: float) -> dict[int, Any]:
-        """Wait for one message of `kinds` from each helper in `pending`; helpers that fail or
-        exit are recorded in `errors` and dropped."""
+    def _collect(self, pending: set[int], kinds: set[str], timeout: float | None) -> dict[int, Any]:
+        """Wait for one message of `kinds` from each helper in `pending`; helpers that fail, exit
+        or (with a `timeout`) stay silent are recorded in `errors` and dropped."""
         out: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         while pending - set(self.errors):
             try:
                 index, kind, payload = self._outbox.get(timeout=0.2)

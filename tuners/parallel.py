@@ -206,7 +206,16 @@ def _helper_main(index: int, workload: WorkloadSpec, cluster: ClusterArgs, limit
         outbox.put((index, "error", f"start-up: {one_line(exc)}"))
         return
     outbox.put((index, "ready", None))
-    while (item := inbox.get()) is not None:
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            item = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return  # the caller died without closing the pool: do not linger
+            continue
+        if item is None:
+            return
         task, started = item
         try:
             outbox.put((index, "done", worker.search(task, budget, started)))
@@ -243,7 +252,11 @@ class TunePool:
         self._starter.start()
         self._ready: set[int] = set()
         self.errors: dict[int, str] = {}
-        self._local = _Worker(0, frame if frame is not None else workload.load(), cluster.build(), limits)
+        try:
+            self._local = _Worker(0, frame if frame is not None else workload.load(), cluster.build(), limits)
+        except BaseException:
+            self.close()
+            raise
 
     def _start_helpers(self) -> None:
         for i, p in enumerate(self._helpers, start=1):

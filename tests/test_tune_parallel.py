@@ -119,3 +119,42 @@ def test_tune_command_with_workers(postgres_url, tmp_path):  # noqa: F811
     assert "6 trials on 2 workers" in result.output and "study now holds 6 trials" in result.output
     assert "worker 0:" in result.output and "worker 1:" in result.output
     assert yaml.safe_load(out.read_text())["tuned"]["workers"] == 2
+
+
+def test_helpers_do_not_outlive_a_killed_caller():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = ("import os, signal\n"
+              "from tuners.parallel import ClusterArgs, TunePool, WorkloadSpec\n"
+              "from tuners.space import DeploymentLimits\n"
+              "if __name__ == '__main__':\n"
+              "    pool = TunePool(WorkloadSpec(preset='sessions', max_requests=100), ClusterArgs({'pods': 2}),\n"
+              "                    DeploymentLimits(pods=2, l2_backend='twin'), workers=2)\n"
+              "    pool.wait_ready()\n"
+              "    print(pool._helpers[0].pid, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid = int(caller.stdout.readline())  # type: ignore[union-attr]
+    caller.wait(timeout=60)
+
+    def running() -> bool:
+        status = Path(f"/proc/{pid}/status")
+        try:
+            return "\tZ" not in next(line for line in status.read_text().splitlines() if line.startswith("State"))
+        except (OSError, StopIteration):
+            return False
+
+    deadline = time.monotonic() + 15
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert not running(), f"helper {pid} still runs after its caller was killed"
+    finally:
+        if running():
+            os.kill(pid, signal.SIGKILL)
+        caller.stdout.close()  # type: ignore[union-attr]

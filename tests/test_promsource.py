@@ -215,3 +215,17 @@ def test_query_concurrency_gate_survives_one_event_loop_per_cycle(api):
     for _ in range(2):  # scrape_now runs each cycle on a fresh event loop
         snap = agent.scrape_now()
         assert snap.targets[0].up and snap.tiers
+
+
+def test_unreadable_tls_files_are_a_reasoned_status_until_they_appear(api, tmp_path):
+    import shutil
+    import ssl
+
+    ca = tmp_path / "ca.pem"  # not there yet (a Secret being rotated)
+    agent = _agent(api.url, api.aggregate, tls={"ca_file": str(ca)})
+    (status,) = agent.scrape_now().targets
+    assert not status.up and status.reason == "tls_error" and "ca.pem" in status.detail
+    assert status.target.pod == "prometheus" and status.errors == {"tls_error": 1}  # nothing known yet
+    shutil.copy(ssl.get_default_verify_paths().cafile, ca)
+    snap = agent.scrape_now()
+    assert snap.targets[0].up and snap.tiers

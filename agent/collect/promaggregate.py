@@ -102,6 +102,11 @@ class AggregatedCycle(PrometheusCycle):
             parts = self._parts[key] = compile_group(group, self.mappings, self.labelling, present)
         return parts
 
+    def _failed(self, failure: QueryFailure) -> AggregatedResult:
+        out = AggregatedResult()
+        out.failure = failure
+        return out
+
     async def _query_parts(self, session: aiohttp.ClientSession, parts: list[Part], group: RoleGroup,
                      at: float) -> list[pl.DataFrame] | QueryFailure:
         """One query for parts that ask the same (two mappings of one engine reading the same
@@ -223,9 +228,13 @@ class AggregatedCycle(PrometheusCycle):
         start = time.perf_counter()
         now = self.clock()
         session = self._api_session()
-        results = await asyncio.gather(*(self._query_aggregated(session, i, g, now)
-                                         for i, g in enumerate(self.groups)))
-        if not self.backfilled and all(r.failure is None for r in results):
+        if isinstance(session, QueryFailure):
+            results = [self._failed(session) for _ in self.groups]
+        else:
+            results = await asyncio.gather(*(self._query_aggregated(session, i, g, now)
+                                             for i, g in enumerate(self.groups)))
+        if not self.backfilled and not isinstance(session, QueryFailure) \
+                and all(r.failure is None for r in results):
             await self._backfill(session, now)  # before this cycle's rows: the store is in time order
         queried = time.perf_counter()
         lasts = []

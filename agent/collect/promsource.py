@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -92,10 +93,23 @@ class PrometheusCycle:
             await self._session.close()
             self._session = None
 
-    def _api_session(self) -> aiohttp.ClientSession:
+    def _api_session(self) -> aiohttp.ClientSession | QueryFailure:
+        """The query API's session; a TLS file that cannot be read (a CA, client certificate or
+        key missing or malformed, e.g. while its Secret is rotated) is a reasoned failure of the
+        cycle, `tls_error`, like a down endpoint."""
         if self._session is None or self._session.closed:
-            self._session = new_api_session(self.source)
+            try:
+                self._session = new_api_session(self.source)
+            except (OSError, ssl.SSLError) as exc:
+                tls = self.source.tls
+                files = ", ".join(str(f) for f in (tls.ca_file, tls.cert_file, tls.key_file) if f is not None)
+                return QueryFailure("tls_error", f"cannot load the TLS files ({files}): {exc}", 0.0)
         return self._session
+
+    def _failed(self, failure: QueryFailure) -> GroupResult:
+        out = GroupResult()
+        out.failure = failure
+        return out
 
     # -- one group ------------------------------------------------------------------------------
     async def _query_group(self, session: aiohttp.ClientSession, group: RoleGroup, at: float) -> GroupResult:
@@ -129,8 +143,12 @@ class PrometheusCycle:
         start = time.perf_counter()
         now = self.clock()
         session = self._api_session()
-        results = await asyncio.gather(*(self._query_group(session, g, now) for g in self.groups))
-        if not self.backfilled and all(r.failure is None for r in results):
+        if isinstance(session, QueryFailure):
+            results = [self._failed(session) for _ in self.groups]
+        else:
+            results = await asyncio.gather(*(self._query_group(session, g, now) for g in self.groups))
+        if not self.backfilled and not isinstance(session, QueryFailure) \
+                and all(r.failure is None for r in results):
             await self._backfill(session, now)
         merged = GroupPayloads()
         statuses: dict[str, TargetStatus] = {}

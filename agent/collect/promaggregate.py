@@ -224,18 +224,14 @@ class AggregatedCycle(PrometheusCycle):
             self.backfilled = True
 
     # -- the cycle -------------------------------------------------------------------------------
+    async def _query_one(self, session: aiohttp.ClientSession, index: int, group: RoleGroup,
+                         at: float) -> AggregatedResult:
+        return await self._query_aggregated(session, index, group, at)
+
     async def run(self, _session: Any = None, _targets: Sequence[Target] = ()) -> Snapshot:
         start = time.perf_counter()
         now = self.clock()
-        session = self._api_session()
-        if isinstance(session, QueryFailure):
-            results = [self._failed(session) for _ in self.groups]
-        else:
-            results = await asyncio.gather(*(self._query_aggregated(session, i, g, now)
-                                             for i, g in enumerate(self.groups)))
-        if not self.backfilled and not isinstance(session, QueryFailure) \
-                and all(r.failure is None for r in results):
-            await self._backfill(session, now)  # before this cycle's rows: the store is in time order
+        results: list[AggregatedResult] = await self._query_all(now)  # type: ignore[assignment]
         queried = time.perf_counter()
         lasts = []
         statuses: dict[str, TargetStatus] = {}

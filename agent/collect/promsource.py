@@ -138,18 +138,26 @@ class PrometheusCycle:
         return out
 
     # -- the cycle -------------------------------------------------------------------------------
+    async def _query_one(self, session: aiohttp.ClientSession, index: int, group: RoleGroup,
+                         at: float) -> GroupResult:
+        return await self._query_group(session, group, at)
+
+    async def _query_all(self, now: float) -> list[GroupResult]:
+        """Every group's answers at `now` (each failed alike when the session cannot be made), and
+        the backfill at the first cycle whose queries all succeed."""
+        session = self._api_session()
+        if isinstance(session, QueryFailure):
+            return [self._failed(session) for _ in self.groups]
+        results = await asyncio.gather(*(self._query_one(session, i, g, now) for i, g in enumerate(self.groups)))
+        if not self.backfilled and all(r.failure is None for r in results):
+            await self._backfill(session, now)  # before this cycle's rows: the store is in time order
+        return list(results)
+
     async def run(self, _session: Any = None, _targets: Sequence[Target] = ()) -> Snapshot:
         """One cycle (the agent's scrape session and target list are not used)."""
         start = time.perf_counter()
         now = self.clock()
-        session = self._api_session()
-        if isinstance(session, QueryFailure):
-            results = [self._failed(session) for _ in self.groups]
-        else:
-            results = await asyncio.gather(*(self._query_group(session, g, now) for g in self.groups))
-        if not self.backfilled and not isinstance(session, QueryFailure) \
-                and all(r.failure is None for r in results):
-            await self._backfill(session, now)
+        results = await self._query_all(now)
         merged = GroupPayloads()
         statuses: dict[str, TargetStatus] = {}
         stale_pods: set[str] = set()

@@ -36,6 +36,8 @@ class FakeQueryApi:
     def __init__(self) -> None:
         self.mode = "ok"
         self.aggregate = "server"
+        self.fail_range = False
+        self.paths: list[tuple[str, str]] = []
         self.up = 1.0
         self.requests: list[tuple[dict, dict]] = []
         self.port = free_port()
@@ -50,6 +52,9 @@ class FakeQueryApi:
     async def _handle(self, request: web.Request) -> web.Response:
         form = dict(await request.post())
         self.requests.append((dict(request.headers), form))
+        self.paths.append((request.path, form.get("query", "")))
+        if self.fail_range and (request.path.endswith("query_range") or "min_over_time" in form.get("query", "")):
+            return web.Response(status=503, text="unavailable")  # the backfill's queries only
         if self.mode == "slow":
             await asyncio.sleep(3)
         if self.mode == "503":
@@ -229,3 +234,19 @@ def test_unreadable_tls_files_are_a_reasoned_status_until_they_appear(api, tmp_p
     shutil.copy(ssl.get_default_verify_paths().cafile, ca)
     snap = agent.scrape_now()
     assert snap.targets[0].up and snap.tiers
+
+
+def test_a_failing_backfill_is_given_up_after_three_attempts(api):
+    from agent.collect.promsource import BACKFILL_ATTEMPTS
+
+    settings = load_settings(env={}, source="prometheus", prometheus={
+        "url": api.url, "timeout_s": 1.0, "backfill": True, "aggregate": api.aggregate})
+    agent = Agent(settings, StaticTargets(()))
+    api.fail_range = True  # the cycle's own queries answer; the backfill's do not
+    for attempt in range(1, BACKFILL_ATTEMPTS + 1):
+        assert agent.scrape_now().targets[0].up
+        assert agent.cycle.backfilled == (attempt == BACKFILL_ATTEMPTS)
+    asked = len(api.paths)
+    agent.scrape_now()
+    assert api.paths[asked:] and not any(path.endswith("query_range") or "min_over_time" in query
+                                         for path, query in api.paths[asked:])

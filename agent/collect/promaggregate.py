@@ -19,7 +19,6 @@ and rates over the window exist at once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import re
 import time
@@ -46,9 +45,6 @@ from agent.collect.promtable import (
 )
 from agent.collect.snapshot import build_snapshot
 from contracts.tier_model import Snapshot, Target, TargetStatus
-
-log = logging.getLogger(__name__)
-BACKFILL_ATTEMPTS = 3
 
 
 def backfill_instants(now: float, window_s: float, interval_s: float, earliest: float | None = None) -> list[float]:
@@ -91,7 +87,6 @@ class AggregatedCycle(PrometheusCycle):
         self.decoder = AnswerDecoder(self.labelling, self.mappings)
         self._parts: dict[tuple[int, frozenset[str]], tuple[Part, ...]] = {}
         self.last_timings: dict[str, float] = {}
-        self._backfill_attempts = 0
 
     def _compiled(self, index: int, group: RoleGroup, present: frozenset[str]) -> tuple[Part, ...]:
         key = (index, present)
@@ -188,9 +183,8 @@ class AggregatedCycle(PrometheusCycle):
         """Give the store the window's history at once: the same aggregated queries evaluated at
         past instants (backfill_instants: one scrape interval back, then twice as far each time,
         the last at the window's start), each a cycle's worth of Prometheus work, once; an instant
-        before Prometheus has data costs one index lookup. Tried on at most BACKFILL_ATTEMPTS
-        cycles, then left to the cycles themselves (a fleet whose history cannot be read in time
-        must not pay for it on every cycle)."""
+        before Prometheus has data costs one index lookup. Tried on at most
+        promsource.BACKFILL_ATTEMPTS cycles, then left to the cycles themselves."""
         self._backfill_attempts += 1
         window, interval = self.settings.store.window_s, self.settings.scrape.interval_s
         firsts = await asyncio.gather(*(self.api.query(session, first_sample_query(g, window, interval), now)
@@ -216,12 +210,6 @@ class AggregatedCycle(PrometheusCycle):
         for at, frame in sorted(frames, key=lambda f: f[0]):
             self.store.ingest_frame(frame, ts=at)
         self.backfilled = True
-
-    def _give_up_backfill_after_attempts(self) -> None:
-        if self._backfill_attempts >= BACKFILL_ATTEMPTS:
-            log.warning("backfill from %s gave up after %d attempts; the window fills as cycles run",
-                        self.source.url, self._backfill_attempts)
-            self.backfilled = True
 
     # -- the cycle -------------------------------------------------------------------------------
     async def _query_one(self, session: aiohttp.ClientSession, index: int, group: RoleGroup,

@@ -56,6 +56,7 @@ from agent.settings import AgentSettings
 from contracts.tier_model import Snapshot, Target, TargetStatus
 
 log = logging.getLogger(__name__)
+BACKFILL_ATTEMPTS = 3  # failed backfills before the window is left to fill as cycles run
 
 
 class GroupResult:
@@ -86,6 +87,7 @@ class PrometheusCycle:
         self.previous: dict[int, GroupResult] = {}
         self.errors: dict[str, dict[str, int]] = {}
         self.backfilled = not self.source.backfill
+        self._backfill_attempts = 0
         self._session: aiohttp.ClientSession | None = None
 
     async def aclose(self) -> None:
@@ -245,6 +247,14 @@ class PrometheusCycle:
         return out
 
     # -- backfill ------------------------------------------------------------------------------
+    def _give_up_backfill_after_attempts(self) -> None:
+        """After BACKFILL_ATTEMPTS failed backfills the window fills as cycles run: a fleet whose
+        history cannot be read in time must not pay for it on every cycle."""
+        if self._backfill_attempts >= BACKFILL_ATTEMPTS:
+            log.warning("backfill from %s gave up after %d attempts; the window fills as cycles run",
+                        self.source.url, self._backfill_attempts)
+            self.backfilled = True
+
     async def _backfill(self, session: aiohttp.ClientSession, now: float) -> None:
         """Fill the store with the window's history (one range query per group)."""
         step = self.settings.scrape.interval_s
@@ -256,7 +266,9 @@ class PrometheusCycle:
         answers = await asyncio.gather(*(self.api.query_range(session, g.last_query(), start, end, step)
                                          for g in self.groups))
         if any(isinstance(a, QueryFailure) for a in answers):
-            return  # tried again next cycle
+            self._backfill_attempts += 1
+            self._give_up_backfill_after_attempts()
+            return  # tried again next cycle (at most BACKFILL_ATTEMPTS times)
         by_ts: dict[float, dict[GroupKey, Payload]] = {}
         for group, matrix in zip(self.groups, answers, strict=True):
             assert not isinstance(matrix, QueryFailure)

@@ -139,16 +139,10 @@ def decode_labels(lab: Labelling, mappings: MappingSet) -> tuple[str, ...]:
 
 
 def default_role(part: Part, roles_by_name: dict[str, Role]) -> Role | None:
-    """The role a series of this part has when the group has no role and `job` names none."""
-    for name in part.names:
-        base = name
-        for sfx in ("_bucket", "_sum", "_count"):
-            if part.rule.type == "histogram" and name.endswith(sfx):
-                base = name[: -len(sfx)]
-        role = roles_by_name.get(name) or roles_by_name.get(base)
-        if role is not None:
-            return role
-    return next((r for r in ROLES if r in part.mapping.roles), None)
+    """The role a series of this part has when the group has no role and `job` names none: the
+    role the part's wire names identify (promframe.name_roles), else its mapping's first."""
+    return next((roles_by_name[n] for n in part.names if n in roles_by_name),
+                next((r for r in ROLES if r in part.mapping.roles), None))
 
 
 __all__ = ["PARTS", "Part", "by_labels", "compile_group", "decode_labels", "default_role", "quote"]

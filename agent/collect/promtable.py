@@ -235,11 +235,10 @@ def _rank_key(rank: tuple[bool, int, str]) -> str:
     return f"{int(fallback)}{pref:012d}{name}"
 
 
-def signals_frame(signals: Sequence[Signal], roles: dict[tuple[str, str], str] | None = None) -> pl.DataFrame:
-    """Signal objects (the exact path's) -> rows of FRAME_SCHEMA."""
-    roles = roles or {}
+def signals_frame(signals: Sequence[Signal]) -> pl.DataFrame:
+    """Signal objects (the exact path's) -> rows of FRAME_SCHEMA; the caller sets role and namespace."""
     return pl.DataFrame({
-        "role": [roles.get((s.pod, s.source), "") for s in signals], "pod": [s.pod for s in signals],
+        "role": [""] * len(signals), "pod": [s.pod for s in signals],
         "namespace": [""] * len(signals), "model": [s.model for s in signals],
         "signal": [s.name for s in signals], "le": [None if s.le != s.le else s.le for s in signals],
         "source": [s.source for s in signals], "kind": [s.kind for s in signals],

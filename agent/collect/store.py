@@ -147,8 +147,8 @@ class WindowStore:
         last = self._last
         reset_pods: set[str] = set()
         seen: set[tuple] = set()
-        seen_before = dict(self._seen)
-        read = self._seen
+        seen_before = self._seen
+        read: dict[tuple[str, str], float] = {}  # this scrape's reads, applied after it
         for s in signals:
             le = None if s.le != s.le else s.le
             key = (s.pod, s.model, s.name, le, s.source)
@@ -182,6 +182,7 @@ class WindowStore:
             cols["value"].append(s.value)
             cols["delta"].append(delta)
             cols["dt"].append(dt)
+        seen_before.update(read)
         if restarted:
             for key in [k for k in last if (k[0], k[4]) in restarted and k not in seen]:
                 last[key] = (read_at.get((key[0], key[4]), cycle_ts), 0.0)

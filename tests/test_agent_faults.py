@@ -62,7 +62,7 @@ def test_each_fault_marks_only_its_target_down(server):
     status = {st.target.pod: st for st in snap.targets}
     assert {p: st.reason for p, st in status.items() if not st.up} == {
         "silent": "timeout", "drip": "timeout", "http500": "http_5xx", "binary": "parse_error",
-        "text": "parse_error", "huge": "body_too_large", "cut": "connection_error",
+        "text": "parse_error", "huge": "body_too_large", "cut": "incomplete_body",
     }
     assert status["good"].up and status["gzip"].up
     assert "line 1" in status["text"].detail and "UTF-8" in status["binary"].detail
@@ -129,7 +129,7 @@ def test_a_deleted_pod_vanishes_from_metrics(server):
     assert {t.pod for t in agent.snapshot.tiers} == {"keep", "gone"}
     server.route("/gone", text=GOOD, reset=True)  # deleted while being scraped
     snap = agent.scrape_now()
-    assert {s.target.pod: s.reason for s in snap.targets if not s.up} == {"gone": "connection_error"}
+    assert {s.target.pod: s.reason for s in snap.targets if not s.up} == {"gone": "incomplete_body"}
     source.list = [keep]  # discovery noticed the deletion
     agent.scrape_now()
     text = agent.metrics_text()

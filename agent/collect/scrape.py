@@ -7,6 +7,10 @@ Failure reasons (the `reason` label of `tierpilot_scrape_errors_total`):
   connection_error   the connection broke mid-response (pod deleted mid-scrape) or DNS failed
   http_4xx/http_5xx  an HTTP error status
   body_too_large     the (decompressed) body exceeds the cap; reading stops at the cap
+  incomplete_body    the body ended early: fewer bytes than its Content-Length, a chunked body
+                     without its last chunk, or a gzip/deflate stream without its end (trailer);
+                     nothing of it is used (a cut payload would read as lower counters)
+  bad_encoding       a compressed body that does not decompress, or an encoding not asked for
   redirect           a redirect to another scheme, host or port (or more than MAX_REDIRECTS);
                      redirects within the target's own origin are followed
   parse_error        not UTF-8 or not exposition text (set by the caller after parsing)
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +59,19 @@ class TooLarge(Exception):
     pass
 
 
+class BodyFault(Exception):
+    """The body cannot be used whole: `reason` is incomplete_body or bad_encoding."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+# Content-Encoding -> zlib window bits (47: gzip or zlib header, detected; 15: zlib "deflate")
+_DECODERS = {"gzip": 31, "x-gzip": 31, "deflate": 47}
+
+
 MAX_REDIRECTS = 3
 
 
@@ -75,7 +93,7 @@ async def fetch(
             current = URL(url)
             for _ in range(MAX_REDIRECTS + 1):
                 async with session.get(current, headers={"Accept": ACCEPT, "Accept-Encoding": "gzip"},
-                                       allow_redirects=False) as resp:
+                                       allow_redirects=False, auto_decompress=False) as resp:
                     if resp.status in (301, 302, 303, 307, 308):
                         target = _same_origin(current, resp.headers.get("Location", ""))
                         if target is None:
@@ -89,17 +107,21 @@ async def fetch(
                     if resp.status != 200:
                         return FetchFailure("http_status", f"HTTP {resp.status}", clock() - start)
                     declared = resp.content_length
-                    if declared is not None and "gzip" not in resp.headers.get("Content-Encoding", "") \
-                            and declared > max_body_bytes:
+                    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+                    if encoding in ("", "identity") and declared is not None and declared > max_body_bytes:
                         return FetchFailure("body_too_large", f"Content-Length {declared} > {max_body_bytes}",
                                             clock() - start)
-                    body = await _read_capped(resp, max_body_bytes)
+                    body = await _read_capped(resp, max_body_bytes, encoding)
                     content_type = resp.headers.get("Content-Type", "")[:200]
                     break
             else:
                 return FetchFailure("redirect", f"more than {MAX_REDIRECTS} redirects", clock() - start)
     except TooLarge:
         return FetchFailure("body_too_large", f"body exceeds {max_body_bytes} bytes", clock() - start)
+    except BodyFault as exc:
+        return FetchFailure(exc.reason, exc.detail, clock() - start)
+    except aiohttp.ClientPayloadError as exc:  # the transfer framing says the body was cut
+        return FetchFailure("incomplete_body", _cut_detail(exc), clock() - start)
     except TimeoutError:
         return FetchFailure("timeout", f"no complete answer within {timeout_s:g}s", clock() - start)
     except aiohttp.ClientConnectorError as exc:
@@ -130,15 +152,68 @@ def _same_origin(current: URL, location: str) -> URL | None:
     return target
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
+def _cut_detail(exc: aiohttp.ClientPayloadError) -> str:
+    text = str(exc)
+    if "transfer length" in text or "ContentLength" in text:
+        return "the body ended before its Content-Length"
+    if "chunk" in text.lower() or "TransferEncoding" in text:
+        return "the chunked body ended before its last chunk"
+    return "the body ended before the end its framing announced"
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int, encoding: str = "") -> bytes:
+    """The whole body, decoded; raises TooLarge past `cap` decoded bytes, BodyFault when the body
+    is not complete or does not decode."""
+    if encoding in ("", "identity"):
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > cap:
+                raise TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+    wbits = _DECODERS.get(encoding)
+    if wbits is None:
+        raise BodyFault("bad_encoding", f"Content-Encoding {encoding[:40]!r} was not asked for")
+    decoder = _Decoder(wbits, cap)
     async for chunk in resp.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > cap:
-            raise TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+        decoder.feed(chunk)
+    return decoder.finish(encoding)
+
+
+class _Decoder:
+    """Incremental gzip/deflate decoding with an output cap, that insists on the stream's end:
+    a stream without its final block and trailer (CRC32 and length for gzip) is refused.
+    Concatenated gzip members are read as one body (as gzip.decompress does)."""
+
+    def __init__(self, wbits: int, cap: int) -> None:
+        self.wbits = wbits
+        self.cap = cap
+        self.out: list[bytes] = []
+        self.size = 0
+        self.z = zlib.decompressobj(wbits)
+        self.started = False
+
+    def feed(self, data: bytes) -> None:
+        while data:
+            if self.z.eof:  # another gzip member follows the one that ended
+                self.z = zlib.decompressobj(self.wbits)
+            self.started = True
+            try:
+                piece = self.z.decompress(data, self.cap + 1 - self.size)
+            except zlib.error:
+                raise BodyFault("bad_encoding", "the compressed body does not decode") from None
+            self.size += len(piece)
+            if self.size > self.cap:
+                raise TooLarge
+            self.out.append(piece)
+            data = self.z.unused_data if self.z.eof else self.z.unconsumed_tail
+
+    def finish(self, encoding: str) -> bytes:
+        if self.started and not self.z.eof:
+            raise BodyFault("incomplete_body", f"the {encoding} stream ends without its end (no trailer)")
+        return b"".join(self.out)
 
 
 def new_session(concurrency: int = 256, user_agent: str = "tierpilot-agent") -> aiohttp.ClientSession:

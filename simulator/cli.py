@@ -1,13 +1,13 @@
 """`tierpilot replay`: replay a trace or a synthetic workload on the digital twin."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from contracts.jsonsafe import dumps as json_dumps
 from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
     L2_EVICTION_CHOICES,
@@ -189,7 +189,7 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
 
         plot_replay(result, plot_path)
     if as_json:
-        click.echo(json.dumps(summary, sort_keys=True))
+        click.echo(json_dumps(summary, sort_keys=True))
     else:
         caps = result.capacities
         header = (

@@ -6,15 +6,24 @@ data-parallel `engine` label included). Across all targets of one pod, `resolve`
 per signal: the mapping with the lowest `preference` wins, and `fallback_only` rules yield to any
 other rule.
 
-Judgements made here:
-- a series whose value is NaN or +-Inf (counters, histograms; gauges too) is dropped and counted
-  as the anomaly `invalid_value`; the rest of the payload is kept;
+Judgements made here (each refused series is dropped and counted as an anomaly by reason; the rest
+of the payload is kept):
+- `invalid_value`: a value that is NaN or +-Inf (counters, histograms; gauges too);
+- `negative_counter`: a counter, histogram bucket, `_count` or `_sum` below zero (every mapped
+  histogram measures seconds, tokens or bytes);
+- `value_out_of_range`: a magnitude above 2^63 (MAX_VALUE): no token, byte or request count gets
+  there (at a billion a second it takes 292 years), and sums and rates of such values overflow;
+- `non_monotone_buckets`: a histogram series whose cumulative bucket counts go down as `le` grows;
+  that model's whole histogram is dropped;
+- `malformed_histogram`: a bucket without `le`, or with an `le` that is not a number; that model's
+  whole histogram is dropped;
 - a histogram without a `+Inf` bucket gets one from its `_count` (some exporters and the vLLM docs
   excerpt omit it), so quantiles keep Prometheus semantics;
 - series carrying a `reject_labels` label (the router's `server`) never count as engine series.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -25,6 +34,21 @@ from agent.collect.parse import Payload
 from contracts.tier_model import NO_LE, Signal, Target
 
 INF = math.inf
+MAX_VALUE = float(2 ** 63)
+
+REASONS = ("invalid_value", "negative_counter", "value_out_of_range", "non_monotone_buckets",
+           "malformed_histogram")
+
+
+def judge(value: float, counter: bool) -> str | None:
+    """The anomaly a mapped value is, or None when it can be true."""
+    if not math.isfinite(value):
+        return "invalid_value"
+    if counter and value < 0:
+        return "negative_counter"
+    if abs(value) > MAX_VALUE:
+        return "value_out_of_range"
+    return None
 
 
 @dataclass(slots=True)
@@ -54,9 +78,11 @@ def _combine(values: list[float], how: str) -> float:
 
 
 def _rule_signals(
-    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, invalid: set[int],
+    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, rejected: dict[str, set],
     names: tuple[str, ...] | None = None,
 ) -> list[Signal]:
+    """`rejected`: reason -> identities of the refused wire series (a sample's id, or a
+    histogram's (name, model)), so a series read by two rules counts once."""
     if names is None:
         names = (rule.name,) + tuple(
             alias + rule.name[len(canon):] for alias, canon in mapping.prefixes.items() if rule.name.startswith(canon)
@@ -71,6 +97,7 @@ def _rule_signals(
         kind = "gauge" if rule.type == "gauge" else "counter"
         label_value = rule.value_from_label
         groups: dict[str, list[float]] = defaultdict(list)
+        refused: set[str] = set()  # models with a refused series: no partial sum for them
         for name in names:
             for s in payload.by_name.get(name, ()):
                 labels = s.labels
@@ -83,11 +110,16 @@ def _rule_signals(
                     value = _label_number(labels.get(label_value))
                     if value is None:
                         continue  # e.g. num_gpu_blocks="None" before the profiling run
-                elif not math.isfinite(value):
-                    invalid.add(id(s))
-                    continue
+                else:
+                    fault = judge(value, kind == "counter")
+                    if fault is not None:
+                        rejected.setdefault(fault, set()).add(id(s))
+                        refused.add(_model_of(labels, model_labels))
+                        continue
                 groups[_model_of(labels, model_labels)].append(value * scale)
         for model, values in groups.items():
+            if model in refused:
+                continue
             out.append(Signal(pod, model, rule.signal, NO_LE, _combine(values, how), kind, mapping.source))
         return out
 
@@ -96,6 +128,8 @@ def _rule_signals(
     sums: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, list[float]] = defaultdict(list)
     bad_models: set[str] = set()
+    # each bucket series' own (le, value) points, to check that its counts never go down
+    series: dict[tuple[str, str, frozenset], list[tuple[float, float]]] = defaultdict(list)
     for base in names:
         for suffix, target in (("_bucket", None), ("_sum", sums), ("_count", counts)):
             if suffix == "_bucket" and not rule.buckets:
@@ -107,24 +141,28 @@ def _rule_signals(
                 if reject and not labels.keys().isdisjoint(reject):
                     continue
                 model = _model_of(labels, model_labels)
-                if not math.isfinite(s.value):
-                    invalid.add(id(s))
+                fault = judge(s.value, True)
+                if fault is not None:
+                    rejected.setdefault(fault, set()).add(id(s))
                     bad_models.add(model)
                     continue
                 if target is None:
-                    try:
-                        le = float(labels.get("le", "nan"))
-                    except ValueError:
+                    le = _le(labels.get("le"))
+                    if le is None:
+                        rejected.setdefault("malformed_histogram", set()).add((rule.name, model))
                         bad_models.add(model)
                         continue
-                    if math.isnan(le):
-                        bad_models.add(model)
-                        continue
+                    series[(model, base, frozenset(kv for kv in labels.items() if kv[0] != "le"))].append(
+                        (le, s.value))
                     buckets[(model, le * scale if le != INF else INF)].append(s.value)
                 elif target is sums:
                     sums[model].append(s.value * scale)
                 else:
                     counts[model].append(s.value)
+    for (model, _, _), points in series.items():
+        if model not in bad_models and not _monotone(points):
+            rejected.setdefault("non_monotone_buckets", set()).add((rule.name, model))
+            bad_models.add(model)
     src = mapping.source
     per_model_inf: set[str] = set()
     for (model, le), values in sorted(buckets.items()):
@@ -146,18 +184,34 @@ def _rule_signals(
     return out
 
 
-def _label_number(text: str | None) -> float | None:
+def _le(text: str | None) -> float | None:
+    """A bucket's upper bound, or None when it has none or it is not a number (`+Inf` is one)."""
+    if not text or "_" in text:
+        return None
     try:
-        v = float(text) if text else math.nan
+        le = float(text)
     except ValueError:
         return None
-    return v if math.isfinite(v) else None
+    return None if math.isnan(le) else le
+
+
+def _monotone(points: list[tuple[float, float]]) -> bool:
+    points.sort()
+    return all(a[1] <= b[1] for a, b in itertools.pairwise(points))
+
+
+def _label_number(text: str | None) -> float | None:
+    try:
+        v = float(text) if text and "_" not in text else math.nan
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and abs(v) <= MAX_VALUE else None
 
 
 def normalise(target: Target, payload: Payload, mappings: MappingSet) -> Normalised:
     """All candidate signals one target's payload yields (every applicable source)."""
     result = Normalised()
-    invalid: set[int] = set()  # identities of rejected samples: one count per wire series
+    rejected: dict[str, set] = {}  # reason -> identities of refused series: one count per wire series
     rule_names = mappings.rule_names
     present = payload.by_name.keys()
     for mapping in mappings.by_role.get(target.role, ()):
@@ -165,9 +219,10 @@ def normalise(target: Target, payload: Payload, mappings: MappingSet) -> Normali
             names, wire = rule_names[id(rule)]
             if wire.isdisjoint(present):
                 continue  # nothing to read: the rule would yield no signal
-            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, invalid, names))
-    if invalid:
-        result.anomalies["invalid_value"] = len(invalid)
+            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, rejected, names))
+    for reason in REASONS:
+        if rejected.get(reason):
+            result.anomalies[reason] = len(rejected[reason])
     return result
 
 

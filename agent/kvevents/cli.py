@@ -1,7 +1,6 @@
 """`tierpilot kv-events`: watch vLLM KV-event streams and print block-level signals live."""
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from typing import Any
@@ -16,6 +15,7 @@ from agent.kvevents.index import CAUSES
 from agent.kvevents.manager import KvEventManager
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings, SettingsError, one_line
 from agent.kvevents.signals import KvSnapshot
+from contracts.jsonsafe import dumps as json_dumps
 
 
 def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
@@ -170,7 +170,7 @@ def kv_events(endpoints: tuple[str, ...], replays: tuple[str, ...], model: str, 
                     manager.observe_prompt_tokens(pod, model_of.get(pod, model), total)
             snap = manager.snapshot()
             if as_json:
-                click.echo(json.dumps(snapshot_json(snap)))
+                click.echo(json_dumps(snapshot_json(snap)))
             else:
                 for table in render(snap):
                     console.print(table)

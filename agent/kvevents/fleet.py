@@ -37,6 +37,7 @@ import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent.kvevents.hll import DEFAULT_P, HyperLogLog
+from contracts.jsonsafe import dumps as json_dumps
 
 ENGINE_P = 12
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def merge_states(states: Iterable[Mapping]) -> list[FleetBlocks]:
 
 
 def state_json(state: dict) -> bytes:
-    return json.dumps(state, separators=(",", ":")).encode()
+    return json_dumps(state, separators=(",", ":")).encode()
 
 
 class FleetBlocksCollector:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import io
 import ipaddress
-import json
 import logging
 import math
 import signal
@@ -50,6 +49,7 @@ from agent.runtime.health import Health, judge
 from agent.runtime.isolation import CollectorHealth, IsolatedCollector
 from agent.runtime.peer_auth import PEER_ENDPOINTS, REALM, PeerFetch, PeerToken
 from agent.settings import AgentSettings
+from contracts.jsonsafe import dumps as json_dumps
 from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Snapshot
 from exporters.fleet import FleetExport
@@ -404,11 +404,11 @@ class Agent:
         checks = self.checks()
         return web.json_response({**h.as_json(), "snapshot_at": self._snapshot.taken_at, "checks": checks,
                                   "degraded": sorted(k for k, v in checks.items() if v != "ok")},
-                                 status=200 if h.live else 503)
+                                 status=200 if h.live else 503, dumps=json_dumps)
 
     async def _serve_ready(self, _request: web.Request) -> web.Response:
         h = self.health()
-        return web.json_response(h.as_json(), status=200 if h.ready else 503)
+        return web.json_response(h.as_json(), status=200 if h.ready else 503, dumps=json_dumps)
 
     def _window_ipc(self, query: dict[str, str]) -> tuple[bytes, str]:
         """GET /window?window_s=S (the last S seconds) or /window?since=T0&until=T1 (exactly that
@@ -460,14 +460,15 @@ def window_ipc(frame: Any) -> bytes:
 
 
 def snapshot_json(snap: Snapshot) -> str:
-    """The snapshot as JSON; target URLs and fault details with credentials redacted."""
+    """The snapshot as strict JSON (a non-finite number is null); target URLs and fault details
+    with credentials redacted."""
     def default(o: object) -> Any:
         return str(o)
     data = asdict(snap)
     for st in data.get("targets", ()):
         st["target"]["url"] = redact_url(st["target"]["url"])
         st["detail"] = redact_text(st["detail"])
-    return json.dumps(data, default=default, indent=1, allow_nan=True)
+    return json_dumps(data, default=default, indent=1)
 
 
 def run_until_signalled(start: Callable[[], None], stop: Callable[[], None],

@@ -101,6 +101,12 @@ def render(out_dir: Path, prometheus_url: str, since: str, end_ts: float | None,
             raise click.BadParameter(f"{item!r}: expected namespace=, model= or pod= followed by a regex",
                                      param_hint="--select")
         chosen[name] = value
+    from contracts.output_paths import OutputPathError, check_output_dir
+
+    try:
+        check_output_dir(out_dir, "--out")
+    except OutputPathError as exc:
+        raise click.ClickException(str(exc)) from None
     end = end_ts or time.time()
     start = end - parse_duration(since)
     click.echo(f"querying {prometheus_url} for {since} ending {time.strftime('%H:%M:%S', time.localtime(end))}")

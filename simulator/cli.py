@@ -14,6 +14,7 @@ from contracts.knobs import (
     KnobError,
     Knobs,
 )
+from contracts.output_paths import OutputPathError, check_output_file
 from simulator.cluster import ClusterError, ClusterSpec
 from simulator.models import GIB, ModelError, get_model, models
 from simulator.policies import POLICIES
@@ -135,6 +136,8 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
     if trace is not None and workload is not None:
         raise click.UsageError("give either --trace or --workload, not both")
     try:
+        if plot_path is not None:
+            check_output_file(plot_path, "--plot")
         prof = get_profile(profile)
         model_name = model or prof.model
         knobs = Knobs.from_yaml_file(config) if config is not None else Knobs()
@@ -158,7 +161,7 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
             preset = workload or DEFAULT_PRESET
             frame = synthetic(preset, seed=seed, duration_s=duration_s, rate_rps=rate_rps)
             source = f"synthetic {preset!r} (seed {seed})"
-    except (KnobError, ClusterError, ProfileError, ModelError, WorkloadError) as exc:
+    except (KnobError, ClusterError, ProfileError, ModelError, WorkloadError, OutputPathError) as exc:
         raise click.ClickException(str(exc)) from None
 
     progress_cb = None

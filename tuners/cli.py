@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from contracts.output_paths import check_output_dir, check_output_file
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
 from tuners.optuna_tuner import DEFAULT_STORAGE, SAMPLERS
 from tuners.space import L2_BACKENDS, DeploymentLimits, SearchSpace, TargetAcceptance
@@ -102,6 +103,10 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     if (trace is None) == (preset is None):
         raise click.UsageError("give exactly one of --trace PATH or --workload NAME")
     try:
+        if out is not None:  # before the search, not after it
+            check_output_file(out, "--out")
+        if plot_dir is not None:
+            check_output_dir(plot_dir, "--plot-dir")
         workload = load_workload(trace=trace, preset=preset, seed=seed, max_requests=max_requests,
                                  duration_s=duration)
         cluster_kw = {"profile": profile} if profile else {}

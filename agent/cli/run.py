@@ -16,7 +16,7 @@ def _settings(config: Path | None, **overrides):
     try:
         return load_settings(config, **overrides)
     except SettingsError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(" ".join(str(exc).split())) from None
 
 
 @click.command("run")
@@ -29,9 +29,12 @@ def _settings(config: Path | None, **overrides):
               help="Global dry-run: the tuner proposes, validates, logs and counts changes, and every "
                    "Kubernetes write is a server-side dry-run; nothing is changed. Same as dry_run: true "
                    "or TIERPILOT_DRY_RUN=true.")
-@click.option("--host", default=None, help="Address for /metrics (default from config: 0.0.0.0).")
-@click.option("--port", type=int, default=None, help="Port for /metrics (default from config: 9400).")
-def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) -> None:
+@click.option("--host", default=None, help="Address for /metrics [default: from config, 0.0.0.0].")
+@click.option("--port", type=int, default=None, help="Port for /metrics [default: from config, 9400].")
+@click.option("--check-config", is_flag=True,
+              help="Validate the config (and everything built from it: targets, actuation, KV events) "
+                   "without starting anything; exit 0 if valid, else 1 with a one-line reason.")
+def run(config: Path | None, dry_run: bool, host: str | None, port: int | None, check_config: bool) -> None:
     """Run the whole agent until SIGTERM or Ctrl-C.
 
     Always: discover targets (static list, targets file, Kubernetes label selectors), scrape them
@@ -48,6 +51,11 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) 
     the replica holding the Lease acts; a standby scrapes and exports only.
 
     The config is validated before anything starts; a bad key is one error naming it.
+
+    \b
+    Examples:
+      tierpilot run --config agent.yaml --check-config   # validate, start nothing
+      tierpilot run --config agent.yaml --dry-run --port 9401
     """
     server = {}
     if host is not None:
@@ -68,7 +76,25 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) 
     try:
         runtime = build_runtime(settings)
     except (ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(" ".join(str(exc).split())) from None
+    if check_config:
+        click.echo(f"{config or 'the built-in defaults'}: valid (" + ", ".join(_banner_parts(settings, runtime))
+                   + ")")
+        return
+    if not has_target_source(settings):
+        click.echo("warning: no targets configured (targets.static, targets.file, targets.kubernetes.enabled "
+                   "or source: prometheus); the agent serves only its own health metrics", err=True)
+    from agent.runtime.app import AgentStartError
+
+    try:  # the banner only once the port is ours
+        runtime.run_forever(on_started=lambda: click.echo(
+            "tierpilot agent: " + ", ".join(_banner_parts(settings, runtime)), err=True))
+    except AgentStartError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("tierpilot agent stopped", err=True)
+
+
+def _banner_parts(settings, runtime) -> list[str]:
     parts = [f"/metrics on {settings.server.host or '0.0.0.0'}:{settings.server.port}",
              f"scraping every {settings.scrape.interval_s:g}s"]
     if runtime.kv is not None:
@@ -77,12 +103,7 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None) 
         parts.append(f"tuning every {settings.tuner.step_interval_s:g}s"
                      + (" (DRY-RUN)" if settings.dry_run or runtime.actuator.settings.dry_run else "")
                      + (", leader election on" if runtime.elector is not None else ""))
-    click.echo("tierpilot agent: " + ", ".join(parts), err=True)
-    if not has_target_source(settings):
-        click.echo("warning: no targets configured (targets.static, targets.file, targets.kubernetes.enabled "
-                   "or source: prometheus); the agent serves only its own health metrics", err=True)
-    runtime.run_forever()
-    click.echo("tierpilot agent stopped", err=True)
+    return parts
 
 
 def has_target_source(settings) -> bool:

@@ -112,6 +112,23 @@ async def _close_cycle(cycle: Any) -> None:
         await close()
 
 
+class AgentStartError(RuntimeError):
+    """The agent could not start serving (its address is taken, or not allowed); one line."""
+
+
+def start_error(exc: BaseException | None, host: str, port: int) -> AgentStartError:
+    """What went wrong at start-up, as one line that says what to change."""
+    import errno
+
+    where = f"{host or '0.0.0.0'}:{port}"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return AgentStartError(f"cannot listen on {where}: the address is already in use (another agent or "
+                               f"program holds it); choose another with server.port or --port")
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EADDRNOTAVAIL):
+        return AgentStartError(f"cannot listen on {where}: {exc.strerror}; check server.host and server.port")
+    return AgentStartError(f"agent failed to start: {exc if exc is not None else 'timeout'}")
+
+
 class Agent:
     """Builds and runs the agent. Not started by the constructor."""
 
@@ -301,7 +318,7 @@ class Agent:
         self._thread.start()
         if not self._started.wait(timeout) or error:
             self.stop()
-            raise RuntimeError(f"agent failed to start: {error[0] if error else 'timeout'}")
+            raise start_error(error[0] if error else None, self.settings.server.host, self.settings.server.port)
 
     def _run_loop(self, error: list[BaseException]) -> None:
         loop = self._loop
@@ -311,6 +328,8 @@ class Agent:
             loop.run_until_complete(self._setup())
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             error.append(exc)
+            loop.run_until_complete(self._teardown())  # the HTTP session and runner, closed
+            loop.close()
             self._started.set()
             return
         self._started.set()
@@ -472,15 +491,18 @@ def snapshot_json(snap: Snapshot) -> str:
 
 
 def run_until_signalled(start: Callable[[], None], stop: Callable[[], None],
-                        alive: Callable[[], bool], poll_s: float = 0.5) -> None:
-    """Run `start`, block until SIGTERM or SIGINT (or until `alive()` turns false, which is an
-    error), then `stop` and restore the previous signal handlers."""
+                        alive: Callable[[], bool], poll_s: float = 0.5,
+                        on_started: Callable[[], None] | None = None) -> None:
+    """Run `start` (then `on_started`, once it serves), block until SIGTERM or SIGINT (or until
+    `alive()` turns false, which is an error), then `stop` and restore the previous signal handlers."""
     done = threading.Event()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for s in previous:
         signal.signal(s, lambda *_: done.set())
     try:
         start()
+        if on_started is not None:
+            on_started()
         while not done.wait(poll_s):
             if not alive():
                 raise RuntimeError("the agent event loop died")

@@ -133,9 +133,9 @@ class Runtime:
         shards' merged reading when sharded (never one shard's own), else the KV manager."""
         return self.fleet_overlap if self.fleet_overlap is not None else self.kv
 
-    def run_forever(self) -> None:
-        """Start, block until SIGTERM or SIGINT, then stop cleanly."""
-        run_until_signalled(self.start, self.stop, self.agent.is_alive)
+    def run_forever(self, on_started: Callable[[], None] | None = None) -> None:
+        """Start (then `on_started`, once it serves), block until SIGTERM or SIGINT, then stop cleanly."""
+        run_until_signalled(self.start, self.stop, self.agent.is_alive, on_started=on_started)
 
 
 # -- building --------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
                                 dry_run=dry_run, time_scale=time_scale, agent_port=agent_port,
                                 inject_regression=inject_regression, live_view=not no_live)
     except DemoSettingsError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.ClickException(str(exc)) from None
     from emulator.demo.loop import run_demo
 
     run_demo(settings)

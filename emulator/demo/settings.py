@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from contracts.output_paths import OutputPathError, check_output_dir
+
 
 class DemoSettingsError(ValueError):
     """A bad demo option; the message names the option and the valid range."""
@@ -41,6 +43,10 @@ class DemoSettings:
             raise DemoSettingsError(f"--time-scale: must be between 0.1 and 10000, got {self.time_scale}")
         if self.trace is not None and not Path(self.trace).is_file():
             raise DemoSettingsError(f"--trace: no such file {self.trace}")
+        try:
+            check_output_dir(Path(self.report_dir), "--report-dir")
+        except OutputPathError as exc:
+            raise DemoSettingsError(str(exc)) from None
         if not 0 <= self.agent_port <= 65535:
             raise DemoSettingsError(f"agent port: must be 0..65535, got {self.agent_port}")
         if not 0 <= self.restart_downtime_s <= 30:

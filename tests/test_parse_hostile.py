@@ -142,4 +142,37 @@ def test_long_metric_names_are_held_to_the_value_length_and_never_cached():
     assert name not in parse_module._GOOD_NAMES
     with pytest.raises(LimitExceeded) as err:
         parse(f"{name} 1\n", None, Limits(label_value_length=4096))
-    assert err.value.reason == "label_length"
+    assert err.value.reason == "metric_name_length"
+
+
+@pytest.mark.parametrize("line", ["m 1_000_000", "m{a=\"1\"} 1_0", "m 1 1_000", "m{a=\"1\"} 1 1_000"])
+@pytest.mark.parametrize("wanted", [None, {"other"}])
+def test_digit_separators_are_refused_as_prometheus_client_refuses_them(line, wanted):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with pytest.raises(ValueError):
+        list(text_string_to_metric_families(line + "\n"))
+    with pytest.raises(ParseError) as err:
+        parse(line + "\n", wanted)
+    assert err.value.line == 1
+
+
+def test_underscores_elsewhere_are_fine():
+    p = parse('m_total{a_b="1_0"} 1 # {trace_id="x_y"} 2\n')
+    assert p.by_name["m_total"][0].labels == {"a_b": "1_0"}
+
+
+def test_openmetrics_needs_its_eof_and_nothing_after_it():
+    text = "# TYPE m counter\nm_total 1\n"
+    assert parse(text).by_name["m_total"]  # the classic text format has no # EOF
+    assert parse(text + "# EOF\n", openmetrics=True).by_name["m_total"]
+    with pytest.raises(ParseError, match="without # EOF"):
+        parse(text, openmetrics=True)
+    with pytest.raises(ParseError, match="after # EOF"):
+        parse(text + "# EOF\nm_total 2\n")
+
+
+def test_a_long_metric_name_has_its_own_reason():
+    with pytest.raises(LimitExceeded) as err:
+        parse("m" * 300 + " 1\n", {"other"}, Limits(label_value_length=256))
+    assert err.value.reason == "metric_name_length"

@@ -40,7 +40,11 @@ def responses() -> dict[str, bytes]:
     gz_good = gzip.compress(GOOD)
     gz_cut = _gzip_without_trailer(GOOD)
     half = GOOD[: len(GOOD) // 2]
+    om = GOOD.rstrip(b"\n") + b"\n"
+    om_head = HEAD.replace(b"text/plain; version=0.0.4", b"application/openmetrics-text; version=1.0.0; charset=utf-8")
     return {
+        "/openmetrics": om_head + b"Content-Length: %d\r\n\r\n" % (len(om) + 6) + om + b"# EOF\n",
+        "/openmetrics-no-eof": om_head + b"Content-Length: %d\r\n\r\n" % len(om) + om,
         "/good": HEAD + b"Content-Length: %d\r\n\r\n" % len(GOOD) + GOOD,
         "/gzip": HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(gz_good) + gz_good,
         "/gzip-no-trailer": HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(gz_cut) + gz_cut,
@@ -114,7 +118,7 @@ def _agent(url: str) -> Agent:
                  StaticTargets([Target(url, "vllm", "p")]))
 
 
-@pytest.mark.parametrize("path", ["/good", "/gzip", "/chunked", "/gzip-two-members"])
+@pytest.mark.parametrize("path", ["/good", "/gzip", "/chunked", "/gzip-two-members", "/openmetrics"])
 def test_complete_bodies_are_read(server, path):
     snap = _agent(server.url(path)).scrape_now()
     assert snap.targets[0].up, snap.targets[0]
@@ -125,6 +129,7 @@ def test_complete_bodies_are_read(server, path):
     ("/gzip-no-trailer", "incomplete_body"), ("/gzip-no-trailer-no-length", "incomplete_body"),
     ("/short-length", "incomplete_body"), ("/chunked-cut", "incomplete_body"),
     ("/chunked-gzip-cut", "incomplete_body"), ("/gzip-garbage-after", "bad_encoding"),
+    ("/openmetrics-no-eof", "parse_error"),  # served as OpenMetrics, cut before its # EOF
 ])
 def test_an_incomplete_body_marks_the_target_down_and_keeps_its_last_good_values(server, path, reason):
     agent = _agent(server.url("/target"))

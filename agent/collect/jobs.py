@@ -12,7 +12,8 @@ Fault handling per target (the agent never stops for one bad target):
   and the next clean scrape marks it up again;
 - a payload over a per-target limit (`scrape.sample_limit`, `label_limit`,
   `label_name_length_limit`, `label_value_length_limit`) is refused whole, as Prometheus fails such
-  a scrape: the target is down with reason `sample_limit`, `label_limit` or `label_length`;
+  a scrape: the target is down with reason `sample_limit`, `label_limit`, `label_length` or
+  `metric_name_length`;
 - a series repeated in one payload (same name and label set) is a fault, `duplicate_series`:
   the first occurrence is kept, the repeats are dropped (never summed), the target is down for
   that cycle.
@@ -91,14 +92,16 @@ class ScrapeCycle:
         errs[reason] = errs.get(reason, 0) + n
         return dict(errs)
 
-    def process(self, target: Target, text: str, duration_s: float) -> TargetOutcome:
-        """Parse and normalise one fetched payload (pure apart from the counters)."""
+    def process(self, target: Target, text: str, duration_s: float, content_type: str = "") -> TargetOutcome:
+        """Parse and normalise one fetched payload (pure apart from the counters). A payload served
+        as OpenMetrics (`content_type`) must end with `# EOF`."""
         warnings: list[tuple[str, str]] = []
         if target.role == AUTO_ROLE and target.url in self.detected:
             target = dataclasses.replace(target, role=self.detected[target.url])  # type: ignore[arg-type]
         try:
             wanted = None if target.role == AUTO_ROLE else self.mappings.wanted.get(target.role)
-            payload = parse(text, wanted, self.limits)
+            payload = parse(text, wanted, self.limits,
+                            openmetrics=content_type.lower().startswith("application/openmetrics-text"))
         except ParseError as exc:  # LimitExceeded too: its reason is sample_limit, label_limit, ...
             return self._failed(target, exc.reason, str(exc), duration_s)
         if target.role == AUTO_ROLE:
@@ -150,9 +153,9 @@ class ScrapeCycle:
             # a big payload is parsed in a worker thread: the interpreter switches threads every
             # few ms, so /metrics, /healthz and SIGTERM stay served while it runs (the state it
             # touches is keyed by this target, which no other task of the cycle handles)
-            outcome = await asyncio.to_thread(self.process, target, res.text, res.duration_s)
+            outcome = await asyncio.to_thread(self.process, target, res.text, res.duration_s, res.content_type)
         else:
-            outcome = self.process(target, res.text, res.duration_s)
+            outcome = self.process(target, res.text, res.duration_s, res.content_type)
         return dataclasses.replace(outcome, at=sent)
 
     def forget_gone(self, targets: Sequence[Target]) -> None:

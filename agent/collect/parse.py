@@ -7,7 +7,10 @@ exemplars (` # {...} v [ts]` after the value), which are accepted and dropped.
 - Names keep their colons (`vllm:prefix_cache_hits_total`).
 - `_created` series are ordinary samples here; the mappings simply never ask for them.
 - Duplicate families (the same `# TYPE` twice) are accepted; samples are kept in order.
-- `NaN`, `+Inf`, `-Inf` parse as floats; judging them is the normaliser's job.
+- `NaN`, `+Inf`, `-Inf` parse as floats; judging them is the normaliser's job. Digit separators
+  (`1_000_000`), which Python's float() takes, are refused as prometheus_client refuses them.
+- A payload declared OpenMetrics (`openmetrics=True`, from its Content-Type) must end with
+  `# EOF`: without it the payload was cut short and is refused; nothing may follow `# EOF`.
 
 Speed: common lines are split with plain string operations (the full grammar regex is the
 fallback for unusual ones), and a caller that only needs some names passes `wanted`: every line's
@@ -71,7 +74,8 @@ class ParseError(ValueError):
 
 class LimitExceeded(ParseError):
     """The payload breaks one of the per-target `Limits`; `reason` is the Prometheus-style fault
-    (`sample_limit`, `label_limit`, `label_length`)."""
+    (`sample_limit`, `label_limit`, `label_length`), or `metric_name_length` for a metric name
+    longer than the label value limit (the name is the `__name__` label's value)."""
 
     def __init__(self, line: int, reason: str, why: str) -> None:
         super().__init__(line, why)
@@ -141,8 +145,10 @@ def check_labels(labels: dict[str, str], limits: Limits, lineno: int) -> None:
                                     f"label value of {len(value)} chars > {limits.label_value_length}")
 
 
-def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS) -> Payload:
+def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS,
+          openmetrics: bool = False) -> Payload:
     """Parse exposition text. Only samples whose name is in `wanted` are kept (all if None).
+    `openmetrics`: the payload was served as OpenMetrics, so it must end with `# EOF`.
 
     Raises ParseError on the first malformed line and LimitExceeded (a ParseError) on the first
     line over `limits`; every line is held to the limits, wanted or not. A wanted sample whose
@@ -158,7 +164,9 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
     short_line = min(x for x in (limits.label_name_length, limits.label_value_length, 1 << 62) if x)
     seen: dict[str, set] = {}
     lines = 0
-    for lineno, line in enumerate(text.split("\n"), 1):
+    eof = 0
+    all_lines = text.split("\n")
+    for lineno, line in enumerate(all_lines, 1):
         if not line:
             continue
         if line[0] == "#":
@@ -166,6 +174,7 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
                 continue
             _comment(line, lineno, out)
             if out.openmetrics and line.startswith("# EOF"):
+                eof = lineno
                 break
             continue
         if line[-1] == "\r":
@@ -185,7 +194,7 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
                     continue
                 raise ParseError(lineno, "bad metric name" if name else "not a sample line")
             if limits.label_value_length and len(name) > limits.label_value_length:  # __name__ is a label
-                raise LimitExceeded(lineno, "label_length",
+                raise LimitExceeded(lineno, "metric_name_length",
                                     f"metric name of {len(name)} chars > {limits.label_value_length}")
             if len(name) <= _CACHED_NAME_CHARS:  # the cache stays small whatever targets send
                 good_names.add(name)
@@ -200,11 +209,16 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
                 check_labels(parse_labels(m.group(2) or ""), limits, lineno)
             try:
                 float(line[line.rfind(" ") + 1:])
+                after = line[line.rfind("}") + 1:] if brace != -1 else line[len(name):]
+                if "_" in after.partition("#")[0]:
+                    raise ValueError  # a digit separator in the value or timestamp
             except ValueError:
                 m = _LINE.fullmatch(line)
                 if m is None:
                     raise ParseError(lineno, "not a sample line") from None
                 _value(m.group(3), lineno)
+                if m.group(4):
+                    _value(m.group(4), lineno)
             continue
         parsed = _split(line)
         if parsed is None:  # unusual spacing, quotes or braces inside values: the full grammar
@@ -231,6 +245,10 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
             continue
         names_seen.add(ident)
         by_name[name].append(Sample(name, labels, value, ts))
+    if eof and any(rest.strip() for rest in all_lines[eof:]):
+        raise ParseError(eof + 1, "content after # EOF")
+    if openmetrics and not eof:
+        raise ParseError(len(all_lines), "OpenMetrics payload without # EOF (cut short)")
     out.lines = lines
     return out
 
@@ -269,6 +287,8 @@ def _split(line: str) -> tuple[str, str, str, str | None] | None:
 
 
 def _value(text: str, lineno: int) -> float:
+    if "_" in text:
+        raise ParseError(lineno, "bad value (digit separator)")
     try:
         return float(text)
     except ValueError:

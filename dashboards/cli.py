@@ -33,13 +33,13 @@ def dashboards() -> None:
 
 @dashboards.command()
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Repository root to write under (default: this checkout).")
+              help="Repository root to write under [default: this checkout].")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 if any committed file differs from what the source renders.")
 @click.option("--ttft-slo", type=float, default=None,
-              help="TTFT target in seconds for the SLO quantile (default 1.0).")
+              help="TTFT target in seconds for the SLO quantile [default: 1.0].")
 @click.option("--slo-objective", type=float, default=None,
-              help="Share of good time slices promised, e.g. 0.99 (default).")
+              help="Share of good time slices promised [default: 0.99].")
 @click.option("--runbook-base-url", default=None,
               help="URL where docs/runbooks.md is served; each alert links to an anchor in it.")
 def build(root: Path | None, check: bool, ttft_slo: float | None, slo_objective: float | None,
@@ -78,8 +78,8 @@ def build(root: Path | None, check: bool, ttft_slo: float | None, slo_objective:
 @click.option("--prometheus", "prometheus_url", default="http://127.0.0.1:9090", show_default=True,
               help="Base URL of a Prometheus that scrapes the tierpilot agent.")
 @click.option("--since", default="1h", show_default=True, help="How far back to draw, e.g. 30m, 6h, 2d.")
-@click.option("--end", "end_ts", type=float, default=None, help="End of the window, unix seconds (default now).")
-@click.option("--step", type=float, default=None, help="Query resolution in seconds (default: ~240 points).")
+@click.option("--end", "end_ts", type=float, default=None, help="End of the window, unix seconds [default: now].")
+@click.option("--step", type=float, default=None, help="Query resolution in seconds [default: ~240 points].")
 @click.option("--scrape-interval", type=float, default=15.0, show_default=True,
               help="Prometheus scrape interval of the agent; sets $__rate_interval as Grafana does.")
 @click.option("--select", "selection", multiple=True, metavar="VAR=REGEX",

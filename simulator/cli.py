@@ -78,8 +78,8 @@ def _render_table(summary: dict[str, Any], header: str) -> None:
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path),
               help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids per 512 tokens).")
 @click.option("--workload", type=click.Choice(sorted(PRESETS)), default=None,
-              help=f"Built-in synthetic preset (default {DEFAULT_PRESET!r} when no --trace): "
-                   + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
+              help="Built-in synthetic preset: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items())
+                   + f" [default: {DEFAULT_PRESET} when no --trace].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic generator.")
 @click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Synthetic workload length in seconds (phases keep their proportions).")
@@ -93,26 +93,28 @@ def _render_table(summary: dict[str, Any], header: str) -> None:
 @click.option("--cpu-gib", type=click.FloatRange(min=0), help="LMCache CPU tier per pod in GiB (the cpu_gib knob).")
 @click.option("--l2-gib", type=click.FloatRange(min=0), help="Shared L2 pool in GiB (uses --model).")
 @click.option("--model", type=click.Choice(list(models())), default=None,
-              help="Model for GiB <-> token conversion (KV bytes/token); default: the profile's model.")
+              help="Model for GiB <-> token conversion (KV bytes/token) [default: the profile's model].")
 @click.option("--chunk-tokens", type=click.Choice([str(c) for c in CHUNK_TOKEN_CHOICES]), default=None,
-              help="LMCache chunk size in tokens [default 256].")
-@click.option("--router", type=click.Choice(tuple(ROUTERS)), default=None, help="Routing strategy [default roundrobin].")
-@click.option("--l2-eviction", type=click.Choice(L2_EVICTION_CHOICES), default=None, help="L2 eviction policy [default lru].")
-@click.option("--cpu-eviction", type=click.Choice(tuple(POLICIES)), default=None, help="CPU eviction policy [default lru].")
+              help="LMCache chunk size in tokens [default: 256].")
+@click.option("--router", type=click.Choice(tuple(ROUTERS)), default=None, help="Routing strategy [default: roundrobin].")
+@click.option("--l2-eviction", type=click.Choice(L2_EVICTION_CHOICES), default=None, help="L2 eviction policy [default: lru].")
+@click.option("--cpu-eviction", type=click.Choice(tuple(POLICIES)), default=None, help="CPU eviction policy [default: lru].")
 @click.option("--l2-min-prompt-tokens", type=click.IntRange(min=0), default=None,
-              help="Prompts shorter than this recompute instead of reading L2 [default 0].")
+              help="Prompts shorter than this recompute instead of reading L2 [default: 0].")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help=f"Hardware profile: {', '.join(profile_names())}, or a path to a profile YAML.")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path),
               help="Knobs YAML (the tuner's output format); flags given on the command line override it.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the summary) instead of tables.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: tables for the terminal; json: one JSON object (the summary).")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json (an alias).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of per-tier hit ratio and TTFT over trace time.")
 def replay(trace: Path | None, workload: str | None, seed: int, duration_s: float | None, rate_rps: float | None,
            pods: int, gpu_tokens: int | None, cpu_tokens: int | None, l2_tokens: int | None, gpu_gib: float | None,
            cpu_gib: float | None, l2_gib: float | None, model: str | None, chunk_tokens: str | None,
            router: str | None, l2_eviction: str | None, cpu_eviction: str | None, l2_min_prompt_tokens: int | None,
-           profile: str, config: Path | None, as_json: bool, plot_path: Path | None) -> None:
+           profile: str, config: Path | None, fmt: str, as_json: bool, plot_path: Path | None) -> None:
     """Replay a trace or synthetic workload on the digital twin of the tiered KV cache.
 
     The twin models per-pod GPU (vLLM prefix cache) and CPU (LMCache) tiers, a shared L2 pool,
@@ -123,7 +125,7 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
     \b
     Examples:
       tierpilot replay                                  # default synthetic workload ('shift')
-      tierpilot replay --workload rag --seed 7 --router prefixaware --json
+      tierpilot replay --workload rag --seed 7 --router prefixaware --format json
       tierpilot replay --trace ../shared/traces/mooncake_fast25_conversation_trace.jsonl \\
           --pods 8 --chunk-tokens 512 --l2-eviction s3fifo --plot replay.png
       tierpilot replay --pods 1 --cpu-tokens 0 --l2-tokens 0 --chunk-tokens 512 --trace T.jsonl  # pure replay
@@ -135,6 +137,7 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
 
     if trace is not None and workload is not None:
         raise click.UsageError("give either --trace or --workload, not both")
+    as_json = as_json or fmt == "json"
     try:
         if plot_path is not None:
             check_output_file(plot_path, "--plot")

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from contracts.output_paths import check_output_dir, check_output_file
+from simulator.synthetic import PRESETS
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
 from tuners.optuna_tuner import DEFAULT_STORAGE, SAMPLERS
 from tuners.space import L2_BACKENDS, DeploymentLimits, SearchSpace, TargetAcceptance
@@ -17,8 +18,8 @@ from tuners.space import L2_BACKENDS, DeploymentLimits, SearchSpace, TargetAccep
 EPILOG = """\b
 Examples:
   tierpilot tune --workload shift --trials 40
-  tierpilot tune --workload rag --trials 40 --targets deploy/overlays/production-stack/targets.yaml \
-      --out best.yaml && tierpilot k8s check --targets deploy/overlays/production-stack/targets.yaml \
+  tierpilot tune --workload rag --trials 40 --targets deploy/overlays/production-stack/targets.yaml \\
+      --out best.yaml && tierpilot k8s check --targets deploy/overlays/production-stack/targets.yaml \\
       --config best.yaml
   tierpilot tune --trace ../shared/traces/mooncake_fast25_synthetic_trace.jsonl --max-requests 1500 \\
       --pods 16 --trials 60 --sampler tpe --plot-dir plots --out best.yaml
@@ -29,7 +30,8 @@ Examples:
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Mooncake JSONL trace to replay (block hashes, 512-token blocks).")
-@click.option("--workload", "preset", help="Synthetic workload preset instead of a trace (rag, sessions, shift, short).")
+@click.option("--workload", "preset", type=click.Choice(sorted(PRESETS)),
+              help="Synthetic workload preset instead of a trace: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
 @click.option("--trials", type=click.IntRange(1), required=True, help="Trials to run (added to a resumed study).")
 @click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True,
               help="tpe (multivariate TPE), random, or grid (every grid point of the space, in random order).")

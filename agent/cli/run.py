@@ -167,7 +167,14 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
     With a single scrape, ratios come from the counters' lifetime totals. A target given without a
     role gets the one its payload shows (vLLM, LMCache in-process or MP, Curvine master/worker/FUSE,
     production-stack or vllm-project router); a target that yields no mapped series is reported
-    with a warning on stderr naming what was seen. Exits 1 when no target answered.
+    with a warning on stderr naming what was seen. Exits 1 when no target answered, or when none
+    fed a signal.
+
+    \b
+    Examples:
+      tierpilot scrape-once --target vllm/pod-a=http://127.0.0.1:8000/metrics --format table
+      tierpilot scrape-once -t http://10.0.0.5:8000/metrics -t curvine-fuse/pod-a=http://10.0.0.5:9003/metrics
+      tierpilot scrape-once --from-prometheus http://prometheus:9090 --selector vllm='job="vllm"' --format json
     """
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent, snapshot_json
@@ -200,6 +207,11 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
         for reason, detail in st.warnings:
             click.echo(f"warning: {st.target.url} ({st.target.role}): {reason}: {detail}", err=True)
     if not any(st.up for st in snap.targets):
+        sys.exit(1)
+    if not prom_url and not any(st.up and not any(r == "no_mapped_series" for r, _ in st.warnings)
+                                for st in snap.targets):
+        click.echo("error: no target fed a tierpilot signal (see the warnings above); check the URLs and roles",
+                   err=True)
         sys.exit(1)
 
 

@@ -3,6 +3,7 @@
     python -m agent.k8s check   deploy/overlays/plain-vllm/targets.yaml
     python -m agent.k8s check   --targets deploy/overlays/plain-vllm/targets.yaml --config best.yaml
     python -m agent.k8s current deploy/overlays/plain-vllm/targets.yaml
+    python -m agent.k8s diff    deploy/overlays/plain-vllm/targets.yaml best.yaml
     python -m agent.k8s apply   deploy/overlays/plain-vllm/targets.yaml best.yaml --dry-run
     python -m agent.k8s rollback deploy/overlays/plain-vllm/targets.yaml
 """
@@ -27,10 +28,43 @@ TARGETS = click.argument("targets", type=click.Path(exists=True, dir_okay=False,
 def _actuator(targets: Path, dry_run: bool = False) -> KubernetesActuator:
     from agent.k8s.wiring import build_actuator, load_api_client
 
-    settings = load_settings(targets, **({"dry_run": True} if dry_run else {}))
-    kubeconfig = (click.get_current_context().obj or {}).get("kubeconfig")
-    return build_actuator(load_api_client(kubeconfig), settings,
+    cluster = _cluster_options()
+    overrides: dict = {"dry_run": True} if dry_run else {}
+    if cluster.get("namespace"):
+        overrides["namespace"] = cluster["namespace"]
+    settings = load_settings(targets, **overrides)
+    return build_actuator(load_api_client(cluster.get("kubeconfig"), context=cluster.get("context")), settings,
                           on_progress=lambda m: click.echo(f"  {m}", err=True))
+
+
+def _cluster_options() -> dict:
+    """--kubeconfig, -n/--namespace and --context, given before or after the subcommand (after wins)."""
+    ctx = click.get_current_context()
+    merged = dict((ctx.parent.obj if ctx.parent is not None else None) or {})
+    merged.update({k: v for k, v in (ctx.obj or {}).items() if v is not None})
+    return merged
+
+
+KUBECONFIG_HELP = "Kubeconfig file [default: in-cluster service account, else $KUBECONFIG or ~/.kube/config]."
+NAMESPACE_HELP = "Namespace of the targets that name none [default: the targets file's `namespace`]."
+CONTEXT_HELP = "Kubeconfig context to use [default: its current-context]."
+
+
+def cluster_options(fn):
+    """The cluster options on a subcommand too, so `tierpilot k8s current --kubeconfig X` works."""
+    def keep(ctx: click.Context, param: click.Parameter, value: object) -> object:
+        if value is not None:
+            ctx.ensure_object(dict)[param.name] = value
+        return value
+
+    for option in reversed((
+        click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), expose_value=False,
+                     callback=keep, help=KUBECONFIG_HELP),
+        click.option("-n", "--namespace", expose_value=False, callback=keep, help=NAMESPACE_HELP),
+        click.option("--context", expose_value=False, callback=keep, help=CONTEXT_HELP),
+    )):
+        fn = option(fn)
+    return fn
 
 
 def one_line(exc: BaseException) -> str:
@@ -53,14 +87,24 @@ class _OneLineErrors(click.Group):
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).")
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None, help=KUBECONFIG_HELP)
+@click.option("-n", "--namespace", default=None, help=NAMESPACE_HELP)
+@click.option("--context", default=None, help=CONTEXT_HELP)
 @click.pass_context
-def main(ctx: click.Context, kubeconfig: str | None) -> None:
+def main(ctx: click.Context, kubeconfig: str | None, namespace: str | None, context: str | None) -> None:
     """Apply tuned KV-cache knobs to a cluster: vLLM Deployment env, LMCache / router / Curvine
     ConfigMaps, HyperPod InferenceEndpointConfig. TARGETS is the actuator's targets YAML (see
-    docs/deploy.md). Uses the in-cluster service account, or your kubeconfig."""
-    ctx.ensure_object(dict)["kubeconfig"] = kubeconfig
+    docs/deploy.md). Uses the in-cluster service account, or your kubeconfig. The cluster options
+    (--kubeconfig, -n/--namespace, --context) go before or after the subcommand.
+
+    \b
+    Examples:
+      tierpilot k8s check deploy/overlays/plain-vllm/targets.yaml --config best.yaml
+      tierpilot k8s current deploy/overlays/plain-vllm/targets.yaml --kubeconfig ~/.kube/prod -n llm
+      tierpilot k8s diff deploy/overlays/plain-vllm/targets.yaml best.yaml --context prod
+      tierpilot k8s apply deploy/overlays/plain-vllm/targets.yaml best.yaml --dry-run
+    """
+    ctx.ensure_object(dict).update(kubeconfig=kubeconfig, namespace=namespace, context=context)
 
 
 FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -103,6 +147,7 @@ def check(targets_arg: Path | None, targets_opt: Path | None, config: Path | Non
 
 @main.command()
 @TARGETS
+@cluster_options
 def current(targets: Path) -> None:
     """Print the knobs the targets run now, as a config YAML."""
     act = _actuator(targets)
@@ -114,6 +159,33 @@ def current(targets: Path) -> None:
 @main.command()
 @TARGETS
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@cluster_options
+def diff(targets: Path, config: Path) -> None:
+    """Show what `apply TARGETS CONFIG` would change, changing nothing: each knob whose value
+    differs from what the targets run now, the objects it is written to and whether they restart."""
+    from agent.k8s.offline import refusals
+
+    knobs = Knobs.from_yaml_file(config)
+    act = _actuator(targets)
+    for line in refusals(act.settings, load_mappings(), knobs):
+        click.echo(f"refused: {line}")
+    changes = act.current().diff(knobs)
+    if not changes:
+        click.echo(f"no change: the targets already run every value of {config}")
+        return
+    for knob, (now, new) in changes.items():
+        click.echo(f"{knob}: {now} -> {new}")
+        for t in act.active:
+            if knob in t.knobs:
+                click.echo(f"  {t.where} (takes effect by {t.mapping.takes_effect})")
+    click.echo(f"{len(changes)} knob(s) would change; `apply` makes the change, `apply --dry-run` validates it "
+               f"server-side")
+
+
+@main.command()
+@TARGETS
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@cluster_options
 @click.option("--dry-run", is_flag=True, help="Server-side dry-run: validate everything, store nothing.")
 @click.option("--mark-good", is_flag=True, help="After a successful rollout, record CONFIG as the last good one.")
 def apply(targets: Path, config: Path, dry_run: bool, mark_good: bool) -> None:
@@ -129,6 +201,7 @@ def apply(targets: Path, config: Path, dry_run: bool, mark_good: bool) -> None:
 
 @main.command()
 @TARGETS
+@cluster_options
 def rollback(targets: Path) -> None:
     """Restore the last good configuration exactly."""
     click.echo(_actuator(targets).rollback().message)

@@ -20,12 +20,13 @@ class KubeconfigError(ValueError):
     """No usable cluster credentials: one line naming the file and what is wrong with it."""
 
 
-def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
+def load_api_client(kubeconfig: str | None = None, *, context: str | None = None) -> k8s.ApiClient:
     """`kubeconfig` if given; else in-cluster service-account credentials, or the default
-    kubeconfig outside a cluster. Never touches the client's global default configuration.
-    Raises KubeconfigError (one line) when none of them is usable."""
-    if kubeconfig:
-        return _from_file(kubeconfig)
+    kubeconfig outside a cluster. `context`: that kubeconfig context instead of its
+    current-context (a kubeconfig is then read even inside a cluster). Never touches the client's
+    global default configuration. Raises KubeconfigError (one line) when none of them is usable."""
+    if kubeconfig or context:
+        return _from_file(kubeconfig, context)
     try:
         cfg = k8s.Configuration()
         k8s_config.load_incluster_config(client_configuration=cfg)
@@ -34,13 +35,13 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
         return _from_file(None)
 
 
-def _from_file(path: str | None) -> k8s.ApiClient:
+def _from_file(path: str | None, context: str | None = None) -> k8s.ApiClient:
     where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
     if path is None and not any(Path(p).expanduser().is_file() for p in where.split(os.pathsep) if p):
         raise KubeconfigError(f"no Kubernetes credentials: not in a cluster, and no kubeconfig at {where} "
                               f"(pass --kubeconfig or set KUBECONFIG)")
     try:
-        return k8s_config.new_client_from_config(config_file=path)
+        return k8s_config.new_client_from_config(config_file=path, context=context)
     except (k8s_config.ConfigException, yaml.YAMLError, OSError, TypeError, AttributeError,
             KeyError, ValueError) as exc:
         first = " ".join(str(exc).split()) or type(exc).__name__

@@ -108,7 +108,7 @@ def option_errors(exc: ValidationError) -> str:
 @click.option("--replay", "replays", multiple=True, metavar="POD=tcp://HOST:PORT",
               help="The pod's replay ROUTER address, used to catch up after a sequence gap.")
 @click.option("--model", default="default", show_default=True, help="Model label for --endpoint pods.")
-@click.option("--topic", default="", help="Topic prefix to subscribe to (default: all topics).")
+@click.option("--topic", default="", help="Topic prefix to subscribe to [default: all topics].")
 @click.option("--dp-size", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Data-parallel ranks per pod; rank r publishes on port + r.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
@@ -120,10 +120,12 @@ def option_errors(exc: ValidationError) -> str:
               help="Seconds between printed reports.")
 @click.option("--duration", default=0.0, show_default=True, type=click.FloatRange(0.0),
               help="Stop after this many seconds (0: run until interrupted).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per report instead of tables.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: tables for the terminal; json: one JSON object per report.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json (an alias).")
 def kv_events(endpoints: tuple[str, ...], replays: tuple[str, ...], model: str, topic: str, dp_size: int,
               config_path: str | None, metrics_urls: tuple[str, ...], interval: float, duration: float,
-              as_json: bool) -> None:
+              fmt: str, as_json: bool) -> None:
     """Watch vLLM KV-event streams and print block-level workload signals.
 
     The agent connects to each pod's ZMQ PUB socket (it never binds), reads both payload encodings
@@ -136,6 +138,7 @@ def kv_events(endpoints: tuple[str, ...], replays: tuple[str, ...], model: str, 
 
     Example: tierpilot kv-events --endpoint pod-a=tcp://10.0.0.5:5557 --replay pod-a=tcp://10.0.0.5:5558
     """
+    as_json = as_json or fmt == "json"
     try:
         settings = KvEventsSettings.from_yaml(config_path) if config_path else KvEventsSettings()
         replay_map = _pairs(replays, "--replay")

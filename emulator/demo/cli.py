@@ -15,8 +15,8 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
               help="Wall-clock seconds to run; the two-phase workload is paced to fill it (>= 20).")
 @click.option("--pods", type=int, default=4, show_default=True, help="Emulated vLLM pods (1-16).")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A Mooncake JSONL trace to use as the shifted second phase (default: built-in "
-                   "multi-turn sessions after a shared-prompt/RAG first phase).")
+              help="A Mooncake JSONL trace to use as the shifted second phase [default: built-in "
+                   "multi-turn sessions after a shared-prompt/RAG first phase].")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the workload and the samplers.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-report"),
               show_default=True, help="Where report.md and the PNG charts are written.")

@@ -1,0 +1,122 @@
+"""Hit-ratio-versus-capacity curves: exact reuse distances, and every checked point against a
+full twin replay at that capacity."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from contracts.knobs import Knobs
+from simulator.capacity import (
+    NEVER,
+    capacity_candidates,
+    knee_gib,
+    priced_optimum_gib,
+    reuse_distances,
+    sampled_reuse_distances,
+    steady_state,
+    tier_curves,
+)
+from simulator.cluster import ClusterSpec
+from simulator.policies import LRU
+from simulator.replay import replay
+from simulator.workload import synthetic
+
+
+def _lru_hits(keys: np.ndarray, starts: np.ndarray, capacity: int) -> np.ndarray:
+    """Per reference: resident in an LRU of `capacity` at the start of its request (the twin's LRU)."""
+    tier, out = LRU(capacity), np.zeros(len(keys), dtype=bool)
+    for a, b in itertools.pairwise(starts):
+        batch = keys[a:b].tolist()
+        out[a:b] = [k in tier for k in batch]
+        tier.insert_many(batch)
+    return out
+
+
+def test_reuse_distances_match_an_lru_at_every_capacity():
+    rng = np.random.default_rng(4)
+    for _ in range(12):
+        universe = int(rng.integers(8, 120))
+        sizes = rng.integers(1, 8, int(rng.integers(1, 80)))  # a prompt's chunks are distinct
+        keys = np.concatenate([rng.choice(universe, size=s, replace=False) for s in sizes])
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        dist = reuse_distances(keys, starts)
+        for cap in (1, 2, 5, 17, 60):
+            np.testing.assert_array_equal(dist < cap, _lru_hits(keys, starts, cap))
+    assert reuse_distances(np.array([7, 7, 8, 7]), np.array([0, 1, 2, 3, 4]))[0] == NEVER
+
+
+def test_sampled_distances_rescale_and_keep_whole_keys():
+    rng = np.random.default_rng(5)
+    n = 300_000  # a drifting working set: reuse at every distance up to ~12k keys
+    keys = (np.arange(n) // 20 + rng.integers(0, 12_000, n)).astype(np.int64)
+    starts = np.arange(0, len(keys) + 1, 10)
+    pos, dist = sampled_reuse_distances(keys, starts, 0.1)
+    assert np.isin(keys, keys[pos]).sum() == len(pos)  # a key is sampled at every reference or never
+    assert 0.07 < len(np.unique(keys[pos])) / len(np.unique(keys)) < 0.13
+    exact = reuse_distances(keys, starts)
+    for cap in (1000, 4000, 8000, 12_000):  # the hit ratio at each capacity, estimated from 10%
+        assert (dist < cap).mean() == pytest.approx((exact < cap).mean(), abs=0.02)
+
+
+@pytest.fixture(scope="module")
+def rag():
+    return synthetic("rag", seed=3, duration_s=150)
+
+
+def _ratio(workload, cluster, knobs, tier):
+    return replay(workload, cluster, knobs).summary()["tiers"][tier]["hit_ratio"]
+
+
+@pytest.mark.parametrize("router", ["roundrobin", "prefixaware"])
+def test_cpu_and_gpu_curves_match_replays(rag, router):
+    knobs = Knobs(router=router)
+    cluster = ClusterSpec(pods=2, l2_tokens=0)
+    curves = tier_curves(rag, cluster, knobs)
+    c = knobs.chunk_tokens
+    cpu, gpu = curves["cpu"], curves["gpu"]
+    assert cpu.current_gib == pytest.approx(5.0, abs=0.01)
+    assert cpu.hit_ratio(5.0) == 0.0  # the default buffer, smaller than the GPU pool, never hits
+    assert _ratio(rag, cluster, knobs, "cpu") == 0.0
+    assert cpu.hit_ratio(gpu.current_gib / 2) < 0.01  # a buffer under the GPU pool adds little
+    assert cpu.hit_ratio(48.0) > 0.03
+    checked = 0
+    for chunks in (600, 1100, 1800, 2800):
+        got = _ratio(rag, ClusterSpec(pods=2, l2_tokens=0, cpu_tokens=chunks * c), knobs, "cpu")
+        assert cpu.hit_ratio_at(chunks) == pytest.approx(got, abs=0.01)
+        checked += got > 0
+    assert checked >= 3
+    for chunks in (100, 400):
+        got = _ratio(rag, ClusterSpec(pods=2, l2_tokens=0, gpu_tokens=chunks * c), knobs, "gpu")
+        assert gpu.hit_ratio_at(chunks) == pytest.approx(got, abs=0.01)
+
+
+def test_l2_curve_matches_replays(rag):
+    knobs = Knobs(cpu_gib=0.0, l2_min_prompt_tokens=1500)
+    cluster = ClusterSpec(pods=2)
+    l2 = tier_curves(rag, cluster, knobs)["l2"]
+    c = knobs.chunk_tokens
+    for chunks in (300, 1500, 6000):
+        got = _ratio(rag, ClusterSpec(pods=2, l2_tokens=chunks * c), knobs, "l2")
+        assert got > 0
+        assert l2.hit_ratio_at(chunks) == pytest.approx(got, abs=0.01)
+
+
+def test_candidates_and_steady_state(rag):
+    knobs = Knobs()
+    curves = tier_curves(rag, ClusterSpec(pods=2, l2_tokens=0), knobs)
+    cpu = curves["cpu"]
+    knee = knee_gib(cpu, 64.0)
+    assert knee is not None and 5.0 < knee <= cpu.max_useful_gib
+    free = priced_optimum_gib(cpu, 0.0, 64.0)
+    assert free == pytest.approx(cpu.max_useful_gib, abs=0.25)
+    assert priced_optimum_gib(cpu, 1000.0, 64.0) == 0.0  # memory too dear: the smallest buffer
+    assert priced_optimum_gib(cpu, 0.0, 8.0) == 0.0  # within the headroom nothing hits
+    cands = capacity_candidates(cpu, memory_ms_per_gib=0.0, headroom_gib=64.0)
+    assert knee in cands and free in cands and all(0 <= x <= 64 for x in cands)
+    est = steady_state(cpu, 48.0)
+    assert est.current_hit_ratio == 0.0 and est.hit_ratio == pytest.approx(cpu.hit_ratio(48.0))
+    assert est.ttft_saving_s > 0 and est.memory_delta_gib == pytest.approx(2 * (48.0 - 5.0))
+    assert steady_state(cpu, 5.0).ttft_saving_s == 0.0
+    assert est.net_gain_s(0.0) > 0 > est.net_gain_s(1000.0)

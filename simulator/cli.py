@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from contracts.console_tables import count, table
 from contracts.jsonsafe import dumps as json_dumps
 from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
@@ -36,22 +37,17 @@ def _tokens(tokens: int | None, gib: float | None, name: str, model: str) -> int
 
 def _render_table(summary: dict[str, Any], header: str) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(header)
-    t = Table(title="Tiers", title_justify="left")
-    for col in ("tier", "capacity (tokens)", "lookup tokens", "hit tokens", "hit ratio", "evictions (chunks)"):
-        t.add_column(col, justify="right" if col != "tier" else "left")
+    rows = []
     for tier in ("gpu", "cpu", "l2"):
         d = summary["tiers"][tier]
         cap = d["capacity_tokens"]
-        t.add_row(tier.upper(), f"{cap:,}" if cap else "off", f"{d['lookup_tokens']:,}", f"{d['hit_tokens']:,}",
-                  f"{d['hit_ratio']:.3f}", f"{d['evictions']:,}")
-    console.print(t)
-    s = Table(title="Summary", title_justify="left", show_header=False)
-    s.add_column("metric")
-    s.add_column("value", justify="right")
+        rows.append((tier.upper(), count(cap) if cap else "off", count(d["lookup_tokens"]), count(d["hit_tokens"]),
+                     f"{d['hit_ratio']:.3f}", count(d["evictions"])))
+    console.print(table("Tiers (token counts; evictions in chunks)",
+                        ("tier", "capacity tok", "lookup tok", "hit tok", "hit ratio", "evicted chunks"), rows))
     miss = summary["miss"]
     prompt = summary["prompt_tokens"] or 1
     rows = [
@@ -69,9 +65,7 @@ def _render_table(summary: dict[str, Any], header: str) -> None:
         ("miss: partial last chunk", f"{miss['tail_tokens']:,} ({miss['tail_tokens'] / prompt:.1%})"),
         ("replay wall time", f"{summary['elapsed_s']:.2f} s"),
     ]
-    for k, v in rows:
-        s.add_row(k, v)
-    console.print(s)
+    console.print(table("Summary", ("metric", "value"), rows, text=("metric",), show_header=False))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -294,13 +294,10 @@ def _knob_line(k: object) -> str:
 def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation,
                       objective: ObjectiveSpec) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title="best configuration vs defaults (twin replay)")
-    table.add_column("")
-    table.add_column("defaults", justify="right")
-    table.add_column("best", justify="right")
-    table.add_column("change", justify="right")
+    from contracts.console_tables import table
+
+    out = []
     rows = [
         ("TTFT p95 (s)", defaults.ttft_p95_s, best.ttft_p95_s, "{:.3f}"),
         ("TTFT p50 (s)", defaults.ttft_p50_s, best.ttft_p50_s, "{:.3f}"),
@@ -311,9 +308,9 @@ def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: objec
         rows.append((f"objective (s, {objective.memory_ms_per_gib:g} ms/GiB)", objective.values(defaults)[0],
                      objective.values(best)[0], "{:.3f}"))
     for label, a, b, fmt in rows:
-        change = f"{b / a:.2f}x" if a else "-"
-        table.add_row(label, fmt.format(a), fmt.format(b), change)
+        out.append((label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "-"))
     dk, bk = default_knobs.to_dict(), best_knobs.to_dict()  # type: ignore[attr-defined]
     for key in dk:
-        table.add_row(key, str(dk[key]), str(bk[key]), "" if dk[key] == bk[key] else "*")
-    Console().print(table)
+        out.append((key, str(dk[key]), str(bk[key]), "" if dk[key] == bk[key] else "*"))
+    Console().print(table("best configuration vs defaults (twin replay)", ("", "defaults", "best", "change"), out,
+                          text=("",)))

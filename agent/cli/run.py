@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import click
 
 from agent.settings import SettingsError, load_settings
+from contracts.console_tables import count, pct, table
 from contracts.tier_model import AUTO_ROLE, ROLES, Snapshot, Target, TierView
 
 
@@ -215,36 +216,18 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
         sys.exit(1)
 
 
-def _fmt(v: float | None, pct: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.1%}" if pct else f"{v:,.0f}"
-
-
 def _evicted(t: TierView) -> str:
-    """Evictions with their unit; unlike units side by side, never added."""
-    parts = [f"{v:,.0f} {unit}" for unit, v in (("chunks", t.evicted_chunks), ("files", t.evicted_files))
+    """Evictions with their unit, one unit a line; unlike units side by side, never added."""
+    parts = [f"{count(v)} {unit}" for unit, v in (("chunks", t.evicted_chunks), ("files", t.evicted_files))
              if v is not None]
     if t.evicted_bytes is not None:
         parts.append(f"{t.evicted_bytes / 2**30:,.1f} GiB")
-    return ", ".join(parts) or "-"
-
-
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]):
-    """A table whose cells wrap (fold) instead of being cut when the terminal is narrow."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return "\n".join(parts) or "-"
 
 
 def render_table(snap: Snapshot, *, window: str | None = None, console: object = None) -> None:
-    """The unified view as tables that fit the terminal (80 columns: cells wrap, nothing is cut).
+    """The unified view as tables that fit the terminal (80 columns: numbers and names whole, only
+    URLs, notes and pod names fold; contracts/console_tables.py).
     Tables without rows are left out. `window`: what ratios and quantiles are over ("the last 300 s");
     None for a single scrape, where they come from lifetime totals."""
     from rich.console import Console
@@ -259,29 +242,31 @@ def render_table(snap: Snapshot, *, window: str | None = None, console: object =
         note = "; ".join([note] * bool(note) + [reason for reason, _ in st.warnings])
         target_rows.append((st.target.key, st.target.role, st.target.pod, "yes" if st.up else "NO",
                             f"{st.duration_s:.3f}", note or "-"))
-    tables = [_table("Targets (last attempt)", ("target", "role", "pod", "up", "seconds", "note"), target_rows)]
+    tables = [table("Targets (last attempt)", ("target", "role", "pod", "up", "time (s)", "note"), target_rows,
+                    text=("target", "pod", "note"), left=("role", "up"))]
     groups: dict[tuple[str, str], list[TierView]] = {}
     for t in snap.tiers:
         groups.setdefault((t.pod, t.model), []).append(t)
     for (pod, model), views in groups.items():
-        rows = [(t.tier, t.source, _fmt(t.lookup_tokens), _fmt(t.hit_tokens), _fmt(t.hit_ratio, True),
-                 _fmt(t.cumulative_hit_ratio, True), _evicted(t), _fmt(t.usage_ratio, True)) for t in views]
-        tables.append(_table(f"Tiers of {pod}{f' ({model})' if model else ''}: token counts are lifetime "
-                             f"totals; {ratios}",
-                             ("tier", "source", "lookup tok", "hit tok", "hit ratio", "cumul.", "evicted",
-                              "usage"), rows))
+        rows = [(t.tier, t.source, count(t.lookup_tokens), count(t.hit_tokens), pct(t.hit_ratio),
+                 pct(t.cumulative_hit_ratio), _evicted(t), pct(t.usage_ratio)) for t in views]
+        tables.append(table(f"Tiers of {pod}{f' ({model})' if model else ''}: token counts are lifetime "
+                            f"totals; {ratios}",
+                            ("tier", "source", "lookup tok", "hit tok", "hit ratio", "cumul.", "evicted", "usage"),
+                            rows, left=("source",)))
     pod_rows = []
     for p in snap.pods:
         q = p.ttft_quantiles
-        pod_rows.append((p.pod + (f"\n{p.model}" if p.model else ""), _fmt(p.prompt_tokens), _fmt(p.requests),
-                         *(f"{q[x] * 1000:.1f} ms" if x in q else "-" for x in (0.5, 0.95, 0.99)),
-                         _fmt(p.l2_break_even_tokens)))
-    tables.append(_table(f"Traffic (lifetime totals) and TTFT ({quantiles})",
-                         ("pod / model", "prompt tok", "requests", "TTFT p50", "p95", "p99", "L2 break-even tok"),
-                         pod_rows))
-    io_rows = [(x.pod, x.op, *(f"{x.quantiles[q] * 1000:.2f} ms" if q in x.quantiles else "-"
+        pod_rows.append((p.pod + (f"\n{p.model}" if p.model else ""), count(p.prompt_tokens), count(p.requests),
+                         *(f"{q[x] * 1000:.1f}" if x in q else "-" for x in (0.5, 0.95, 0.99)),
+                         count(p.l2_break_even_tokens)))
+    tables.append(table(f"Traffic (lifetime totals) and TTFT ({quantiles})",
+                        ("pod / model", "prompt tok", "requests", "TTFT p50 (ms)", "p95 (ms)", "p99 (ms)",
+                         "L2 break-even tok"), pod_rows, text=("pod / model",)))
+    io_rows = [(x.pod, x.op, *(f"{x.quantiles[q] * 1000:.2f}" if q in x.quantiles else "-"
                                for q in (0.5, 0.95, 0.99))) for x in snap.l2_io]
-    tables.append(_table(f"L2 I/O latency ({quantiles})", ("pod", "op", "p50", "p95", "p99"), io_rows))
-    for table in tables:
-        if table.row_count:
-            out.print(table)  # type: ignore[attr-defined]
+    tables.append(table(f"L2 I/O latency ({quantiles})", ("pod", "op", "p50 (ms)", "p95 (ms)", "p99 (ms)"), io_rows,
+                        text=("pod",), left=("op",)))
+    for t in tables:
+        if t.row_count:
+            out.print(t)  # type: ignore[attr-defined]

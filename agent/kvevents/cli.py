@@ -15,6 +15,7 @@ from agent.kvevents.index import CAUSES
 from agent.kvevents.manager import KvEventManager
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings, SettingsError, one_line
 from agent.kvevents.signals import KvSnapshot
+from contracts.console_tables import count, table
 from contracts.jsonsafe import dumps as json_dumps
 
 
@@ -42,33 +43,34 @@ def scrape_prompt_tokens(url: str, timeout: float = 2.0) -> float | None:
 
 
 def _pct(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:5.1f}%" if whole else "    -"
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def render(snap: KvSnapshot) -> list[Table]:
-    """Rich tables of one snapshot: one row per engine stream, one per model."""
-    streams = Table(title="KV-event streams", title_justify="left")
-    for col in ("pod", "model", "msgs", "stored", "removed", "cold", "capacity", "routing", "ext hit",
-                "gaps", "lost", "restarts", "rejected", "resident"):
-        streams.add_column(col, justify="left" if col in ("pod", "model") else "right")
+def render(snap: KvSnapshot, width: int | None = None) -> list[Table]:
+    """Tables of one snapshot that fit the terminal (80 columns: counts abbreviated, never split):
+    the streams' health per pod, the missed tokens' causes per pod, and one row per model."""
+    streams = [(e.engine.key, count(e.stream.messages), count(sum(e.stored_blocks.values())),
+                count(sum(e.removed_blocks.values())), count(e.stream.gaps), count(e.stream.lost_messages),
+                count(e.stream.restarts), count(sum(e.stream.rejected.values()))) for e in snap.engines]
+    causes = []
     for e in snap.engines:
         misses = sum(e.miss_tokens.values())
-        s = e.stream
-        streams.add_row(
-            e.engine.key, e.engine.model, str(s.messages), str(sum(e.stored_blocks.values())),
-            str(sum(e.removed_blocks.values())), *(_pct(e.miss_tokens[c], misses) for c in CAUSES),
-            str(e.external_hit_blocks), str(s.gaps), str(s.lost_messages), str(s.restarts),
-            str(sum(s.rejected.values())), " ".join(f"{k}={v}" for k, v in sorted(e.resident_blocks.items())),
-        )
-    models = Table(title="Fleet", title_justify="left")
-    for col in ("model", "overlap", "prompt tokens (window)", "duplicated blocks", "resident hashes"):
-        models.add_column(col, justify="left" if col == "model" else "right")
-    for m in snap.models:
-        ov = m.overlap
-        models.add_row(m.model, "-" if ov is None else f"{ov.ratio:.3f}",
-                       "-" if ov is None else f"{ov.prompt_tokens:.0f}", str(m.duplicated_blocks),
-                       str(m.resident_hashes))
-    return [streams, models]
+        causes.append((e.engine.key, *(_pct(e.miss_tokens[c], misses) for c in CAUSES),
+                       count(e.external_hit_blocks),
+                       "\n".join(f"{k}={count(v)}" for k, v in sorted(e.resident_blocks.items())) or "-"))
+    models = [(m.model, "-" if m.overlap is None else f"{m.overlap.ratio:.3f}",
+               "-" if m.overlap is None else count(m.overlap.prompt_tokens), count(m.duplicated_blocks),
+               count(m.resident_hashes)) for m in snap.models]
+    return [
+        table("KV-event streams (messages; blocks stored and removed)",
+              ("pod", "msgs", "stored", "removed", "gaps", "lost", "restarts", "rejected"), streams,
+              text=("pod",), width=width),
+        table("Missed tokens by cause (share of each pod's misses); LMCache hits and resident blocks",
+              ("pod", *CAUSES, "ext hit blocks", "resident blocks"), causes, text=("pod",),
+              left=("resident blocks",), width=width),
+        table("Fleet (per model)", ("model", "overlap", "prompt tok (window)", "dup. blocks", "resident hashes"),
+              models, text=("model",), width=width),
+    ]
 
 
 def snapshot_json(snap: KvSnapshot) -> dict[str, Any]:

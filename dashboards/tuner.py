@@ -41,6 +41,18 @@ def _config_table(title: str, metric: str, description: str) -> Panel:
     )
 
 
+def _capacity_panel(title: str, tier: str, scope: str, what: str) -> Panel:
+    return Panel(
+        title, "bargauge", "percentunit",
+        (Query(f"max by (capacity_gib) (tierpilot_tier_capacity_hit_ratio{selector(eq('tier', tier), scope=NS)})",
+               "{{capacity_gib}} GiB", instant=True),),
+        f"Hit ratio at each size (GiB {scope}) of {what}, over the whole observed history: one bar per "
+        "point of the tier's capacity curve (tierpilot_tier_capacity_hit_ratio, LRU). Where the bars stop "
+        "rising, more memory buys nothing; the size in force is in the Current configuration table.",
+        width=12, height=8, min=0, max=1, decimals=3, no_value="no capacity curve yet",
+    )
+
+
 def panels(settings: BuildSettings) -> tuple[Panel, ...]:
     s = selector(scope=NS)
     return (
@@ -106,6 +118,10 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "Workload change points by the signal that moved.",
             min=0,
         ),
+        _capacity_panel("What if the CPU buffer were N GiB", "cpu", "per pod",
+                        "LMCache's CPU buffer: the share of the tokens that missed the GPU it would serve"),
+        _capacity_panel("What if the L2 pool were N GiB", "l2", "for the fleet",
+                        "the shared L2 pool: the share of the tokens that missed GPU and CPU it would serve"),
         _config_table("Current configuration", "tierpilot_config_info",
                       "The knob values in force now (labels of tierpilot_config_info)."),
         _config_table("Last good configuration", "tierpilot_tuner_last_good_info",

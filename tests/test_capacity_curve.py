@@ -120,3 +120,32 @@ def test_candidates_and_steady_state(rag):
     assert est.ttft_saving_s > 0 and est.memory_delta_gib == pytest.approx(2 * (48.0 - 5.0))
     assert steady_state(cpu, 5.0).ttft_saving_s == 0.0
     assert est.net_gain_s(0.0) > 0 > est.net_gain_s(1000.0)
+
+
+def test_curve_export_is_valid_exposition(rag):
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from simulator.capacity.table import curve_points, curve_table
+    from tuners.metrics import TunerMetrics
+
+    curves = tier_curves(rag, ClusterSpec(pods=2, l2_tokens=0), Knobs())
+    points = curve_points(curves, cap_gib={"cpu": 64.0})
+    assert all(g <= 64.0 for g, _ in points["cpu"]) and (5.0, 0.0) in points["cpu"]
+    metrics = TunerMetrics(target="llm/vllm")
+    metrics.set_capacity_curves({**points, "gpu": [(1.0, float("nan")), (-1.0, 0.5)]})  # bad points dropped
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    text = generate_latest(registry).decode()
+    assert 'tierpilot_tier_capacity_hit_ratio{capacity_gib="5",target="llm/vllm",tier="cpu"} 0.0' in text
+    assert 'tier="gpu"' not in text
+    got = registry.get_sample_value("tierpilot_tier_capacity_hit_ratio",
+                                    {"target": "llm/vllm", "tier": "cpu", "capacity_gib": "48"})
+    assert got == pytest.approx(curves["cpu"].hit_ratio(48.0))
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = curve_table(curves)
+    assert max(map(len, lines)) <= 80 and any(line.startswith("cpu") and "*" in line for line in lines)

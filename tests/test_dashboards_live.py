@@ -94,6 +94,7 @@ def tuner_metrics() -> TunerMetrics:
     m.set_best(0.42)
     m.set_phase(1)
     m.trial_finished("complete")
+    m.set_capacity_curves({"cpu": [(0.0, 0.0), (5.0, 0.0), (48.0, 0.058)], "l2": [(0.0, 0.0), (80.0, 0.17)]})
     # The drift counter has no series until its first event, and Prometheus' increase() cannot see
     # the birth of a series at 1: one event before the scrapes start, one after.
     m.drift_event("overlap")

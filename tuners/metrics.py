@@ -17,12 +17,15 @@ Families (documented in docs/metrics.md, section "Tuner (tuners)"):
 - tierpilot_dry_run                          gauge: 1 in dry-run mode (the one dry-run gauge of the agent)
 - tierpilot_tuner_twin_prediction_error_ratio gauge: (twin-predicted - measured) / measured TTFT p95 of
                                              the running configuration over the latest live window
+- tierpilot_tier_capacity_hit_ratio{tier, capacity_gib} gauge: the tier's hit ratio had it held
+                                             capacity_gib GiB, over the observed history (simulator.capacity)
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -62,6 +65,7 @@ class TunerMetrics(Collector):
         self._in_flight = False
         self._dry_run = False
         self._twin_error: float | None = None
+        self._curves: dict[str, tuple[tuple[float, float], ...]] = {}
 
     # -- updates -----------------------------------------------------------------------------
     def trial_finished(self, state: str) -> None:
@@ -125,6 +129,17 @@ class TunerMetrics(Collector):
     def set_twin_prediction_error(self, ratio: float | None) -> None:
         with self._lock:
             self._twin_error = ratio
+
+    def set_capacity_curves(self, points: Mapping[str, Sequence[tuple[float, float]]]) -> None:
+        """Per tier, (capacity GiB, hit ratio) points of its capacity curve; replaces the last set."""
+        clean: dict[str, tuple[tuple[float, float], ...]] = {}
+        for tier, pts in points.items():
+            ok = tuple((float(g), float(r)) for g, r in pts
+                       if math.isfinite(g) and g >= 0 and math.isfinite(r) and 0.0 <= r <= 1.0)
+            if ok:
+                clean[tier] = ok
+        with self._lock:
+            self._curves = clean
 
     # -- reads (tests, CLI) ------------------------------------------------------------------
     def trials(self, state: str) -> int:
@@ -201,6 +216,17 @@ class TunerMetrics(Collector):
         ):
             g = GaugeMetricFamily(name, doc, labels=["target"])
             g.add_metric([t], float(value))
+            yield g
+        with self._lock:
+            curves = dict(self._curves)
+        if curves:
+            g = GaugeMetricFamily("tierpilot_tier_capacity_hit_ratio",
+                                  "Hit ratio the tier would have had at capacity_gib GiB (per pod for gpu and cpu, "
+                                  "the fleet for l2), over the observed history.",
+                                  labels=["target", "tier", "capacity_gib"])
+            for tier, pts in sorted(curves.items()):
+                for gib, ratio in pts:
+                    g.add_metric([t, tier, f"{gib:g}"], ratio)
             yield g
         twin_error = self._twin_error
         if twin_error is not None:

@@ -138,12 +138,15 @@ class HistogramView:
 
 @dataclass(frozen=True, slots=True)
 class L2IoView:
-    """L2 (Curvine FUSE) I/O latency of one pod, in seconds: window quantiles and lifetime buckets."""
+    """L2 I/O latency of one pod, in seconds: window quantiles and lifetime buckets. `source` says
+    what was timed: `curvine_fuse` times each FUSE I/O (one chunk read or written), `lmcache_*`
+    each LMCache remote request (a whole get or put, many chunks): one source per pod and op."""
 
     pod: str
     op: Literal["read", "write"]
     quantiles: dict[float, float]
     histogram: HistogramView | None = None
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,7 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
                 f'  and\n  {now} > {a.eviction_storm_min_per_second:g},\n  "unit", "{unit}", "", ""\n)')
 
     def l2(op: str, limit: float) -> str:
-        return (f'histogram_quantile(\n  {a.l2_latency_quantile},\n  sum by (namespace, pod, op, le) '
+        return (f'histogram_quantile(\n  {a.l2_latency_quantile},\n  sum by (namespace, pod, op, source, le) '
                 f'(rate(tierpilot_l2_io_latency_seconds_bucket{{op="{op}"}}[5m]))\n) > {limit:g}')
 
     q = a.l2_latency_quantile
@@ -114,7 +114,7 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
             "warning",
             "L2 {{ $labels.op }} latency is high on {{ $labels.pod }}",
             f"The p{float(q) * 100:g} L2 (shared NVMe pool) {{{{ $labels.op }}}} latency on "
-            "{{ $labels.pod }} is {{ $value | humanizeDuration }} (limits: read "
+            "{{ $labels.pod }} (source {{ $labels.source }}) is {{ $value | humanizeDuration }} (limits: read "
             f"{a.l2_read_latency_seconds:g}s, write {a.l2_write_latency_seconds:g}s). Slow L2 reads can "
             "make a cache hit slower than recomputing the prefill.",
             "tierpilotl2latencyhigh", for_="10m",

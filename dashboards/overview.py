@@ -72,10 +72,12 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             f"L2 read p{float(l2_q) * 100:g} (worst pod)", "stat", "s",
-            (Query("max(" + histogram_quantile("tierpilot_l2_io_latency_seconds", l2_q, eq("op", "read"),
-                                               by="pod", scope=l2_scope) + ")"),),
-            "Slowest pod's L2 (shared NVMe) read latency; \"no L2 reads\" where the pods have no L2 tier "
-            "or read nothing from it.",
+            (Query("max by (source) (" + histogram_quantile("tierpilot_l2_io_latency_seconds", l2_q, eq("op", "read"),
+                                                            by="pod, source", scope=l2_scope) + ")", "{{source}}"),),
+            "Slowest pod's L2 (shared NVMe) read latency, one value per source: curvine_fuse times each "
+            "FUSE read (one chunk), lmcache_* each LMCache remote get (a whole request, many chunks), so "
+            "the two are never compared. \"no L2 reads\" where the pods have no L2 tier or read nothing "
+            "from it.",
             width=6, height=5, no_value="no L2 reads",
             thresholds=(Threshold("green"), Threshold("red", settings.alerts.l2_read_latency_seconds)),
         ),
@@ -111,10 +113,11 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "L2 read and write latency", "timeseries", "s",
-            tuple(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op", scope=l2_scope),
-                        f"{{{{op}}}} p{float(x) * 100:g}") for x in ("0.5", "0.95", "0.99")),
-            "Shared NVMe pool (Curvine FUSE) I/O latency of the selected pods' reads and writes, per op "
-            "and quantile (histogram_quantile over bucket rates).",
+            tuple(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op, source", scope=l2_scope),
+                        f"{{{{op}}}} p{float(x) * 100:g} ({{{{source}}}})") for x in ("0.5", "0.95", "0.99")),
+            "Shared NVMe pool I/O latency of the selected pods' reads and writes, per op, source and "
+            "quantile (histogram_quantile over bucket rates). source curvine_fuse: each FUSE I/O; "
+            "lmcache_*: each LMCache remote request (pods without a Curvine FUSE target).",
             min=0,
         ),
         Panel(

@@ -37,7 +37,7 @@ def _config_table(title: str, metric: str, description: str) -> Panel:
     return Panel(
         title, "table", "none",
         (Query(f"{metric}{selector(scope=NS)}", instant=True, format="table"),),
-        description, width=24, height=5, columns=("target", *KNOB_COLUMNS),
+        description, width=24, height=5, columns=("workload", *KNOB_COLUMNS),
     )
 
 
@@ -86,7 +86,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "Objective over time", "timeseries", "s",
-            (Query(f"min by (target) (tierpilot_tuner_best_objective_seconds{s})", "best so far ({{target}})"),),
+            (Query(f"min by (workload) (tierpilot_tuner_best_objective_seconds{s})", "best so far ({{workload}})"),),
             "Best objective of the current phase over time: each step down is a trial that beat all "
             "before it; a step up is a new phase after drift. Lower is better. Applies, rollbacks and "
             "drift are marked as annotations.",

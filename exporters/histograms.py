@@ -4,7 +4,7 @@ bounds agree. Pure functions; `exporters/prom.py` serves them.
 
 A fleet sum only adds buckets with the same upper bounds: the bound set most pods share wins (ties:
 the finer set), and pods with other bounds are left out of the sum and counted in
-`tierpilot_fleet_histogram_excluded_pods` so the omission is visible.
+`tierpilot_fleet_excluded_pods` so the omission is visible.
 """
 from __future__ import annotations
 
@@ -66,31 +66,35 @@ def histogram_families(snap: Snapshot) -> Iterator[Metric]:
             ttft.add_metric([h.pod, h.model], _buckets(h.bounds, h.cumulative_counts), h.total)
     l2 = HistogramMetricFamily(
         "tierpilot_l2_io_latency_seconds",
-        "L2 (Curvine FUSE, else LMCache remote) I/O latency per pod and operation, seconds: the source's buckets.",
-        labels=["pod", "op"])
+        "L2 I/O latency per pod and operation, seconds, in the source's buckets: per FUSE I/O (source "
+        "curvine_fuse) or per LMCache remote request (source lmcache_*).",
+        labels=["pod", "op", "source"])
     l2_keyed = []
     for io in snap.l2_io:
         if io.histogram is not None and complete(io.histogram):
-            l2.add_metric([io.pod, io.op], _buckets(io.histogram.bounds, io.histogram.cumulative_counts),
+            l2.add_metric([io.pod, io.op, io.source], _buckets(io.histogram.bounds, io.histogram.cumulative_counts),
                           io.histogram.total)
-            l2_keyed.append((io.op, io.histogram))
+            l2_keyed.append((f"{io.op}\t{io.source}", io.histogram))
     yield ttft
     yield l2
 
     excluded = GaugeMetricFamily(
-        "tierpilot_fleet_histogram_excluded_pods",
-        "Pods left out of a fleet histogram because their bucket bounds differ from the fleet's.",
-        labels=["histogram", "key"])
+        "tierpilot_fleet_excluded_pods",
+        "Pods left out of a fleet histogram (family; key = its model or op; source for L2) because their "
+        "bucket bounds differ from the fleet's.",
+        labels=["family", "key", "source"])
     fleet_ttft = HistogramMetricFamily(
         "tierpilot_fleet_ttft_seconds",
         "Time to first token of all pods of a model whose bucket bounds agree, seconds.", labels=["model"])
     for f in fleet_histograms((h.model, h) for h in snap.ttft_histograms):
         fleet_ttft.add_metric([f.key], _buckets(f.bounds, f.cumulative_counts), f.total)
-        excluded.add_metric(["tierpilot_fleet_ttft_seconds", f.key], float(f.excluded))
+        excluded.add_metric(["tierpilot_fleet_ttft_seconds", f.key, ""], float(f.excluded))
     fleet_l2 = HistogramMetricFamily(
         "tierpilot_fleet_l2_io_latency_seconds",
-        "L2 I/O latency of all pods whose bucket bounds agree, by operation, seconds.", labels=["op"])
+        "L2 I/O latency of all pods whose bucket bounds agree, by operation and source, seconds.",
+        labels=["op", "source"])
     for f in fleet_histograms(l2_keyed):
-        fleet_l2.add_metric([f.key], _buckets(f.bounds, f.cumulative_counts), f.total)
-        excluded.add_metric(["tierpilot_fleet_l2_io_latency_seconds", f.key], float(f.excluded))
+        op, source = f.key.split("\t")
+        fleet_l2.add_metric([op, source], _buckets(f.bounds, f.cumulative_counts), f.total)
+        excluded.add_metric(["tierpilot_fleet_l2_io_latency_seconds", op, source], float(f.excluded))
     yield from (fleet_ttft, fleet_l2, excluded)

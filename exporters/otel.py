@@ -69,9 +69,10 @@ def genai_ttft_metric(snap: Snapshot, operation: str, provider: str, start_ns: i
 
 
 def l2_io_metric(snap: Snapshot, start_ns: int, now_ns: int) -> Metric | None:
-    """L2 (Curvine FUSE, else LMCache remote) I/O latency per pod and operation, the source's buckets."""
-    return _histogram(L2_IO, "L2 I/O latency per I/O.", [
-        _point(io.histogram, {"pod": io.pod, "op": io.op}, start_ns, now_ns)
+    """L2 I/O latency per pod, operation and source (per FUSE I/O, or per LMCache remote request),
+    in the source's buckets."""
+    return _histogram(L2_IO, "L2 I/O latency: per FUSE I/O (source curvine_fuse) or per LMCache remote request.", [
+        _point(io.histogram, {"pod": io.pod, "op": io.op, "source": io.source}, start_ns, now_ns)
         for io in snap.l2_io if io.histogram is not None])
 
 
@@ -179,12 +180,12 @@ class OtelExporter:
         def ttft(_options: CallbackOptions) -> Iterable[Observation]:
             for p in self.get_snapshot().pods:
                 for q, v in p.ttft_quantiles.items():
-                    yield Observation(v, {"pod": p.pod, "model": p.model, "quantile": f"{q:g}"})
+                    yield Observation(v, {"pod": p.pod, "model": p.model, "q": f"{q:g}"})
 
         def l2(_options: CallbackOptions) -> Iterable[Observation]:
             for io in self.get_snapshot().l2_io:
                 for q, v in io.quantiles.items():
-                    yield Observation(v, {"pod": io.pod, "op": io.op, "quantile": f"{q:g}"})
+                    yield Observation(v, {"pod": io.pod, "op": io.op, "source": io.source, "q": f"{q:g}"})
 
         def up(_options: CallbackOptions) -> Iterable[Observation]:
             for st in self.get_snapshot().targets:

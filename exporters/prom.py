@@ -81,7 +81,7 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
 
     ttft = GaugeMetricFamily("tierpilot_ttft_quantile_seconds",
                              "Time to first token quantile over the window (histogram_quantile), seconds.",
-                             labels=["pod", "model", "quantile"])
+                             labels=["pod", "model", "q"])
     prompt = CounterMetricFamily("tierpilot_kv_prompt_tokens", "Prompt (prefill) tokens (lifetime total).",
                                  labels=["pod", "model"])
     requests = CounterMetricFamily("tierpilot_requests", "Finished requests (lifetime total).",
@@ -100,11 +100,12 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
         if p.l2_break_even_tokens is not None:
             break_even.add_metric([p.pod, p.model], p.l2_break_even_tokens)
     l2 = GaugeMetricFamily("tierpilot_l2_io_latency_quantile_seconds",
-                           "L2 (Curvine FUSE) I/O latency quantile over the window, seconds.",
-                           labels=["pod", "op", "quantile"])
+                           "L2 I/O latency quantile over the window, seconds: per FUSE I/O (source curvine_fuse) "
+                           "or per LMCache remote request (source lmcache_*).",
+                           labels=["pod", "op", "source", "q"])
     for io in snap.l2_io:
         for q, v in sorted(io.quantiles.items()):
-            l2.add_metric([io.pod, io.op, _q(q)], v)
+            l2.add_metric([io.pod, io.op, io.source, _q(q)], v)
     yield from (ttft, prompt, requests, break_even, l2)
 
 
@@ -128,7 +129,7 @@ def pressure_families(snap: Snapshot) -> Iterator[Metric]:
         "tierpilot_eviction_age_seconds",
         "Quantile of a sampled block-age histogram of one tier over the window, seconds: measure = lifetime "
         "(allocation to eviction), idle_before_evict (last use to eviction) or reuse_gap.",
-        labels=["pod", "tier", "measure", "quantile"])
+        labels=["pod", "tier", "measure", "q"])
     for a in snap.eviction_ages:
         for q, v in sorted(a.quantiles.items()):
             ages.add_metric([a.pod, a.tier, a.measure, _q(q)], v)

@@ -60,8 +60,8 @@ def test_started_agent_runs_jobs_serves_metrics_and_stops():
                 assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
                 body = resp.read().decode()
             assert 'tierpilot_kv_misses_total{cause="cold"} 7.0' in body
-            assert 'tierpilot_job_runs_total{job="scrape",outcome="ok"}' in body
-            assert 'tierpilot_job_runs_total{job="drift",outcome="ok"}' in body
+            assert 'tierpilot_job_runs_total{outcome="ok",task="scrape"}' in body
+            assert 'tierpilot_job_runs_total{outcome="ok",task="drift"}' in body
             assert 'tierpilot_kv_hit_tokens_total{model="meta-llama/Llama-3.1-8B-Instruct",pod="vllm-0",' \
                    'source="vllm_v1",tier="gpu"} 6000.0' in body
             health = json.loads(urllib.request.urlopen(agent.url.replace("/metrics", "/healthz")).read())
@@ -137,8 +137,8 @@ def test_scrape_once_formats():
         # exactly what /metrics would serve: same agent code path, same families
         assert 'tierpilot_kv_hit_ratio{model="meta-llama/Llama-3.1-8B-Instruct",pod="v0",source="vllm_by_source",' \
                'tier="l2"} 0.2' in prom.output
-        assert 'tierpilot_l2_io_latency_quantile_seconds{op="write",pod="v0",quantile="0.5"} 0.00075' in prom.output
-        assert 'tierpilot_l2_io_latency_seconds_bucket{le="+Inf",op="write",pod="v0"}' in prom.output
+        assert 'tierpilot_l2_io_latency_quantile_seconds{op="write",pod="v0",q="0.5",source="curvine_fuse"} 0.00075' in prom.output
+        assert 'tierpilot_l2_io_latency_seconds_bucket{le="+Inf",op="write",pod="v0",source="curvine_fuse"}' in prom.output
         js = runner.invoke(main, ["scrape-once", "-t", url, "--format", "json"])
         data = json.loads(js.output)
         assert {(t["tier"], t["hit_ratio"]) for t in data["tiers"]} == {("gpu", 0.375), ("cpu", 0.25), ("l2", 0.2)}

@@ -101,12 +101,12 @@ def test_a_failing_collector_drops_only_its_own_series():
                 assert resp.status == 200
                 body = resp.read().decode()
             assert "tierpilot_test_alive 1.0" in body and 'tierpilot_target_up{' in body
-            assert 'tierpilot_collector_up{collector="Dead"} 0.0' in body
-            assert 'tierpilot_collector_up{collector="Alive"} 1.0' in body
+            assert 'tierpilot_collector_up{collector="dead"} 0.0' in body
+            assert 'tierpilot_collector_up{collector="alive"} 1.0' in body
             assert SECRET not in body
             health = json.loads(urllib.request.urlopen(agent.url.replace("/metrics", "/healthz")).read())
-            assert health["degraded"] == ["collector:Dead"]
-            assert health["checks"]["collector:Dead"].startswith("failing: RuntimeError: KV thread died")
+            assert health["degraded"] == ["collector:dead"]
+            assert health["checks"]["collector:dead"].startswith("failing: RuntimeError: KV thread died")
             assert SECRET not in json.dumps(health)
         finally:
             agent.stop()
@@ -129,7 +129,7 @@ def test_snapshot_is_off_by_default_and_loopback_only(enabled, status):
 
 
 def test_non_loopback_clients_are_refused_the_snapshot():
-    from agent.runtime.app import _is_loopback
+    from agent.runtime.endpoints import is_loopback as _is_loopback
 
     assert _is_loopback("127.0.0.1") and _is_loopback("::1")
     assert not _is_loopback("10.0.0.7") and not _is_loopback(None) and not _is_loopback("garbage")

@@ -104,7 +104,7 @@ def test_capacity_pressure_and_eviction_ages_reach_the_snapshot():
     assert reg.get_sample_value("tierpilot_requests_waiting", {"pod": "v0", "model": M}) == 3
     assert reg.get_sample_value("tierpilot_preemptions_total", {"pod": "v0", "model": M}) == 17
     assert reg.get_sample_value("tierpilot_eviction_age_seconds", {
-        "pod": "v0", "tier": "gpu", "measure": "idle_before_evict", "quantile": "0.5"}) == pytest.approx(6.25)
+        "pod": "v0", "tier": "gpu", "measure": "idle_before_evict", "q": "0.5"}) == pytest.approx(6.25)
 
 
 def test_lmcache_hits_are_external_unspecified_so_host_and_disk_do_not_split():

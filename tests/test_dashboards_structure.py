@@ -81,7 +81,7 @@ def test_tuner_dashboard_marks_applies_rollbacks_and_drift():
     assert names == ["Applies", "Rollbacks", "Drift"]
     config = next(p for p in tuner["panels"] if p["title"] == "Current configuration")
     order = config["transformations"][1]["options"]["indexByName"]
-    assert list(order)[:4] == ["target", "chunk_tokens", "cpu_gib", "cpu_eviction"]
+    assert list(order)[:4] == ["workload", "chunk_tokens", "cpu_gib", "cpu_eviction"]
 
 
 def test_every_metric_a_query_uses_is_in_the_catalogue():

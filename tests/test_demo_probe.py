@@ -16,9 +16,9 @@ tierpilot_kv_cumulative_hit_ratio{pod="a",model="m",tier="gpu"} 0.5
 tierpilot_kv_cumulative_hit_ratio{pod="a",model="m",tier="l2"} 0.6
 tierpilot_kv_cumulative_hit_ratio{pod="b",model="m",tier="gpu"} 0.3
 # TYPE tierpilot_ttft_quantile_seconds gauge
-tierpilot_ttft_quantile_seconds{pod="a",model="m",quantile="0.95"} 0.4
-tierpilot_ttft_quantile_seconds{pod="b",model="m",quantile="0.95"} 0.6
-tierpilot_ttft_quantile_seconds{pod="b",model="m",quantile="0.5"} 0.1
+tierpilot_ttft_quantile_seconds{pod="a",model="m",q="0.95"} 0.4
+tierpilot_ttft_quantile_seconds{pod="b",model="m",q="0.95"} 0.6
+tierpilot_ttft_quantile_seconds{pod="b",model="m",q="0.5"} 0.1
 # TYPE tierpilot_target_up gauge
 tierpilot_target_up{target="x",role="vllm",pod="a"} 1
 tierpilot_target_up{target="y",role="vllm",pod="b"} 0

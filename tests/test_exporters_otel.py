@@ -57,7 +57,7 @@ def test_grpc_export_reaches_a_real_grpc_receiver(snapshot):
         _check_ttft(rx.wait_for(GENAI_TTFT)[0])
         l2 = rx.wait_for(L2_IO)[0]
         assert l2.unit == "s" and l2.histogram.aggregation_temporality == 2
-        read = next(p for p in l2.histogram.data_points if _attrs(p) == {"pod": "vllm-0", "op": "read"})
+        read = next(p for p in l2.histogram.data_points if _attrs(p) == {"pod": "vllm-0", "op": "read", "source": "curvine_fuse"})
         assert read.explicit_bounds[0] == pytest.approx(10e-6)  # curvine_fuse_io_duration_us, in seconds
         assert sum(read.bucket_counts) == read.count > 0
         ratios = rx.wait_for("tierpilot.kv.hit_ratio")[0]
@@ -67,7 +67,7 @@ def test_grpc_export_reaches_a_real_grpc_receiver(snapshot):
         assert lookups.sum.is_monotonic
         assert sorted(p.as_double for p in lookups.sum.data_points) == [7500.0, 10000.0, 16000.0]
         ttft = rx.wait_for("tierpilot.ttft")[0]
-        assert {_attrs(p)["quantile"]: p.as_double for p in ttft.gauge.data_points}["0.5"] == pytest.approx(0.125)
+        assert {_attrs(p)["q"]: p.as_double for p in ttft.gauge.data_points}["0.5"] == pytest.approx(0.125)
 
 
 def test_http_export_reaches_oteltap(snapshot):

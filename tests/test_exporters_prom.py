@@ -52,7 +52,7 @@ def test_prometheus_scrapes_the_agent_and_answers_promql(prometheus_factory):  #
             assert prom.query_value('tierpilot_kv_usage_ratio{tier="gpu"}') == 0.375
             assert prom.query_by('tierpilot_target_up', "pod") == {"vllm-0": 1.0, "vllm-1": 0.0}
             assert prom.query_value('sum(tierpilot_scrape_errors_total{reason="http_5xx"})') >= 1
-            assert prom.query_value('tierpilot_l2_io_latency_quantile_seconds{op="read",quantile="0.95"}') \
+            assert prom.query_value('tierpilot_l2_io_latency_quantile_seconds{op="read",q="0.95"}') \
                 == pytest.approx(0.047)
             # the L2 histogram aggregates: Prometheus' own quantile over its buckets gives the same figure
             assert prom.query_value('histogram_quantile(0.95, sum by (le) '
@@ -64,7 +64,7 @@ def test_prometheus_scrapes_the_agent_and_answers_promql(prometheus_factory):  #
             for q in ("0.5", "0.95", "0.99"):
                 theirs = prom.query_value(
                     f"histogram_quantile({q}, sum by (le) (vllm:time_to_first_token_seconds_bucket))")
-                ours = prom.query_value(f'tierpilot_ttft_quantile_seconds{{quantile="{q}"}}')
+                ours = prom.query_value(f'tierpilot_ttft_quantile_seconds{{q="{q}"}}')
                 assert ours == pytest.approx(theirs, rel=1e-9), q
                 # the exported histograms carry vLLM's buckets: per pod and fleet quantiles agree
                 per_pod = prom.query_value(f"histogram_quantile({q}, sum by (le) (tierpilot_ttft_seconds_bucket))")
@@ -129,5 +129,5 @@ def test_fleet_histogram_sums_only_pods_whose_bounds_agree():
     registry = build_registry(lambda: Snapshot(taken_at=1.0, ttft_histograms=(a, b, odd)))
     assert registry.get_sample_value("tierpilot_fleet_ttft_seconds_bucket", {"model": "m", "le": "1.0"}) == 5.0
     assert registry.get_sample_value("tierpilot_ttft_seconds_bucket", {"pod": "c", "model": "m", "le": "+Inf"}) == 5.0
-    assert registry.get_sample_value("tierpilot_fleet_histogram_excluded_pods",
-                                     {"histogram": "tierpilot_fleet_ttft_seconds", "key": "m"}) == 1.0
+    assert registry.get_sample_value("tierpilot_fleet_excluded_pods",
+                                     {"family": "tierpilot_fleet_ttft_seconds", "key": "m", "source": ""}) == 1.0

@@ -254,11 +254,11 @@ def test_collector_exposes_the_catalogued_metrics():
     m.dry_run = True
     reg = CollectorRegistry()
     reg.register(ActuationCollector(m))
-    labels = {"target": "deployment-env/llm/vllm", "operation": "apply", "result": "applied"}
+    labels = {"workload": "deployment-env/llm/vllm", "operation": "apply", "result": "applied"}
     assert reg.get_sample_value("tierpilot_k8s_object_writes_total", labels) == 1
-    assert reg.get_sample_value("tierpilot_reapplied_total", {"target": "deployment-env/llm/vllm"}) == 1
-    assert reg.get_sample_value("tierpilot_rollout_duration_seconds", {"target": "deployment-env/llm/vllm"}) == 42
-    assert reg.get_sample_value("tierpilot_target_gone", {"target": "curvine-configmap/llm/c"}) == 1
+    assert reg.get_sample_value("tierpilot_reapplied_total", {"workload": "deployment-env/llm/vllm"}) == 1
+    assert reg.get_sample_value("tierpilot_rollout_duration_seconds", {"workload": "deployment-env/llm/vllm"}) == 42
+    assert reg.get_sample_value("tierpilot_workload_gone", {"workload": "curvine-configmap/llm/c"}) == 1
     assert reg.get_sample_value("tierpilot_leader", {"identity": "a"}) == 1
     assert reg.get_sample_value("tierpilot_dry_run") is None  # served once, by the tuner metrics
     doc = (REPO_ROOT / "docs" / "metrics.md").read_text()

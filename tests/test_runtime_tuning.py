@@ -131,11 +131,11 @@ def test_leader_measures_a_baseline_then_applies_a_trial_to_the_deployment(kube,
     (stored,) = rt.last_good_store.records().values()
     assert json.loads(stored) == record
 
-    assert value(rt, "tierpilot_actuations_total", target=NS, result="applied") == 1.0
+    assert value(rt, "tierpilot_actuations_total", workload=NS, result="applied") == 1.0
     info = [labels for (name, labels), v in samples(rt).items() if name == "tierpilot_config_info" and v == 1.0]
     assert len(info) == 1 and dict(info[0])["chunk_tokens"] == str(trial.chunk_tokens)
     assert value(rt, "tierpilot_leader", identity="agent-a") == 1.0
-    assert value(rt, "tierpilot_tuner_trial_in_flight", target=NS) == 1.0
+    assert value(rt, "tierpilot_tuner_trial_in_flight", workload=NS) == 1.0
 
 
 def test_dry_run_proposes_logs_and_counts_but_changes_nothing(kube, vllm, tmp_path, caplog):
@@ -157,10 +157,10 @@ def test_dry_run_proposes_logs_and_counts_but_changes_nothing(kube, vllm, tmp_pa
     proposal = next(e for e in events if e["event"] == "proposal")
     assert proposal["dry_run"] is True
     assert any(e["event"] == "dry_run" for e in events)
-    assert value(rt, "tierpilot_actuations_total", target=NS, result="dry_run") == 1.0
-    assert value(rt, "tierpilot_actuations_total", target=NS, result="applied") == 0.0
-    assert value(rt, "tierpilot_tuner_trials_total", target=NS, state="dry_run") == 1.0
-    assert value(rt, "tierpilot_dry_run", target=NS) == 1.0
+    assert value(rt, "tierpilot_actuations_total", workload=NS, result="dry_run") == 1.0
+    assert value(rt, "tierpilot_actuations_total", workload=NS, result="applied") == 0.0
+    assert value(rt, "tierpilot_tuner_trials_total", workload=NS, state="dry_run") == 1.0
+    assert value(rt, "tierpilot_dry_run", workload=NS) == 1.0
 
 
 def test_a_standby_scrapes_and_exports_but_never_actuates(kube, vllm, tmp_path):
@@ -183,7 +183,7 @@ def test_a_standby_scrapes_and_exports_but_never_actuates(kube, vllm, tmp_path):
            if name == "tierpilot_kv_hit_ratio" and ("tier", "gpu") in labels]
     assert gpu == [0.5]
     assert value(standby, "tierpilot_leader", identity="agent-b") == 0.0
-    assert value(standby, "tierpilot_actuations_total", target=NS, result="applied") == 0.0
+    assert value(standby, "tierpilot_actuations_total", workload=NS, result="applied") == 0.0
     assert "tierpilot.io/last-good" not in (kube.get("Deployment", NS, "vllm-llama")["metadata"].get("annotations")
                                             or {})
 
@@ -206,7 +206,7 @@ def test_a_started_runtime_runs_every_job_and_stops_cleanly(kube, vllm, tmp_path
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            runs = {j: value(rt, "tierpilot_job_runs_total", job=j, outcome="ok") or 0
+            runs = {j: value(rt, "tierpilot_job_runs_total", task=j, outcome="ok") or 0
                     for j in ("scrape", "kv_counters", "tune_step")}
             if min(runs.values()) >= 2 and rt.tuning.terms == 1:
                 break
@@ -337,7 +337,7 @@ def test_a_hot_router_change_that_pays_is_applied_without_restarting_the_serving
     assert vllm_env(kube) == {"LMCACHE_CHUNK_SIZE": "256"}  # the serving pods were not rolled
     assert "annotations" not in vllm_dep["spec"]["template"].get("metadata", {})
     # the twin's prediction for the running configuration against the measured window is exported
-    err = value(rt, "tierpilot_tuner_twin_prediction_error_ratio", target=NS)
+    err = value(rt, "tierpilot_tuner_twin_prediction_error_ratio", workload=NS)
     assert err is not None and err == pytest.approx(rt.tuning.controller.prediction_errors[-1][1])
 
 
@@ -369,7 +369,7 @@ def test_a_restart_candidate_whose_transition_cost_exceeds_its_gain_is_declined(
     for d in paying_once_in_place:  # ... but not over the horizon, counting the rolling restart
         assert not d.accepted and max(d.gain_p95, d.gain_mean) < 0.03
     assert vllm_env(kube) == {"LMCACHE_CHUNK_SIZE": "256"} and router_in_configmap(kube) == "roundrobin"
-    assert not value(rt, "tierpilot_actuations_total", target=NS, result="applied")
+    assert not value(rt, "tierpilot_actuations_total", workload=NS, result="applied")
 
 
 def test_observed_waiting_requests_raise_the_planning_twin_ttft_by_the_queue_delay(kube, vllm, tmp_path):

@@ -100,7 +100,7 @@ def test_regression_is_rolled_back_within_one_window_and_improvement_kept(form: 
     assert by_source == {("twin", BAD): "rolled_back", ("twin", GOOD): "complete", ("baseline", Knobs()): "complete"}
 
     def get(name: str, **labels: str) -> float | None:
-        return registry.get_sample_value(name, {"target": "demo", **labels})
+        return registry.get_sample_value(name, {"workload": "demo", **labels})
 
     assert get("tierpilot_tuner_trials_total", state="rolled_back") == 1
     assert get("tierpilot_tuner_trials_total", state="complete") == 1
@@ -132,8 +132,8 @@ def test_drift_starts_a_new_phase_warm_started_from_the_twin() -> None:
     assert ctl.phase == 1 and warm.calls == 2
     assert latest_phase(ctl.storage, "live") == 1
     assert ctl.tuner.last_good() == GOOD  # carried into the new phase as the fallback
-    assert registry.get_sample_value("tierpilot_drift_events_total", {"target": "demo", "signal": "reuse_ratio"}) == 1
-    assert registry.get_sample_value("tierpilot_tuner_phase", {"target": "demo"}) == 1
+    assert registry.get_sample_value("tierpilot_drift_events_total", {"workload": "demo", "signal": "reuse_ratio"}) == 1
+    assert registry.get_sample_value("tierpilot_tuner_phase", {"workload": "demo"}) == 1
     run_until(ctl, clock, "baseline_done", signals=signals)
     started = run_until(ctl, clock, "trial_started", signals=signals)[-1]
     assert actuator.current() == Knobs(chunk_tokens=256, cpu_gib=5.0, router="prefixaware")
@@ -145,4 +145,4 @@ def test_dry_run_controller_proposes_but_never_changes_the_target() -> None:
     run_until(ctl, clock, "holding")
     assert actuator.current() == Knobs()
     assert {c[0] for c in actuator.calls} == {"apply_dry_run"}
-    assert registry.get_sample_value("tierpilot_tuner_trials_total", {"target": "demo", "state": "dry_run"}) == 3
+    assert registry.get_sample_value("tierpilot_tuner_trials_total", {"workload": "demo", "state": "dry_run"}) == 3

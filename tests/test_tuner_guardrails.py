@@ -29,7 +29,7 @@ def make(dry_run: bool = False, cooldown: float = 600, cap: int = 3):
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
-    return registry.get_sample_value(name, {"target": "ns/llm", **labels})
+    return registry.get_sample_value(name, {"workload": "ns/llm", **labels})
 
 
 def test_one_change_in_flight_then_cooldown_then_hourly_cap() -> None:
@@ -124,7 +124,7 @@ def test_rollback_restores_last_good_and_config_info_follows() -> None:
     assert sample(registry, "tierpilot_config_info", **labels) is None  # old series gone
     assert sample(registry, "tierpilot_actuations_total", result="rolled_back") == 1
     text = generate_latest(registry).decode()
-    assert 'tierpilot_tuner_last_good_info{chunk_tokens="512"' in text.replace('target="ns/llm",', "")
+    assert 'tierpilot_tuner_last_good_info{chunk_tokens="512"' in text.replace('workload="ns/llm",', "")
 
 
 def test_a_refused_configuration_rejects_the_candidate_and_tuning_goes_on() -> None:

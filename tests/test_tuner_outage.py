@@ -62,14 +62,14 @@ def test_storage_outage_fails_the_trial_rolls_back_and_resumes(kube, vllm, tmp_p
         assert "\n" not in report.message and report.message.startswith("OperationalError: server closed"), report
         assert rt.tuning.guardrails.in_flight is None
         assert rt.actuator.current() == baseline  # rolled back without the storage
-        assert value(rt, "tierpilot_tuner_step_errors_total", target=NS, kind="storage") == 1.0
-        assert value(rt, "tierpilot_tuner_trial_in_flight", target=NS) == 0.0
+        assert value(rt, "tierpilot_tuner_step_errors_total", workload=NS, kind="storage") == 1.0
+        assert value(rt, "tierpilot_tuner_trial_in_flight", workload=NS) == 0.0
         assert rt.agent.checks()["tuner"].startswith("study storage unavailable: OperationalError")
 
         traffic(rt, vllm, fake, 10)  # still down: counted again, never wedged on `blocked in_flight`
         report = rt.tuning.step()
         assert report.state == "storage_unavailable"
-        assert value(rt, "tierpilot_tuner_step_errors_total", target=NS, kind="storage") == 2.0
+        assert value(rt, "tierpilot_tuner_step_errors_total", workload=NS, kind="storage") == 2.0
 
         proxy.restore()
         traffic(rt, vllm, fake, 10)

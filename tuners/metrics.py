@@ -49,6 +49,8 @@ def knob_labels(knobs: Knobs) -> dict[str, str]:
 class TunerMetrics(Collector):
     """Counters and gauges of the tuner, exposed through `collect()`."""
 
+    collector_name = "tuner"  # the `collector` label of tierpilot_collector_up
+
     def __init__(self, *, target: str = "default") -> None:
         self.target = target
         self._lock = threading.Lock()
@@ -163,38 +165,38 @@ class TunerMetrics(Collector):
             step_errors = dict(self._step_errors)
         t = self.target
         fam = CounterMetricFamily("tierpilot_tuner_trials", "Finished tuning trials by outcome.",
-                                  labels=["target", "state"])
+                                  labels=["workload", "state"])
         for state, n in sorted(trials.items()):
             fam.add_metric([t, state], n)
         yield fam
         fam = CounterMetricFamily("tierpilot_actuations", "Configuration applies and rollbacks by result.",
-                                  labels=["target", "result"])
+                                  labels=["workload", "result"])
         for result, n in sorted(acts.items()):
             fam.add_metric([t, result], n)
         yield fam
         fam = CounterMetricFamily("tierpilot_tuner_guardrail_blocks",
-                                  "Changes held back by a guardrail, by reason.", labels=["target", "reason"])
+                                  "Changes held back by a guardrail, by reason.", labels=["workload", "reason"])
         for reason, n in sorted(blocks.items()):
             fam.add_metric([t, reason], n)
         yield fam
         fam = CounterMetricFamily("tierpilot_tuner_step_errors",
                                   "Tuning steps that failed (the trial in flight failed and was rolled back), "
                                   "by kind: storage (the study storage did not answer) or other.",
-                                  labels=["target", "kind"])
+                                  labels=["workload", "kind"])
         for kind, n in sorted(step_errors.items()):
             fam.add_metric([t, kind], n)
         yield fam
         fam = CounterMetricFamily("tierpilot_drift_events", "Workload change points detected, by signal.",
-                                  labels=["target", "signal"])
+                                  labels=["workload", "signal"])
         for signal, n in sorted(drift.items()):
             fam.add_metric([t, signal], n)
         yield fam
         for name, doc, knobs in (
-            ("tierpilot_config_info", "The cache-tier configuration the target runs now (labels).", config),
+            ("tierpilot_config_info", "The cache-tier configuration the tuned workload runs now (labels).", config),
             ("tierpilot_tuner_last_good_info", "The last configuration marked good (labels).", last_good),
         ):
             if knobs is not None:
-                labels = {"target": t, **knob_labels(knobs)}
+                labels = {"workload": t, **knob_labels(knobs)}
                 g = GaugeMetricFamily(name, doc, labels=list(labels))
                 g.add_metric(list(labels.values()), 1.0)
                 yield g
@@ -204,7 +206,7 @@ class TunerMetrics(Collector):
              last_trial),
         ):
             if value is not None:
-                g = GaugeMetricFamily(name, doc, labels=["target"])
+                g = GaugeMetricFamily(name, doc, labels=["workload"])
                 g.add_metric([t], value)
                 yield g
         for name, doc, value in (
@@ -214,7 +216,7 @@ class TunerMetrics(Collector):
             ("tierpilot_dry_run", "1 when changes are proposed and validated but never applied.",
              int(dry_run)),
         ):
-            g = GaugeMetricFamily(name, doc, labels=["target"])
+            g = GaugeMetricFamily(name, doc, labels=["workload"])
             g.add_metric([t], float(value))
             yield g
         with self._lock:
@@ -232,6 +234,6 @@ class TunerMetrics(Collector):
         if twin_error is not None:
             g = GaugeMetricFamily("tierpilot_tuner_twin_prediction_error_ratio",
                                   "(Twin-predicted - measured) / measured TTFT p95 of the running configuration "
-                                  "over the latest live window.", labels=["target"])
+                                  "over the latest live window.", labels=["workload"])
             g.add_metric([t], twin_error)
             yield g

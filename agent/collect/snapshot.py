@@ -153,7 +153,8 @@ def build_snapshot(
                     qs = _quantiles((le, last if idle else inc) for le, inc, last in rows)
                     if qs:
                         l2_io.append(L2IoView(pod, op, qs,  # type: ignore[arg-type]
-                                              _histogram_view(pod, "", rows, g.last, signal)))
+                                              _histogram_view(pod, "", rows, g.last, signal),
+                                              source=g.sources.get(signal, "")))
             for tier in AGE_TIERS:
                 for measure in EVICTION_MEASURES:
                     qs = _window_quantiles(g.buckets.get(f"{tier}_{AGE_SIGNALS[measure]}"))

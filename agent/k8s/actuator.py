@@ -473,7 +473,7 @@ class KubernetesActuator:
             return f"rollback failed too: {exc}"
 
     def _count_failure(self, operation: str, exc: ActuationError) -> None:
-        result = ("target_gone" if isinstance(exc, TargetGoneError) else
+        result = ("workload_gone" if isinstance(exc, TargetGoneError) else
                   "permanent_error" if isinstance(exc, PermanentActuationError) else
                   "rollout_timeout" if isinstance(exc, RolloutTimeoutError) else "retriable_error")
         self.metrics.result("*", operation, result)

@@ -17,7 +17,7 @@ OPERATIONS = ("apply", "rollback", "reapply", "mark_good")
 # result="applied" and result="rolled_back").
 SUCCESS = {"apply": "applied", "rollback": "rolled_back", "reapply": "reapplied", "mark_good": "marked_good"}
 RESULTS = (*SUCCESS.values(), "dry_run", "unchanged", "conflict_retried", "retriable_error", "permanent_error",
-           "target_gone", "rollout_timeout", "rollout_failed", "not_leader", "gave_up")
+           "workload_gone", "rollout_timeout", "rollout_failed", "not_leader", "gave_up")
 
 
 class ActuationMetrics:
@@ -70,6 +70,8 @@ class ActuationMetrics:
 class ActuationCollector(Collector):
     """Builds fresh families from the state on every scrape."""
 
+    collector_name = "actuation"  # the `collector` label of tierpilot_collector_up
+
     def __init__(self, metrics: ActuationMetrics) -> None:
         self.metrics = metrics
 
@@ -81,24 +83,24 @@ class ActuationCollector(Collector):
         results = CounterMetricFamily(
             "tierpilot_k8s_object_writes",
             "Writes to each Kubernetes object by operation and result (one tuner actuation writes several).",
-            labels=["target", "operation", "result"])
+            labels=["workload", "operation", "result"])
         for (target, op, res), n in sorted(snap["results"].items()):  # type: ignore[attr-defined]
             results.add_metric([target, op, res], n)
         yield results
         reapplied = CounterMetricFamily(
             "tierpilot_reapplied", "Settings re-applied after something (an operator) reverted them.",
-            labels=["target"])
+            labels=["workload"])
         for target, n in sorted(snap["reapplied"].items()):  # type: ignore[attr-defined]
             reapplied.add_metric([target], n)
         yield reapplied
         rollout = GaugeMetricFamily(
-            "tierpilot_rollout_duration_seconds", "Duration of the last completed rollout per target.",
-            labels=["target"], unit="")
+            "tierpilot_rollout_duration_seconds", "Duration of the last completed rollout per tuned workload.",
+            labels=["workload"], unit="")
         for target, s in sorted(snap["rollout_s"].items()):  # type: ignore[attr-defined]
             rollout.add_metric([target], s)
         yield rollout
-        gone = GaugeMetricFamily("tierpilot_target_gone", "1 when the target returned 404 and is no longer tuned.",
-                                 labels=["target"])
+        gone = GaugeMetricFamily("tierpilot_workload_gone", "1 when the tuned workload returned 404 and is no longer tuned.",
+                                 labels=["workload"])
         for target in sorted(snap["gone"]):  # type: ignore[call-overload]
             gone.add_metric([target], 1)
         yield gone
@@ -111,7 +113,7 @@ class ActuationCollector(Collector):
             became.add_metric([identity], snap["became_leader"].get(identity, 0))  # type: ignore[attr-defined]
         yield leader
         yield became
-        # dry-run is served once, by the tuner's metrics (`tierpilot_dry_run{target}`), which the
+        # dry-run is served once, by the tuner's metrics (`tierpilot_dry_run{workload}`), which the
         # agent registers beside this collector with the same effective setting
         yield CounterMetricFamily("tierpilot_k8s_event_failures", "Kubernetes Events that could not be recorded.",
                                   value=self.metrics.event_failures())

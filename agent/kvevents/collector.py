@@ -140,6 +140,8 @@ def _le(bound: float) -> str:
 class KvEventsCollector:
     """A prometheus_client custom collector; `snapshot` is usually `KvEventManager.snapshot`."""
 
+    collector_name = "kv_events"  # the `collector` label of tierpilot_collector_up
+
     def __init__(self, snapshot: Callable[[], KvSnapshot]) -> None:
         self._snapshot = snapshot
 

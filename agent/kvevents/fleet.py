@@ -237,6 +237,8 @@ class FleetBlocksCollector:
     `local()` gives this replica's state; `fetch(url, timeout)` reads a peer's
     `/kv/sketch`. A peer that fails is left out (counted in `tierpilot_kv_fleet_shards{state}`)."""
 
+    collector_name = "kv_fleet_blocks"  # the `collector` label of tierpilot_collector_up
+
     def __init__(self, local: Callable[[], dict], peers: Sequence[str] = (),
                  fetch: Callable[[str, float], bytes] | None = None, timeout_s: float = 5.0,
                  window_s: float = 300.0) -> None:

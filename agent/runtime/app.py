@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import io
-import ipaddress
 import logging
 import math
+import re
 import signal
 import threading
 import time
@@ -45,21 +45,24 @@ from agent.collect.scheduler import JobSpec, build_scheduler, is_running
 from agent.collect.scrape import new_session
 from agent.collect.store import WindowStore
 from agent.runtime.clock import SteadyWallClock
+from agent.runtime.endpoints import Endpoint, banner_lines, endpoint_table, index_page, is_loopback
 from agent.runtime.health import Health, judge
 from agent.runtime.isolation import CollectorHealth, IsolatedCollector
-from agent.runtime.peer_auth import PEER_ENDPOINTS, REALM, PeerFetch, PeerToken
+from agent.runtime.peer_auth import REALM, PeerFetch, PeerToken
 from agent.settings import AgentSettings
 from contracts.jsonsafe import dumps as json_dumps
 from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Snapshot
 from exporters.fleet import FleetExport
 from exporters.prom import SnapshotCollector
+from exporters.selfinfo import register_self_metrics
 
 log = logging.getLogger(__name__)
 
 
 class JobStats(Collector):
-    """`tierpilot_job_runs_total{job, outcome}`."""
+    """`tierpilot_job_runs_total{task, outcome}` (`task`, not `job`: Prometheus' own `job` label
+    names the scrape job, and with honor_labels an exported `job` would replace it)."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
@@ -70,8 +73,8 @@ class JobStats(Collector):
             self.counts[(job, outcome)] = self.counts.get((job, outcome), 0) + 1
 
     def collect(self) -> Iterator[Metric]:
-        fam = CounterMetricFamily("tierpilot_job_runs", "Scheduled job runs by outcome (ok/error/skipped).",
-                                  labels=["job", "outcome"])
+        fam = CounterMetricFamily("tierpilot_job_runs", "Scheduled job runs by task and outcome (ok/error/skipped).",
+                                  labels=["task", "outcome"])
         with self._lock:
             for (job, outcome), n in sorted(self.counts.items()):
                 fam.add_metric([job, outcome], float(n))
@@ -174,6 +177,7 @@ class Agent:
         self.registry.register(self._fleet(SnapshotCollector(lambda: self._snapshot)))
         self.registry.register(self.job_stats)
         self.registry.register(self.collector_health)
+        register_self_metrics(self.registry)
         if sh.count > 1 or self.peer_token is not None:
             self.registry.register(self.peer_fetch.collector())
         for c in collectors:
@@ -227,7 +231,7 @@ class Agent:
         """Register an extra collector, isolated: if it raises, only its series are missing.
         `fleet`: its series describe the scraped pods (served by the exporting replica only, with
         the pods' namespace; exporters/fleet.py)."""
-        name = name or type(collector).__name__
+        name = name or collector_name(collector)
         wrapped = IsolatedCollector(self._fleet(collector) if fleet else collector, name)
         self.collector_health.add(wrapped)
         self.add_health_check(f"collector:{wrapped.name}", wrapped.problem)
@@ -254,13 +258,21 @@ class Agent:
             raise RuntimeError("add routes before start()")
         self.routes[path] = handler
 
+    def endpoints(self) -> list[Endpoint]:
+        """Every path this agent serves, with who may read it (agent/runtime/endpoints.py)."""
+        return endpoint_table(list(self.routes), snapshot=self.settings.server.snapshot,
+                              has_token=self.peer_token is not None, sharded=self.settings.shard.count > 1)
+
     def _route(self, path: str, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> Callable[..., Any]:
-        guarded = self.peer_token is not None and path in PEER_ENDPOINTS
+        guard = next(e.guard for e in self.endpoints() if e.path == path)
 
         async def serve(request: web.Request) -> web.Response:
-            if guarded and not self.peer_token.accepts(request.headers.get("Authorization")):  # type: ignore[union-attr]
+            if guard == "token" and not self.peer_token.accepts(request.headers.get("Authorization")):  # type: ignore[union-attr]
                 return web.Response(status=401, headers={"WWW-Authenticate": REALM},
                                     text=f"{path} needs the replicas' bearer token (shard.token_file)\n")
+            if guard == "loopback" and not is_loopback(request.remote):
+                return web.Response(status=403, text=f"{path} answers loopback clients only without "
+                                                     "shard.token_file (set it to serve the replicas)\n")
             try:
                 body, ctype = await asyncio.get_running_loop().run_in_executor(None, handler, dict(request.query))
             except ValueError as exc:
@@ -341,6 +353,7 @@ class Agent:
         self._cycle_lock = asyncio.Lock()
         self._session = new_session(self.settings.scrape.concurrency)
         app = web.Application()
+        app.router.add_get("/", self._serve_index)
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
         app.router.add_get("/readyz", self._serve_ready)
@@ -358,7 +371,9 @@ class Agent:
         self._scheduler.start()
         self._started_at = self.monotonic()
         sock = server.sockets[0].getsockname() if server and server.sockets else (self.settings.server.host, self.port)
-        log.info("agent listening on %s:%s (/metrics, /healthz); local URL %s", sock[0], sock[1], self.url)
+        base = self.url.removesuffix("/metrics")
+        log.info("agent listening on %s:%s; local URL %s\n%s", sock[0], sock[1], self.url,
+                 "\n".join(banner_lines([e for e in self.endpoints() if e.guard != "off"], base)))
 
     async def _teardown(self) -> None:
         if self._scheduler is not None:
@@ -408,6 +423,9 @@ class Agent:
         self.stop()
 
     # -- HTTP ----------------------------------------------------------------------------------
+    async def _serve_index(self, _request: web.Request) -> web.Response:
+        return web.Response(body=index_page(self.endpoints()), content_type="text/html")
+
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
@@ -460,16 +478,19 @@ class Agent:
         loopback clients (kubectl port-forward, `tierpilot` on the same host)."""
         if not self.settings.server.snapshot:
             return web.Response(status=404, text="/snapshot is off (server.snapshot: true enables it)\n")
-        if not _is_loopback(request.remote):
+        if not is_loopback(request.remote):
             return web.Response(status=403, text="/snapshot answers loopback clients only\n")
         return web.Response(text=snapshot_json(self._snapshot), content_type="application/json")
 
 
-def _is_loopback(remote: str | None) -> bool:
-    try:
-        return remote is not None and ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False
+def collector_name(collector: Collector) -> str:
+    """The `collector` label value: the collector's `collector_name` (e.g. "tuner"), else its
+    class name in snake case without a Collector/Metrics suffix."""
+    named = getattr(collector, "collector_name", None)
+    if isinstance(named, str) and named:
+        return named
+    base = re.sub(r"(Collector|Metrics)$", "", type(collector).__name__) or type(collector).__name__
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
 
 
 def window_ipc(frame: Any) -> bytes:

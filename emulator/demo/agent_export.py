@@ -61,9 +61,9 @@ def parse_agent_export(text: str) -> AgentExport:
                 if rank >= cumulative.get(pod, (-1, 0.0))[0]:
                     cumulative[pod] = (rank, v)
             elif s.name == "tierpilot_ttft_quantile_seconds":
-                ttft[(pod, lab.get("quantile", ""))] = v
+                ttft[(pod, lab.get("q", ""))] = v
             elif s.name == "tierpilot_l2_io_latency_quantile_seconds" and lab.get("op") == "read":
-                l2[(pod, lab.get("quantile", ""))] = v
+                l2[(pod, lab.get("q", ""))] = v
             elif s.name.endswith("_total") and s.name[: -len("_total")] in COUNTERS + EVICTION_FAMILIES:
                 family = s.name[: -len("_total")]
                 family = "tierpilot_kv_evictions" if family in EVICTION_FAMILIES else family

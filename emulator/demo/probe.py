@@ -28,7 +28,7 @@ def parse_agent_view(text: str) -> AgentView:
     up = total = 0
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == "tierpilot_ttft_quantile_seconds" and s.labels.get("quantile") == "0.95" and math.isfinite(s.value):
+            if s.name == "tierpilot_ttft_quantile_seconds" and s.labels.get("q") == "0.95" and math.isfinite(s.value):
                 ttft.append(s.value)
             elif s.name == "tierpilot_kv_cumulative_hit_ratio" and math.isfinite(s.value):
                 pod, r = s.labels.get("pod", ""), rank.get(s.labels.get("tier", ""), -1)

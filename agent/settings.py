@@ -46,6 +46,8 @@ class ScrapeSettings(_Frozen):
     concurrency: int = Field(256, gt=0, le=4096, description="simultaneous connections")
     backoff_base_s: float = Field(5.0, ge=0, le=86_400.0, description="first back-off after a failure; doubles each time")
     backoff_max_s: float = Field(300.0, ge=0, le=86_400.0, description="back-off ceiling")
+    blind_after_cycles: int = Field(3, ge=1, le=10_000, description="cycles in a row with no target up before "
+                                    "/healthz reports the agent degraded (blind)")
 
 
 class StoreSettings(_Frozen):

@@ -137,8 +137,13 @@ def pressure_families(snap: Snapshot) -> Iterator[Metric]:
 
 
 def health_families(snap: Snapshot) -> Iterator[Metric]:
-    up = GaugeMetricFamily("tierpilot_target_up", "1 if the last scrape of the target succeeded, else 0.",
-                           labels=["target", "role", "pod"])
+    up = GaugeMetricFamily("tierpilot_target_up", "1 if the last scrape of the target succeeded, else 0 "
+                           "(tierpilot_target_down_reason says why).", labels=["target", "role", "pod"])
+    down = GaugeMetricFamily(
+        "tierpilot_target_down_reason",
+        "1 while the target is down, with the reason of its last attempt (connection_refused, timeout, http_5xx, "
+        "parse_error, counter_reset, ...; see docs/metrics.md). Absent while it is up.",
+        labels=["target", "role", "pod", "reason"])
     duration = GaugeMetricFamily("tierpilot_scrape_duration_seconds", "Duration of the last scrape, seconds.",
                                  labels=["target", "role", "pod"])
     errors = CounterMetricFamily("tierpilot_scrape_errors", "Scrape faults and data anomalies by reason.",
@@ -154,6 +159,8 @@ def health_families(snap: Snapshot) -> Iterator[Metric]:
         t = st.target
         labels = [t.key, t.role, t.pod]
         up.add_metric(labels, 1.0 if st.up else 0.0)
+        if not st.up:
+            down.add_metric([*labels, st.reason or "down"], 1.0)
         duration.add_metric(labels, st.duration_s)
         samples.add_metric(labels, float(st.samples))
         for reason, n in sorted(st.errors.items()):
@@ -172,7 +179,7 @@ def health_families(snap: Snapshot) -> Iterator[Metric]:
     taken = GaugeMetricFamily("tierpilot_snapshot_timestamp_seconds",
                               "Unix time the served snapshot was computed (0 before the first cycle).")
     taken.add_metric([], snap.taken_at)
-    yield from (up, duration, errors, samples, warning, targets, cycle, rows, taken)
+    yield from (up, down, duration, errors, samples, warning, targets, cycle, rows, taken)
 
 
 def build_registry(get_snapshot: Callable[[], Snapshot], extra: tuple[Collector, ...] = ()) -> CollectorRegistry:

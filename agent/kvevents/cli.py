@@ -13,6 +13,7 @@ from rich.table import Table
 
 from agent.kvevents.index import CAUSES
 from agent.kvevents.manager import KvEventManager
+from agent.kvevents.reach import unreachable
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings, SettingsError, one_line
 from agent.kvevents.signals import KvSnapshot
 from contracts.console_tables import count, table
@@ -155,12 +156,20 @@ def kv_events(endpoints: tuple[str, ...], replays: tuple[str, ...], model: str, 
     if not specs:
         raise click.UsageError("no endpoints: give --endpoint POD=tcp://HOST:PORT or --config FILE")
     settings = settings.model_copy(update={"endpoints": specs})
+    dead = [(s.pod, address, why) for s in specs for _, address, _ in s.engines()
+            if (why := unreachable(address)) is not None]
+    if dead and len(dead) == sum(len(s.engines()) for s in specs):
+        raise click.ClickException(
+            "no KV-event publisher answers: " + ", ".join(f"{pod} {addr} ({why})" for pod, addr, why in dead)
+            + "; check the address against vLLM's --kv-events-config endpoint and that the engine runs")
     metrics = _pairs(metrics_urls, "--metrics")
     model_of = {s.pod: s.model for s in specs}
     console = Console()
     manager = KvEventManager(settings)
     manager.start()
     console.print(f"watching {len(specs)} pod(s): " + ", ".join(f"{s.pod}={s.endpoint}" for s in specs))
+    for pod, addr, why in dead:
+        console.print(f"[yellow]warning: {pod}: nothing answers at {addr} ({why})[/yellow]")
     started = time.monotonic()
     try:
         while True:

@@ -17,18 +17,16 @@ import asyncio
 import io
 import logging
 import math
-import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
@@ -46,9 +44,11 @@ from agent.collect.scrape import new_session
 from agent.collect.store import WindowStore
 from agent.runtime.clock import SteadyWallClock
 from agent.runtime.endpoints import Endpoint, banner_lines, endpoint_table, index_page, is_loopback
-from agent.runtime.health import Health, judge
-from agent.runtime.isolation import CollectorHealth, IsolatedCollector
+from agent.runtime.health import Health, health_json, judge
+from agent.runtime.isolation import CollectorHealth, IsolatedCollector, collector_name
+from agent.runtime.job_stats import JobStats
 from agent.runtime.peer_auth import REALM, PeerFetch, PeerToken
+from agent.runtime.target_watch import Blindness, TargetLog
 from agent.settings import AgentSettings
 from contracts.jsonsafe import dumps as json_dumps
 from contracts.redact import redact_text, redact_url
@@ -58,27 +58,6 @@ from exporters.prom import SnapshotCollector
 from exporters.selfinfo import register_self_metrics
 
 log = logging.getLogger(__name__)
-
-
-class JobStats(Collector):
-    """`tierpilot_job_runs_total{task, outcome}` (`task`, not `job`: Prometheus' own `job` label
-    names the scrape job, and with honor_labels an exported `job` would replace it)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
-
-    def record(self, job: str, outcome: str) -> None:
-        with self._lock:
-            self.counts[(job, outcome)] = self.counts.get((job, outcome), 0) + 1
-
-    def collect(self) -> Iterator[Metric]:
-        fam = CounterMetricFamily("tierpilot_job_runs", "Scheduled job runs by task and outcome (ok/error/skipped).",
-                                  labels=["task", "outcome"])
-        with self._lock:
-            for (job, outcome), n in sorted(self.counts.items()):
-                fam.add_metric([job, outcome], float(n))
-        yield fam
 
 
 def targets_from_settings(settings: AgentSettings) -> TargetSource:
@@ -171,6 +150,9 @@ class Agent:
         self.job_stats = JobStats()
         self.collector_health = CollectorHealth()
         self.health_checks: dict[str, Callable[[], str | None]] = {}
+        self.target_log = TargetLog()  # one log line per change of a target's state
+        self.blindness = Blindness(settings.scrape.blind_after_cycles)
+        self.add_health_check("targets", self.blindness.problem)
         # export.fleet=leader: the runtime points this at the Lease (exporters/fleet.py)
         self.is_fleet_exporter: Callable[[], bool] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -292,6 +274,9 @@ class Agent:
             targets = self.target_source.targets()
             self._snapshot = await self.cycle.run(self._session, targets)
             self.cycles += 1
+            self.blindness.observe(self._snapshot.targets)
+            if self._scheduler is not None:  # the running agent logs; a one-shot scrape prints
+                self.target_log.observe(self._snapshot.targets)
             self._last_cycle_at = self.monotonic()
             return self._snapshot
 
@@ -438,9 +423,7 @@ class Agent:
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         h = self.health()
-        checks = self.checks()
-        return web.json_response({**h.as_json(), "snapshot_at": self._snapshot.taken_at, "checks": checks,
-                                  "degraded": sorted(k for k, v in checks.items() if v != "ok")},
+        return web.json_response(health_json(h, self.checks(), self._snapshot),
                                  status=200 if h.live else 503, dumps=json_dumps)
 
     async def _serve_ready(self, _request: web.Request) -> web.Response:
@@ -481,16 +464,6 @@ class Agent:
         if not is_loopback(request.remote):
             return web.Response(status=403, text="/snapshot answers loopback clients only\n")
         return web.Response(text=snapshot_json(self._snapshot), content_type="application/json")
-
-
-def collector_name(collector: Collector) -> str:
-    """The `collector` label value: the collector's `collector_name` (e.g. "tuner"), else its
-    class name in snake case without a Collector/Metrics suffix."""
-    named = getattr(collector, "collector_name", None)
-    if isinstance(named, str) and named:
-        return named
-    base = re.sub(r"(Collector|Metrics)$", "", type(collector).__name__) or type(collector).__name__
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
 
 
 def window_ipc(frame: Any) -> bytes:

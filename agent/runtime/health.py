@@ -7,10 +7,18 @@
 - ready: live, and at least one scrape cycle completed (so the first /metrics is not empty).
 
 All times are from one monotonic clock (never the agent's data clock, which tests may drive).
+
+/healthz adds `status`: `ok`, `starting` (before the first cycle), `degraded` (live and ready, but
+a component check failed: the agent is blind, every target down for `scrape.blind_after_cycles`
+cycles, or an extra collector raises; `reason` says which and why) or `down` (not live, 503).
+Degraded does not fail the probes: a restart brings no target back, and an agent taken out of
+its Service would hide the very `tierpilot_target_up 0` series that say what is wrong.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 STALE_INTERVALS = 3.0  # how many scrape intervals without a completed cycle is "stuck"
 MIN_STALE_S = 1.0  # floor, so a very short interval cannot flap
@@ -47,3 +55,20 @@ def judge(*, now: float, started_at: float | None, last_cycle_at: float | None, 
     if last_cycle_at is None:
         return Health(True, False, "waiting for the first scrape cycle", cycles, age)
     return Health(True, True, "ok", cycles, age)
+
+
+def health_json(h: Health, checks: dict[str, str], snap: Any) -> dict[str, object]:
+    """The /healthz body: the verdict, the component checks, and the targets by state."""
+    degraded = sorted(k for k, v in checks.items() if v != "ok")
+    out = {**h.as_json(), "snapshot_at": snap.taken_at, "checks": checks, "degraded": degraded}
+    if not h.live:
+        out["status"] = "down"
+    elif degraded:
+        out["status"] = "degraded"
+        out["reason"] = "; ".join(checks[k] if k == "targets" else f"{k}: {checks[k]}" for k in degraded)
+    else:
+        out["status"] = "ok" if h.ready else "starting"
+    down = Counter(st.reason or "down" for st in snap.targets if not st.up)
+    out["targets"] = {"total": len(snap.targets), "up": sum(1 for st in snap.targets if st.up),
+                      "down_by_reason": dict(sorted(down.items()))}
+    return out

@@ -8,6 +8,7 @@ one dead thread behind a collector used to turn the whole endpoint into an HTTP 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 
@@ -76,3 +77,13 @@ class CollectorHealth(Collector):
             errors.add_metric([c.name], float(c.failures))
         yield up
         yield errors
+
+
+def collector_name(collector: Collector) -> str:
+    """The `collector` label value: the collector's `collector_name` (e.g. "tuner"), else its
+    class name in snake case without a Collector/Metrics suffix."""
+    named = getattr(collector, "collector_name", None)
+    if isinstance(named, str) and named:
+        return named
+    base = re.sub(r"(Collector|Metrics)$", "", type(collector).__name__) or type(collector).__name__
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()

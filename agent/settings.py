@@ -43,6 +43,12 @@ class ScrapeSettings(_Frozen):
                                          description="characters per label name; longer: down (label_length)")
     label_value_length_limit: int = Field(4096, gt=0, le=1024 * 1024,
                                           description="characters per label value; longer: down (label_length)")
+    max_models_per_target: int = Field(
+        16, ge=0, le=100_000, description="distinct model labels kept per target (0: no bound); the most "
+        "active are kept, the others dropped and counted (model_budget)")
+    max_series_per_target: int = Field(
+        1000, ge=0, le=1_000_000, description="normalised series kept per target (0: no bound); whole signals "
+        "of the least active models dropped beyond it (series_budget)")
     concurrency: int = Field(256, gt=0, le=4096, description="simultaneous connections")
     backoff_base_s: float = Field(5.0, ge=0, le=86_400.0, description="first back-off after a failure; doubles each time")
     backoff_max_s: float = Field(300.0, ge=0, le=86_400.0, description="back-off ceiling")

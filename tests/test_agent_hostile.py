@@ -178,6 +178,8 @@ def test_redaction():
     ({"scrape": {"sample_limit": 10**9}}, "scrape.sample_limit"),
     ({"scrape": {"label_value_length_limit": 10**9}}, "scrape.label_value_length_limit"),
     ({"scrape": {"concurrency": 10**6}}, "scrape.concurrency"),
+    ({"scrape": {"max_models_per_target": 10**9}}, "scrape.max_models_per_target"),
+    ({"scrape": {"max_series_per_target": 10**9}}, "scrape.max_series_per_target"),
     ({"store": {"retention_s": 1e12}}, "store.retention_s"),
     ({"tuner": {"trials_per_phase": 10**9}}, "tuner.trials_per_phase"),
     ({"tuner": {"warm_start": {"max_requests": 10**12}}}, "tuner.warm_start.max_requests"),

@@ -16,23 +16,29 @@ Fault handling per target (the agent never stops for one bad target):
   `metric_name_length`;
 - a series repeated in one payload (same name and label set) is a fault, `duplicate_series`:
   the first occurrence is kept, the repeats are dropped (never summed), the target is down for
-  that cycle.
+  that cycle;
+- a target over its cardinality budget (`scrape.max_models_per_target`,
+  `max_series_per_target`; agent/collect/budget.py) keeps its most active models' series and
+  stays up, with the warning and count `model_budget` / `series_budget`; one log line each time
+  a target goes over or back within its budget.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
+from agent.collect.budget import Budget, CardinalityBudget
 from agent.collect.lmcache_check import DETAIL as LMCACHE_DETAIL
 from agent.collect.lmcache_check import REASON as LMCACHE_REASON
 from agent.collect.lmcache_check import missing_lmcache
 from agent.collect.mapping import MappingSet
-from agent.collect.normalise import normalise, resolve
+from agent.collect.normalise import Normalised, normalise, resolve
 from agent.collect.parse import Limits, ParseError, Payload, parse
 from agent.collect.roles import KIND_NAMES, KIND_ROLES, detect_kind, detect_role, seen_summary
 from agent.collect.scrape import Backoff, FetchFailure, fetch
@@ -44,6 +50,8 @@ from contracts.tier_model import AUTO_ROLE, Signal, Snapshot, Target, TargetStat
 
 THREAD_PARSE_CHARS = 1 << 20  # payloads above this are parsed off the event loop
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class TargetOutcome:
@@ -51,6 +59,7 @@ class TargetOutcome:
     signals: tuple[Signal, ...]
     restarted: bool = False  # its counters went down since its previous scrape: a new process
     at: float | None = None  # data-clock time the request went out (the page is rendered then)
+    known: tuple[str, ...] = ()  # models whose counters ran before they were first kept (budget)
 
 
 def _unmapped_detail(role: str, text: str, payload: Payload) -> str:
@@ -86,6 +95,8 @@ class ScrapeCycle:
                              label_name_length=sc.label_name_length_limit,
                              label_value_length=sc.label_value_length_limit)
         self.detected: dict[str, str] = {}  # URL of a target given without a role -> detected role
+        self.budget = CardinalityBudget(Budget(sc.max_models_per_target, sc.max_series_per_target))
+        self.over_budget: dict[str, tuple[bool, bool]] = {}  # target -> (models over, series over)
 
     def _count(self, target: Target, reason: str, n: int = 1) -> dict[str, int]:
         errs = self.errors.setdefault(target.key, {})
@@ -113,6 +124,7 @@ class ScrapeCycle:
                 self.detected[target.url] = role
                 target = dataclasses.replace(target, role=role)
         result = normalise(target, payload, self.mappings)
+        known = self._hold_to_budget(target, result, warnings)
         if not result.signals and not warnings:
             warnings.append(("no_mapped_series", _unmapped_detail(target.role, text, payload)))
         faults: list[tuple[str, str]] = []  # (reason, detail)
@@ -132,7 +144,37 @@ class ScrapeCycle:
         status = TargetStatus(target, not faults, duration_s, faults[0][0] if faults else "",
                               "; ".join(detail for _, detail in faults), samples=payload.lines,
                               errors=dict(self.errors.get(target.key, {})), warnings=tuple(warnings))
-        return TargetOutcome(status, tuple(result.signals), restarted)
+        return TargetOutcome(status, tuple(result.signals), restarted, known=known)
+
+    def _hold_to_budget(self, target: Target, result: Normalised,
+                        warnings: list[tuple[str, str]]) -> tuple[str, ...]:
+        """Cut `result.signals` to the target's cardinality budget; warn, count and log the cut.
+        Returns the models let in that may have been dropped before."""
+        cut = self.budget.apply(target.key, result.signals)
+        result.signals = cut.signals
+        sc = self.settings.scrape
+        if cut.models_dropped:
+            self._count(target, "model_budget", cut.models_dropped)
+            detail = (f"model_budget ({cut.models_dropped} of {cut.models_seen} models dropped: over "
+                      f"scrape.max_models_per_target {sc.max_models_per_target}; the most active kept)")
+            warnings.append(("model_budget", detail))
+        if cut.series_dropped:
+            self._count(target, "series_budget", cut.series_dropped)
+            detail = (f"series_budget ({cut.series_dropped} series dropped: over scrape.max_series_per_target "
+                      f"{sc.max_series_per_target})")
+            warnings.append(("series_budget", detail))
+        state = (cut.models_dropped > 0, cut.series_dropped > 0)
+        if state != self.over_budget.get(target.key, (False, False)):
+            if any(state):
+                log.warning("target %s (pod %s) is over its cardinality budget: %s", target.key, target.pod,
+                            "; ".join(d for r, d in warnings if r in ("model_budget", "series_budget")))
+            else:
+                log.info("target %s (pod %s) is within its cardinality budget again", target.key, target.pod)
+        if any(state):
+            self.over_budget[target.key] = state
+        else:
+            self.over_budget.pop(target.key, None)
+        return cut.readmitted
 
     def _failed(self, target: Target, reason: str, detail: str, duration_s: float) -> TargetOutcome:
         detail = redact_text(detail)
@@ -165,6 +207,8 @@ class ScrapeCycle:
             self.errors.pop(key, None)
             self.backoff.forget(key)
             self.resets.forget(key)
+            self.budget.forget(key)
+            self.over_budget.pop(key, None)
 
     async def run(self, session: aiohttp.ClientSession, targets: Sequence[Target]) -> Snapshot:
         """One full cycle over `targets`; returns the new snapshot."""
@@ -176,6 +220,7 @@ class ScrapeCycle:
         signals: list[Signal] = []
         restarted: set[tuple[str, str]] = set()  # (pod, source) of targets whose process restarted
         read_at: dict[tuple[str, str], float] = {}  # (pod, source) -> when its target was read
+        known: set[tuple[str, str]] = set()  # (pod, model) let in by a budget after running unseen
         missing = missing_lmcache([(o.status.target, o.signals) for o in outcomes], self.settings.tiers.lmcache)
         for out in outcomes:
             status = out.status
@@ -187,6 +232,7 @@ class ScrapeCycle:
                 restarted.update((s.pod, s.source) for s in out.signals)
             if out.at is not None:
                 read_at.update(((s.pod, s.source), out.at) for s in out.signals)
+            known.update((status.target.pod, m) for m in out.known)
         for t in targets:  # skipped while backing off: still down, reason kept
             if t.key not in {o.status.target.key for o in outcomes}:
                 prev = self.statuses.get(t.key)
@@ -194,7 +240,8 @@ class ScrapeCycle:
                     t, False, 0.0, prev.reason if prev else "backoff", "skipped: backing off",
                     errors=dict(self.errors.get(t.key, {})), skipped=True)
         now = max(read_at.values(), default=fetched_at)  # the newest data; the window ends here
-        self.store.ingest(resolve(signals, self.mappings), ts=now, restarted=restarted, read_at=read_at)
+        self.store.ingest(resolve(signals, self.mappings), ts=now, restarted=restarted, read_at=read_at,
+                          known=known)
         statuses = [self.statuses[t.key] for t in targets]
         return build_snapshot(
             self.store.window(now=now), statuses, taken_at=now, live_pods={t.pod for t in targets},

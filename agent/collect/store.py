@@ -131,14 +131,17 @@ class WindowStore:
     # -- writing -----------------------------------------------------------------------------
     def ingest(self, signals: Sequence[Signal], ts: float | None = None,
                restarted: Collection[tuple[str, str]] = (),
-               read_at: Mapping[tuple[str, str], float] | None = None) -> IngestReport:
+               read_at: Mapping[tuple[str, str], float] | None = None,
+               known: Collection[tuple[str, str]] = ()) -> IngestReport:
         """Append one scrape. `restarted` names the (pod, source) pairs whose process restarted
         since their previous scrape (a counter of their target went down): every counter of
         theirs counts its whole value as the increase (it restarted from zero, even where the new
         value is not below the old one, e.g. a histogram bucket the old process rarely hit), and
         their series missing from this scrape restart from zero when they reappear.
         `read_at` gives the time each (pod, source) was actually read, when it differs from `ts`
-        (the cycle's start): its rows, deltas and rates use it."""
+        (the cycle's start): its rows, deltas and rates use it. `known` names (pod, model) pairs
+        whose counters ran before they were first read (a model a cardinality budget lets in
+        late): their first values are lifetime totals, never increases."""
         cycle_ts = self.clock() if ts is None else ts
         read_at = read_at or {}
         if restarted:
@@ -166,7 +169,7 @@ class WindowStore:
                     reset_pods.add(s.pod)
                 delta = s.value if new_process else counter_delta(prev[1], s.value)
                 dt = ts - prev[0]
-            elif s.kind == "counter" and prev is None:
+            elif s.kind == "counter" and prev is None and (not known or (s.pod, s.model) not in known):
                 before = seen_before.get((s.pod, s.source))
                 if before is not None and ts > before:  # born since its target's previous read
                     delta, dt = s.value, ts - before

@@ -4,8 +4,10 @@ one output flag (`--format`, with `--json` an alias), choices listed in --help, 
 keep their line continuations, and one `[default: X]` style."""
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -120,3 +122,47 @@ def test_scrape_once_exits_1_when_its_only_target_feeds_nothing():
         result = CliRunner().invoke(main, ["scrape-once", "-t", url, "--format", "json"])
     assert result.exit_code == 1, result.output
     assert "no_mapped_series" in result.output and "no target fed a tierpilot signal" in result.output
+
+
+class _JsonNotPrometheus(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = b'{"hello": "world"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_from_prometheus_at_a_wrong_url_says_what_to_fix():
+    with MetricsServer() as srv:  # a pod's /metrics server: no query API
+        srv.route("/metrics", text="vllm:num_requests_running 1\n")
+        base = srv.url("")
+        plain = CliRunner().invoke(main, ["scrape-once", "--from-prometheus", base, "--timeout", "2"])
+    assert plain.exit_code == 1
+    assert f"error: {base}: Prometheus query failed: HTTP 404 on /api/v1/query; is this a Prometheus-compatible query API? Give the URL " \
+           "prefix before /api/v1" in plain.output, plain.output
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JsonNotPrometheus)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        other = CliRunner().invoke(main, ["scrape-once", "--from-prometheus", url, "--timeout", "2"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert other.exit_code == 1
+    assert f"error: {url}: Prometheus query failed: not a Prometheus API answer (HTTP 200); is this a Prometheus-compatible" in other.output
+
+
+def test_a_404_on_the_query_api_names_the_prefix():
+    from agent.collect.promapi import _decode
+
+    failure = _decode(404, b"404 page not found\n", "up", 0.01)
+    assert failure.reason == "http_4xx"
+    assert "HTTP 404 on /api/v1/query" in failure.detail and "prefix before /api/v1" in failure.detail

@@ -208,6 +208,9 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
         for reason, detail in st.warnings:
             click.echo(f"warning: {st.target.url} ({st.target.role}): {reason}: {detail}", err=True)
     if not any(st.up for st in snap.targets):
+        if prom_url:
+            why = next((st.detail or st.reason for st in snap.targets if st.reason), "no series")
+            click.echo(f"error: {prom_url}: {why}", err=True)
         sys.exit(1)
     if not prom_url and not any(st.up and not any(r == "no_mapped_series" for r, _ in st.warnings)
                                 for st in snap.targets):

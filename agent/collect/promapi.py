@@ -179,6 +179,8 @@ class PrometheusApi:
 
 
 _JSON = msgspec.json.Decoder()
+URL_HINT = ("is this a Prometheus-compatible query API? Give the URL prefix before /api/v1, e.g. "
+            "http://prometheus:9090 or http://thanos-query:9090 (not a pod's /metrics, nor .../api/v1)")
 
 
 def _decode(status: int, body: bytes, query: str, duration_s: float) -> list[dict[str, Any]] | QueryFailure:
@@ -189,10 +191,13 @@ def _decode(status: int, body: bytes, query: str, duration_s: float) -> list[dic
     if isinstance(doc, dict) and doc.get("status") == "error":
         return QueryFailure("query_error", f"{doc.get('errorType', 'error')}: {doc.get('error', '')} "
                                            f"(query {query[:120]!r})", duration_s)
+    if status in (404, 405, 501):  # nothing serves the query API here: not a Prometheus API's prefix
+        return QueryFailure("http_5xx" if status >= 500 else "http_4xx",
+                            f"HTTP {status} on /api/v1/query; {URL_HINT}", duration_s)
     if status >= 400:
         return QueryFailure("http_5xx" if status >= 500 else "http_4xx", f"HTTP {status}", duration_s)
     if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(doc.get("data"), dict):
-        return QueryFailure("query_error", f"not a Prometheus API answer (HTTP {status})", duration_s)
+        return QueryFailure("query_error", f"not a Prometheus API answer (HTTP {status}); {URL_HINT}", duration_s)
     data = doc["data"]
     result = data.get("result")
     if data.get("resultType") not in ("vector", "matrix") or not isinstance(result, list):

@@ -68,6 +68,15 @@ def _render_table(summary: dict[str, Any], header: str) -> None:
     console.print(table("Summary", ("metric", "value"), rows, text=("metric",), show_header=False))
 
 
+def _render_curves(curves: Any, cap: dict[str, float]) -> None:
+    from rich.console import Console
+
+    from simulator.capacity.table import CURVE_COLUMNS, curve_rows
+
+    Console().print(table("What if each tier held N GiB (hit ratio over the whole run, LRU; * = now)",
+                          CURVE_COLUMNS, curve_rows(curves, cap_gib=cap)))
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path),
               help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids per 512 tokens).")
@@ -181,13 +190,19 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
         if bar is not None:
             bar.stop()
     summary = result.summary()
+    from simulator.capacity import tier_curves
+    from simulator.capacity.table import curves_json
+
+    curves = tier_curves(frame, cluster, knobs, run=result)
+    cap = {"cpu": prof.host_memory_gib}
+    summary["capacity_curves"] = curves_json(curves, cap_gib=cap)
     summary["workload"] = source
     summary["profile"] = prof.name
     summary["model"] = model_name
     if plot_path is not None:
         from simulator.plot import plot_replay
 
-        plot_replay(result, plot_path)
+        plot_replay(result, plot_path, curves=curves, cap_gib=cap)
     if as_json:
         click.echo(json_dumps(summary, sort_keys=True))
     else:
@@ -198,5 +213,6 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
             f"knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.to_dict().items())
         )
         _render_table(summary, header)
+        _render_curves(curves, cap)
     if plot_path is not None and not as_json:
         click.echo(f"plot written to {plot_path}")

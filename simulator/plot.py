@@ -1,6 +1,7 @@
 """`tierpilot replay --plot`: per-tier hit ratio and TTFT over trace time, as one PNG."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib
@@ -10,16 +11,28 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
 
+from simulator.capacity.curves import TierCurve
+from simulator.capacity.plot import draw_curves
 from simulator.replay import ReplayResult
 
 _COLORS = {"gpu": "#2b7bba", "cpu": "#e08214", "l2": "#4daf4a", "all": "#333333"}
 
 
-def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "") -> Path:
-    """Draw hit ratios (top) and TTFT p50/p95 (bottom) per time bucket; return the path."""
+def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "",
+                curves: Mapping[str, TierCurve] | None = None, cap_gib: Mapping[str, float] | None = None) -> Path:
+    """Draw hit ratios (top) and TTFT p50/p95 (middle) per time bucket, and with `curves` the
+    hit ratio versus capacity of the CPU and L2 tiers (bottom); return the path."""
     tl = result.timeline()
     minutes = (tl["time_s"] / 60.0).to_list()
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, constrained_layout=True)
+    if curves:
+        fig = plt.figure(figsize=(11, 10.5), constrained_layout=True)
+        grid = fig.add_gridspec(3, 2, height_ratios=(1, 1, 0.95))
+        ax1 = fig.add_subplot(grid[0, :])
+        ax2 = fig.add_subplot(grid[1, :], sharex=ax1)
+        draw_curves([fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1])], curves, ("cpu", "l2"),
+                    cap_gib=cap_gib)
+    else:
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, constrained_layout=True)
     for tier in ("gpu", "cpu", "l2"):
         col = tl[f"{tier}_hit_ratio"]
         if col.null_count() < len(col):  # the tier is enabled

@@ -149,3 +149,24 @@ def test_curve_export_is_valid_exposition(rag):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = curve_table(curves)
     assert max(map(len, lines)) <= 80 and any(line.startswith("cpu") and "*" in line for line in lines)
+
+
+def test_replay_cli_shows_the_curves(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from agent.cli import main
+
+    args = ["replay", "--workload", "rag", "--duration", "60", "--pods", "2"]
+    res = CliRunner().invoke(main, [*args, "--plot", str(tmp_path / "r.png")], catch_exceptions=False,
+                             env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "What if each tier held N GiB" in res.output and "5.00*" in res.output
+    rows = [line for line in res.output.splitlines() if line.split()[:1] in (["CPU"], ["L2"], ["GPU"])]
+    assert len(rows) >= 15 and max(map(len, rows)) <= 80
+    assert (tmp_path / "r.png").stat().st_size > 0
+    doc = json.loads(CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False).output)
+    cpu = doc["capacity_curves"]["cpu"]
+    assert cpu["current_gib"] == pytest.approx(5.0, abs=0.01) and cpu["per_pod"] is True
+    assert {"capacity_gib", "hit_ratio", "prompt_share"} <= set(cpu["points"][0])

@@ -182,6 +182,10 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     if result.best is None or result.best_evaluation is None:
         raise click.ClickException("no feasible trial finished; nothing to report")
     _print_comparison(result.best.knobs, result.best_evaluation, defaults or DEFAULTS, result.defaults, objective)
+    from tuners.capacity_report import print_capacity
+
+    curve_plots = print_capacity(workload, cluster, result.best.knobs, headroom_gib=node_memory_gib,
+                                 memory_ms_per_gib=memory_ms_per_gib, plot_dir=plot_dir)
     if multi_objective:
         click.echo(f"\nPareto front ({len(result.pareto)} configurations):")
         for rec in result.pareto[:15]:
@@ -198,7 +202,7 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
         out.write_text(best_yaml(result.best.knobs, meta))
         click.echo(f"wrote {out}")
     if plot_dir is not None:
-        for path in write_plots(tuner.study, plot_dir, objective_names=objective.names):
+        for path in [*write_plots(tuner.study, plot_dir, objective_names=objective.names), *curve_plots]:
             click.echo(f"wrote {path}")
 
 

@@ -112,8 +112,9 @@ def priced_optimum_gib(curve: TierCurve, memory_ms_per_gib: float, headroom_gib:
 
 def capacity_candidates(curve: TierCurve, *, memory_ms_per_gib: float, headroom_gib: float,
                         profile: HardwareProfile | str | None = None, step_gib: float = 0.25) -> list[float]:
-    """Sizes worth pricing (GiB, sorted, distinct, within 0..headroom): the knee, the priced
-    optimum, the optimum at memory price 0, and the useful maximum clipped to the headroom."""
+    """Sizes worth pricing (GiB, sorted, within 0..headroom, at least two steps apart): the knee,
+    the priced optimum, the optimum at memory price 0, and the useful maximum clipped to the
+    headroom."""
     out: set[float] = set()
     knee = knee_gib(curve, headroom_gib, step_gib)
     if knee is not None:
@@ -122,4 +123,8 @@ def capacity_candidates(curve: TierCurve, *, memory_ms_per_gib: float, headroom_
     out.add(priced_optimum_gib(curve, 0.0, headroom_gib, profile, step_gib))
     useful = curve.max_useful_gib
     out.add(min(float(np.ceil(useful / step_gib) * step_gib), headroom_gib))
-    return sorted(round(x, 4) for x in out if 0.0 <= x <= headroom_gib + 1e-9)
+    kept: list[float] = []
+    for x in sorted(round(x, 4) for x in out if 0.0 <= x <= headroom_gib + 1e-9):
+        if not kept or x - kept[-1] >= 2 * step_gib:  # neighbours a step or two apart: the smaller
+            kept.append(x)
+    return kept

@@ -105,14 +105,18 @@ class TierCurve:
         return [(float(g), self.hit_ratio(g)) for g in gibs]
 
     def default_grid(self, points: int = 9, cap_gib: float | None = None) -> list[float]:
-        """Capacities worth showing: 0, the current size, and round steps up to the useful maximum."""
-        top = max(self.max_useful_gib, self.current_gib, 1.0)
-        if cap_gib is not None:
-            top = min(top, cap_gib) if cap_gib > 0 else top
+        """Capacities worth showing: 0, round steps up to the useful maximum (or `cap_gib`), and
+        the size in force."""
+        top = max(self.max_useful_gib, 1.0)
+        if cap_gib is not None and cap_gib > 0:
+            top = min(top, cap_gib)
         step = _round_step(top / max(points - 1, 1))
         out = {0.0, round(self.current_gib, 2)}
-        out.update(round(step * k, 2) for k in range(1, points + 1) if step * k <= top * 1.0001 + step)
-        return sorted(g for g in out if cap_gib is None or g <= cap_gib + 1e-9 or g == round(self.current_gib, 2))
+        k = 1
+        while step * k < top + step * 0.999 and (cap_gib is None or cap_gib <= 0 or step * k <= cap_gib + 1e-9):
+            out.add(round(step * k, 2))
+            k += 1
+        return sorted(out)
 
 
 def _round_step(x: float) -> float:

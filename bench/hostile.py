@@ -11,6 +11,13 @@ at 16, 32, 64, 128 labels, as time per line and the growth ratio 128/16 (linear:
 length, so about 8x the time; the old regexes took 29 s at 16 labels and hours at 20).
 
 Targets: every attack survived, peak RSS < 1 GiB, good pods unchanged, a reason for the attacker.
+
+The cardinality budget (`--budget` runs only this part): one pod with 10,000 `model_name` values
+(4 counters each, 40k samples, under `sample_limit`) beside the 20 good pods, scraped 3 times by
+an agent without a budget (`max_models_per_target: 0, max_series_per_target: 0`, the reference)
+and by one with the default budget, each in its own process. Printed per run: the series in
+/metrics, its size, the median render time of /metrics (`generate_latest`, 5 renders), the median
+cycle, peak RSS, and the ratios budget/none.
 The servers listen on 127.0.0.1 only.
 """
 from __future__ import annotations
@@ -52,6 +59,18 @@ def attacks() -> dict[str, dict]:
         "redirect to a metadata service": {"redirect": "/latest/meta-data/iam"},
         "HTML with a secret": {"body": f"<html>{SECRET}</html>\n".encode()},
     }
+
+
+BUDGET_ATTACK = "10,000 model names (40k samples)"
+BUDGET_MODELS = 10_000
+
+
+def many_models(n: int = BUDGET_MODELS) -> str:
+    out = []
+    for name in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "request_success"):
+        out.append(f"# TYPE vllm:{name}_total counter")
+        out.extend(f'vllm:{name}_total{{engine="0",model_name="model-{i:05d}"}} {(i + 1) * 10}' for i in range(n))
+    return "\n".join(out) + "\n"
 
 
 def serve(good: list[str], routes: dict[str, dict]) -> tuple[http.server.ThreadingHTTPServer, int]:
@@ -148,6 +167,69 @@ print(json.dumps({
 """
 
 
+BUDGET_CHILD = r"""
+import json, resource, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from agent.collect.discovery import StaticTargets
+from agent.runtime.app import Agent
+from agent.settings import load_settings
+from contracts.tier_model import Target
+port, n_good, attack, cycles, bounded = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1"
+base = f"http://127.0.0.1:{port}"
+targets = [Target(f"{base}/good/{i}", "vllm", f"vllm-{i}") for i in range(n_good)]
+targets.append(Target(f"{base}/attack/{json.dumps(attack).encode().hex()}", "vllm", "attacker"))
+scrape = {"backoff_base_s": 0}
+if not bounded:
+    scrape.update(max_models_per_target=0, max_series_per_target=0)
+agent = Agent(load_settings(env={}, scrape=scrape), StaticTargets(targets))
+times = []
+for _ in range(cycles):
+    t = time.perf_counter()
+    snap = agent.scrape_now()
+    times.append(time.perf_counter() - t)
+renders = []
+for _ in range(5):
+    t = time.perf_counter()
+    text = agent.metrics_text()
+    renders.append(time.perf_counter() - t)
+series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+att = {s.target.pod: s for s in snap.targets}["attacker"]
+print(json.dumps({
+    "series": series, "attacker_series": sum(1 for line in text.splitlines() if 'pod="attacker"' in line),
+    "bytes": len(text.encode()), "render_ms": statistics.median(renders) * 1000,
+    "cycle_ms": statistics.median(times) * 1000, "store_rows": agent.store.rows,
+    "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "models": len({p.model for p in snap.pods if p.pod == "attacker"}),
+    "warnings": [r for r, _ in att.warnings], "up": att.up,
+}))
+"""
+
+
+def budget_figures(port: int) -> None:
+    rows = {}
+    for bounded in (False, True):
+        out = subprocess.run([sys.executable, "-c", BUDGET_CHILD, str(ROOT), str(port), str(GOOD_PODS),
+                              BUDGET_ATTACK, str(CYCLES), "1" if bounded else "0"],
+                             capture_output=True, text=True, timeout=900, check=False)
+        if out.returncode != 0:
+            print(f"budget run ({'default' if bounded else 'none'}) CRASHED: {out.stderr.strip()[-300:]}")
+            return
+        rows[bounded] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"cardinality budget: one pod with {BUDGET_MODELS:,} model names ({4 * BUDGET_MODELS:,} samples) + "
+          f"{GOOD_PODS} good pods, {CYCLES} cycles")
+    print(f"{'budget':24s} {'series':>8s} {'attacker':>9s} {'/metrics':>9s} {'render':>8s} {'cycle':>8s} "
+          f"{'rows':>7s} {'peak RSS':>9s}  attacker")
+    for bounded, r in rows.items():
+        name = "default (16 models)" if bounded else "none (reference)"
+        print(f"{name:24s} {r['series']:8,d} {r['attacker_series']:9,d} {r['bytes'] / 1e6:7.2f}MB "
+              f"{r['render_ms']:6.0f}ms {r['cycle_ms']:6.0f}ms {r['store_rows']:7,d} {r['rss_mb']:7.0f}MB  "
+              f"{'up' if r['up'] else 'down'}, {r['models']} models, {','.join(r['warnings']) or '-'}")
+    a, b = rows[False], rows[True]
+    print(f"budget / none: series {b['series'] / a['series']:.3f}x, /metrics size {b['bytes'] / a['bytes']:.3f}x, "
+          f"render {b['render_ms'] / a['render_ms']:.3f}x, cycle {b['cycle_ms'] / a['cycle_ms']:.2f}x, "
+          f"peak RSS {b['rss_mb'] / a['rss_mb']:.2f}x")
+
+
 def run_child(port: int, attack: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(port), str(GOOD_PODS), attack, str(CYCLES)],
                          capture_output=True, text=True, timeout=600, check=False)
@@ -188,8 +270,13 @@ def main() -> None:
 
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (wall times scale with other work)")
-    parser_figures()
+    budget_only = "--budget" in sys.argv[1:]
+    if not budget_only:
+        parser_figures()
     good = [render_payload(i) for i in range(GOOD_PODS)]
+    if budget_only:
+        run_budget(good)
+        return
     routes = attacks()
     httpd, port = serve(good, routes)
     print(f"{GOOD_PODS} good pods + 1 attacker, {CYCLES} cycles per attack, default settings; limit {LIMIT_MB:.0f} MB")
@@ -222,6 +309,16 @@ def main() -> None:
     print(f"worst peak RSS {peak:.0f} MB of {LIMIT_MB:.0f} MB ({peak / LIMIT_MB:.0%}); "
           f"target: every attack survived, < 1 GiB, good pods unchanged -> {'OK' if survived else 'MISSED'}")
     print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB, the servers)")
+    run_budget(good)
+
+
+def run_budget(good: list[str]) -> None:
+    httpd, port = serve(good, {BUDGET_ATTACK: {"body": many_models().encode()}})
+    try:
+        budget_figures(port)
+    finally:
+        httpd.closing.set()  # type: ignore[attr-defined]
+        httpd.shutdown()
 
 
 if __name__ == "__main__":

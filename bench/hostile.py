@@ -42,8 +42,28 @@ LIMIT_MB = 1024.0
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 
 
-def attacks() -> dict[str, dict]:
-    """name -> route: body (bytes) or a behaviour (redirect, drip, huge)."""
+def _gzip_without_trailer(body: bytes) -> bytes:
+    """gzip cut at a line boundary, as a proxy that gave up mid-stream forwards it: no trailer."""
+    import zlib
+
+    cut = body[: body.rfind(b"\n", 0, len(body) // 2) + 1]
+    comp = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return comp.compress(cut) + comp.flush(zlib.Z_SYNC_FLUSH)
+
+
+def _impossible(payload: str) -> str:
+    """Negative and 1e308 counters and a non-monotone TTFT histogram in an otherwise good payload."""
+    import re
+
+    out = re.sub(r"^(vllm:prompt_tokens_total\{[^}]*\}) \S+$", r"\g<1> -550", payload, flags=re.MULTILINE)
+    out = re.sub(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) \S+$", r"\g<1> 1e308", out, flags=re.MULTILINE)
+    return re.sub(r'^(vllm:time_to_first_token_seconds_bucket\{[^}]*le="0.001"[^}]*\}) \S+$', r"\g<1> 1e9", out,
+                  flags=re.MULTILINE)
+
+
+def attacks(payload: str = "") -> dict[str, dict]:
+    """name -> route: body (bytes, optional headers) or a behaviour (redirect, drip, huge).
+    `payload`: a good vLLM page the data attacks start from."""
     many = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n' for i in range(250_000))
     return {
         "none": {},
@@ -58,6 +78,16 @@ def attacks() -> dict[str, dict]:
         "slow drip": {"drip": True},
         "redirect to a metadata service": {"redirect": "/latest/meta-data/iam"},
         "HTML with a secret": {"body": f"<html>{SECRET}</html>\n".encode()},
+        "gzip without its trailer": {"body": _gzip_without_trailer(payload.encode()),
+                                     "headers": {"Content-Encoding": "gzip"}},
+        "negative, 1e308, bad buckets": {"body": _impossible(payload).encode()},
+        "OpenMetrics without # EOF": {"body": payload.encode(),
+                                      "headers": {"Content-Type": "application/openmetrics-text; version=1.0.0"}},
+        "value 1_000_000": {"body": (payload + "vllm:num_requests_running 1_000_000\n").encode()},
+        'histogram with le="abc"': {"body": payload.replace('le="0.005"', 'le="abc"').encode()},
+        # a good page behind a URL whose password holds "@" and ":" and whose query has ?%74oken=:
+        # the attacker is up, and the secret must appear nowhere
+        "credentials: p@ss:w, ?%74oken=": {"body": payload.encode(), "credentials": True},
     }
 
 
@@ -91,7 +121,7 @@ def serve(good: list[str], routes: dict[str, dict]) -> tuple[http.server.Threadi
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            parts = self.path.strip("/").split("/")
+            parts = self.path.split("?")[0].strip("/").split("/")
             if parts[0] == "good":
                 self._send(good[int(parts[1])].encode())
                 return
@@ -118,7 +148,7 @@ def serve(good: list[str], routes: dict[str, dict]) -> tuple[http.server.Threadi
                         self.wfile.write(b"#")
                         self.wfile.flush()
                 else:
-                    self._send(route["body"])
+                    self._send(route["body"], headers=route.get("headers"))
             except OSError:
                 pass
 
@@ -133,16 +163,22 @@ def serve(good: list[str], routes: dict[str, dict]) -> tuple[http.server.Threadi
 
 
 CHILD = r"""
-import json, resource, statistics, sys, time
+import io, json, logging, resource, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 from agent.collect.discovery import StaticTargets
 from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import Target
+logs = io.StringIO()
+logging.basicConfig(stream=logs, level=logging.DEBUG)
 port, n_good, attack, cycles = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+SECRET = "AKIAIOSFODNN7EXAMPLE"
 base = f"http://127.0.0.1:{port}"
 targets = [Target(f"{base}/good/{i}", "vllm", f"vllm-{i}") for i in range(n_good)]
-if attack != "none":
+if attack.startswith("credentials"):  # the secret in the userinfo (raw "@" and ":") and the query
+    targets.append(Target(f"http://scraper:p@ss:{SECRET}@127.0.0.1:{port}/attack/{json.dumps(attack).encode().hex()}"
+                          f"?%74oken={SECRET}", "vllm", "attacker"))
+elif attack != "none":
     targets.append(Target(f"{base}/attack/{json.dumps(attack).encode().hex()}", "vllm", "attacker"))
 agent = Agent(load_settings(env={}, scrape={"backoff_base_s": 0}), StaticTargets(targets))
 times = []
@@ -155,7 +191,7 @@ att = status.get("attacker")
 good = sorted((t.pod, t.tier, t.lookup_tokens, t.hit_tokens) for t in snap.tiers if t.pod != "attacker")
 exported = agent.metrics_text()
 from agent.runtime.app import snapshot_json
-exported += snapshot_json(snap)
+exported += snapshot_json(snap) + logs.getvalue()
 print(json.dumps({
     "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "cycle_ms": statistics.median(times) * 1000,
@@ -277,7 +313,7 @@ def main() -> None:
     if budget_only:
         run_budget(good)
         return
-    routes = attacks()
+    routes = attacks(good[0])
     httpd, port = serve(good, routes)
     print(f"{GOOD_PODS} good pods + 1 attacker, {CYCLES} cycles per attack, default settings; limit {LIMIT_MB:.0f} MB")
     rows = []
@@ -300,7 +336,9 @@ def main() -> None:
             print(f"{name:34s} CRASHED: {r['crashed']}")
             continue
         same = reference is not None and r["good"] == reference["good"] and r["good_up"]
-        ok = r["rss_mb"] < LIMIT_MB and same and not r["leaked"] and (name == "none" or r["reason"] not in ("", "up"))
+        expect_up = name == "none" or routes[name].get("credentials")
+        ok = r["rss_mb"] < LIMIT_MB and same and not r["leaked"] and (
+            r["reason"] == "up" if expect_up and name != "none" else expect_up or r["reason"] not in ("", "up"))
         survived &= ok
         ratio = f"{r['cycle_ms'] / base_ms:.2f}x" if base_ms else "-"
         print(f"{name:34s} {r['rss_mb']:7.0f}MB {r['cycle_ms']:7.0f}ms {ratio:>8s}  {r['reason'] or '-':18s} "

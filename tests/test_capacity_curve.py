@@ -170,3 +170,17 @@ def test_replay_cli_shows_the_curves(tmp_path):
     cpu = doc["capacity_curves"]["cpu"]
     assert cpu["current_gib"] == pytest.approx(5.0, abs=0.01) and cpu["per_pod"] is True
     assert {"capacity_gib", "hit_ratio", "prompt_share"} <= set(cpu["points"][0])
+
+
+def test_demo_report_draws_the_curves(rag, tmp_path):
+    from contracts.knobs import DEFAULT_KNOBS
+    from emulator.cluster.timeline import Recorder
+    from emulator.demo.report import write_report
+
+    curves = tier_curves(rag, ClusterSpec(pods=2, l2_tokens=0), Knobs())
+    path = write_report(tmp_path, Recorder(), title_facts={}, phase_starts=[0.0], final_config=DEFAULT_KNOBS.to_dict(),
+                        partial=False, capacity_curves=curves, host_memory_gib=96.0)
+    text = path.read_text()
+    assert "## Capacity curves: what if the CPU buffer were N GiB" in text and "![Capacity curves]" in text
+    assert "cpu      5.00*      0.000" in text
+    assert (tmp_path / "capacity_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

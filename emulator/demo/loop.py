@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import polars as pl
 from rich.console import Console, Group
 from rich.live import Live
 
@@ -47,6 +48,7 @@ from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
 from simulator.twin import Twin
+from tuners.capacity_export import publish_capacity_curves
 from tuners.controller import StepReport
 from tuners.evaluators import TwinEvaluator
 from tuners.metrics import TunerMetrics
@@ -60,6 +62,7 @@ DEFAULT_TIME_SCALE = 20.0  # trace-seconds per wall-second
 SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the verdict
 CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
+CURVE_TICK_S = 15.0  # wall seconds between rebuilds of the capacity curves (a replay of the history)
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
@@ -142,6 +145,7 @@ class Demo:
         self._stop = threading.Event()
         self._trial_seq = 0
         self._boundary_knobs: Knobs | None = None  # what phase 1 ended with
+        self._curves_at = -math.inf  # wall time of the last capacity-curve rebuild
 
     # -- wiring --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -264,6 +268,9 @@ class Demo:
             if export.taken_at == export.taken_at:  # the agent's per-pod mean, over the agent's window
                 like = pod_mean_truth(self.recorder.recorded_between(export.taken_at - DRIFT_SIGNALS_WINDOW_S,
                                                                    export.taken_at))
+        if self.wall() - self._curves_at >= CURVE_TICK_S:
+            self._curves_at = self.wall()
+            self._publish_curves(now)
         phase = sum(1 for p in self.workload.phase_starts_s[1:] if now >= p)
         self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,
                                               view.ttft_p95_s if view else None,
@@ -272,6 +279,12 @@ class Demo:
         if phase >= 1 and self._boundary_knobs is None:
             self._boundary_knobs = self._tuned_now()
             self._event("phase", "the workload shifts: " + self.workload.labels[1])
+
+    def _publish_curves(self, now: float):
+        """The capacity curves over everything served so far, at the knobs in force, on the
+        agent's metrics (`tierpilot_tier_capacity_hit_ratio`); returns them (None before traffic)."""
+        history = self.workload.frame.filter(pl.col("timestamp_ms") <= int(now * 1000))
+        return publish_capacity_curves(self.tuner_metrics, history, self.twin_cluster, self.actuator.current())
 
     def _view(self) -> Group:
         return render_view(self.recorder, knobs=self.actuator.current(), status=self.status,
@@ -374,10 +387,16 @@ class Demo:
         margin = (2 * 0.5 + self.s.pods * self.s.restart_downtime_s) * self.scale  # scrapes + the rollout
         accuracy = report_lines(self.accuracy.samples, list(self.recorder.disturbances),
                                 window_s=DRIFT_SIGNALS_WINDOW_S, margin_s=margin)
+        try:
+            curves = self._publish_curves(self.driver.trace_now())
+        except Exception:  # the report goes out without its curve rather than not at all
+            log.exception("capacity curves failed")
+            curves = None
         path = write_report(self.s.report_dir, self.recorder, title_facts=facts,
                             phase_starts=self.workload.phase_starts_s, final_config=final.to_dict(),
                             partial=interrupted, baseline_objective_s=default_p95, sections=accuracy,
-                            headline=headline)
+                            headline=headline, capacity_curves=curves,
+                            host_memory_gib=self.twin_cluster.hardware.host_memory_gib)
         return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
                           self.driver.served, scores, errors)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from emulator.cluster.timeline import TIERS, DemoEvent, PhaseVerdict, Recorder, TimelinePoint
+from simulator.capacity.curves import TierCurve
+from simulator.capacity.plot import plot_curves
+from simulator.capacity.table import curve_table
 
 EVENT_STYLE = {
     "apply": ("tab:green", "-", "config applied"),
@@ -165,10 +168,22 @@ def prediction_line(errors: Sequence[float]) -> str:
             f"mean absolute {mae * 100:.1f}%, last {errors[-1] * 100:+.1f}%.")
 
 
+def capacity_section(curves: Mapping[str, TierCurve], report_dir: Path, *, host_memory_gib: float) -> list[str]:
+    """`## Capacity curves`: the CPU and L2 curves drawn, and as a table."""
+    cap = {"cpu": host_memory_gib}
+    plot_curves(curves, report_dir / "capacity_curves.png", tiers=("cpu", "l2"), cap_gib=cap)
+    return ["## Capacity curves: what if the CPU buffer were N GiB", "",
+            ("Hit ratio each tier would have had at each size, over every request served, at the final "
+             "configuration (LRU tiers, from one pass over the block stream; the CPU buffer only sees what "
+             "missed the GPU, so a buffer smaller than the GPU pool adds little). Dashed: the size in force."), "",
+            "![Capacity curves](capacity_curves.png)", "", "```", *curve_table(curves, cap_gib=cap), "```", ""]
+
+
 def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str, str],
                  phase_starts: Sequence[float], final_config: dict[str, object], partial: bool,
                  baseline_objective_s: float | None = None, sections: Sequence[str] = (),
-                 headline: Sequence[str] = ()) -> Path:
+                 headline: Sequence[str] = (), capacity_curves: Mapping[str, TierCurve] | None = None,
+                 host_memory_gib: float = 0.0) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     points, events = list(recorder.timeline), list(recorder.events)
     plot_ttft(points, events, phase_starts, report_dir / "ttft_p95.png")
@@ -187,6 +202,8 @@ def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str,
     out += [f"{k}: {v}" for k, v in final_config.items()] + ["```", ""]
     out += ["## Charts", "", "![TTFT p95 over time](ttft_p95.png)", "",
             "![Per-tier hit ratios over time](hit_ratios.png)", "", "![Optuna history](optuna_history.png)", ""]
+    if capacity_curves:
+        out += capacity_section(capacity_curves, report_dir, host_memory_gib=host_memory_gib)
     if sections:  # e.g. `## Agent accuracy`
         out += [*sections, ""]
     out += ["## Tuner and agent events", "", "| cluster time | kind | event |", "|---:|---|---|"]

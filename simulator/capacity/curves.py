@@ -173,8 +173,12 @@ def _tier_pass(keys: np.ndarray, starts: np.ndarray, req: np.ndarray, counted: n
                rate: float) -> tuple[np.ndarray, np.ndarray]:
     """(distinct hit levels, cumulative chunk hits) of one stream; `counted`: per reference,
     whether its request may hit this tier."""
+    scale = 1.0
     if rate < 1.0:
         keep = sample_mask(keys, rate)
+        # ratio estimate: hits per sampled reference x all references (a hot key drawn into, or
+        # left out of, the sample moves both, so it does not bias the ratio as 1 / rate would)
+        scale = len(keys) / max(int(keep.sum()), 1)
         cum = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum(keep, out=cum[1:])
         keys, starts, req, counted = keys[keep], cum[starts], req[keep], counted[keep]
@@ -186,7 +190,7 @@ def _tier_pass(keys: np.ndarray, starts: np.ndarray, req: np.ndarray, counted: n
     pm = _prefix_max(dist, req)
     pm = pm[counted & (pm != NEVER)]
     levels, counts = np.unique(pm, return_counts=True)
-    return levels, np.cumsum(counts).astype(np.float64) / rate
+    return levels, np.cumsum(counts).astype(np.float64) * scale
 
 
 def tier_curves(workload: pl.DataFrame, cluster: ClusterSpec, knobs: Knobs, *,

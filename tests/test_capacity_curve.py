@@ -184,3 +184,20 @@ def test_demo_report_draws_the_curves(rag, tmp_path):
     assert "## Capacity curves: what if the CPU buffer were N GiB" in text and "![Capacity curves]" in text
     assert "cpu      5.00*      0.000" in text
     assert (tmp_path / "capacity_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cpu_curve_from_the_gpu_store_events_matches_the_workload_curve(rag):
+    from simulator.capacity.stores import cpu_curve_from_stores
+
+    knobs, cluster = Knobs(), ClusterSpec(pods=2, l2_tokens=0)
+    events: list = []
+    run = replay(rag, cluster, knobs, event_sink=events.append)
+    cpu = tier_curves(rag, cluster, knobs, run=run)["cpu"]
+    stores = cpu_curve_from_stores(events, chunk_tokens=knobs.chunk_tokens,
+                                   kv_bytes_per_token=run.capacities.kv_bytes_per_token)
+    assert stores.lookup_tokens <= cpu.lookup_tokens  # no tails, no chunks the GPU still held
+    hit = [chunks for chunks in (600, 1100, 1800, 2800) if cpu.hit_tokens_at(chunks) > 0]
+    assert len(hit) >= 3
+    for chunks in hit:
+        assert stores.hit_tokens_at(chunks) == pytest.approx(cpu.hit_tokens_at(chunks), rel=0.02)
+    assert stores.hit_ratio(5.0) == 0.0

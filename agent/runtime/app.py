@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import io
 import logging
 import math
@@ -125,6 +127,7 @@ class Agent:
         clock: Callable[[], float] | None = None,
         otel_exporter: Any = None,
         monotonic: Callable[[], float] = time.monotonic,
+        stamp_clock: Callable[[], float] | None = None,
     ):
         self.settings = settings
         # /window and /kv/sketch: with shard.token_file only for holders of the shared token
@@ -147,6 +150,11 @@ class Agent:
         self.store = WindowStore(settings.store.retention_s, settings.store.window_s, clock)
         self.cycle = make_cycle(settings, self.mappings, self.store, clock)
         self._snapshot = Snapshot.empty()
+        # what exporters stamp as the snapshot's time: `clock` unless a separate wall clock is given
+        # (the demo's data clock is the emulated cluster's; Prometheus must see wall time)
+        self.stamp_clock = stamp_clock
+        self._exported = self._snapshot
+        self.stamps: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)  # (stamp, data time)
         self.job_stats = JobStats()
         self.collector_health = CollectorHealth()
         self.health_checks: dict[str, Callable[[], str | None]] = {}
@@ -156,7 +164,7 @@ class Agent:
         # export.fleet=leader: the runtime points this at the Lease (exporters/fleet.py)
         self.is_fleet_exporter: Callable[[], bool] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self._fleet(SnapshotCollector(lambda: self._snapshot)))
+        self.registry.register(self._fleet(SnapshotCollector(lambda: self._exported)))
         self.registry.register(self.job_stats)
         self.registry.register(self.collector_health)
         register_self_metrics(self.registry)
@@ -273,12 +281,28 @@ class Agent:
         async with self._cycle_lock:
             targets = self.target_source.targets()
             self._snapshot = await self.cycle.run(self._session, targets)
+            self._exported = self._stamped(self._snapshot)
             self.cycles += 1
             self.blindness.observe(self._snapshot.targets)
             if self._scheduler is not None:  # the running agent logs; a one-shot scrape prints
                 self.target_log.observe(self._snapshot.targets)
             self._last_cycle_at = self.monotonic()
             return self._snapshot
+
+    def _stamped(self, snap: Snapshot) -> Snapshot:
+        """The snapshot as exported: stamped by `stamp_clock` when one is given."""
+        if self.stamp_clock is None:
+            return snap
+        stamp = self.stamp_clock()
+        self.stamps.append((stamp, snap.taken_at))
+        return dataclasses.replace(snap, taken_at=stamp)
+
+    def data_time_of(self, stamp: float) -> float | None:
+        """The data clock's time of the cycle exported with `stamp` (None if too old or unknown)."""
+        for s, data in reversed(self.stamps):
+            if s == stamp:
+                return data
+        return None
 
     def scrape_now(self, timeout: float | None = None) -> Snapshot:
         """Run one scrape cycle and return the new snapshot (started or not)."""
@@ -308,7 +332,7 @@ class Agent:
         if self.settings.otel.endpoint or self._otel_exporter is not None:
             from exporters.otel import OtelExporter
 
-            self.otel = OtelExporter(lambda: self._snapshot, self.settings.otel, self._otel_exporter)
+            self.otel = OtelExporter(lambda: self._exported, self.settings.otel, self._otel_exporter)
         self._loop = asyncio.new_event_loop()
         error: list[BaseException] = []
         self._thread = threading.Thread(target=self._run_loop, args=(error,), name="tierpilot-agent", daemon=True)
@@ -423,7 +447,7 @@ class Agent:
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         h = self.health()
-        return web.json_response(health_json(h, self.checks(), self._snapshot),
+        return web.json_response(health_json(h, self.checks(), self._exported),
                                  status=200 if h.live else 503, dumps=json_dumps)
 
     async def _serve_ready(self, _request: web.Request) -> web.Response:
@@ -463,7 +487,7 @@ class Agent:
             return web.Response(status=404, text="/snapshot is off (server.snapshot: true enables it)\n")
         if not is_loopback(request.remote):
             return web.Response(status=403, text="/snapshot answers loopback clients only\n")
-        return web.Response(text=snapshot_json(self._snapshot), content_type="application/json")
+        return web.Response(text=snapshot_json(self._exported), content_type="application/json")
 
 
 def window_ipc(frame: Any) -> bytes:

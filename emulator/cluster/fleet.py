@@ -41,7 +41,8 @@ def pod_names(n: int) -> tuple[str, ...]:
 class EmulatedPod:
     """One vLLM pod: the engine's `/metrics` (with LMCache's series) and its FUSE mount's."""
 
-    def __init__(self, name: str, identity: PodIdentity, clock: Callable[[], float]) -> None:
+    def __init__(self, name: str, identity: PodIdentity, clock: Callable[[], float], *, vllm_port: int = 0,
+                 fuse_port: int = 0) -> None:
         self.name = name
         self.identity = identity
         self._clock = clock
@@ -52,8 +53,8 @@ class EmulatedPod:
         self._held_io: list[tuple[str, int, tuple[float, ...]]] = []
         self.metrics = VllmPodMetrics(identity, clock())
         self.fuse = CurvineFuseMetrics(clock())
-        self.vllm_endpoint = MetricsEndpoint(lambda: render_python_client(self.metrics.snapshot()))
-        self.fuse_endpoint = MetricsEndpoint(lambda: render_rust_text(self.fuse.snapshot()))
+        self.vllm_endpoint = MetricsEndpoint(lambda: render_python_client(self.metrics.snapshot()), vllm_port)
+        self.fuse_endpoint = MetricsEndpoint(lambda: render_rust_text(self.fuse.snapshot()), fuse_port)
 
     @property
     def up(self) -> bool:
@@ -119,6 +120,16 @@ class ClusterSpec:
     pods: int = 4
     identity: PodIdentity = dataclasses.field(default_factory=PodIdentity)
     restart_downtime_s: float = 0.5  # wall seconds a restarting pod is unreachable
+    # 0: free ports; else pod i serves vLLM's /metrics on base_port + i, its FUSE mount's on
+    # base_port + pods + i, and the Curvine master on base_port + 2 * pods
+    base_port: int = 0
+
+    def ports(self) -> tuple[list[tuple[int, int]], int]:
+        """((vLLM port, FUSE port) per pod, master port); all 0 without a base port."""
+        b, n = self.base_port, self.pods
+        if not b:
+            return [(0, 0)] * n, 0
+        return [(b + i, b + n + i) for i in range(n)], b + 2 * n
 
 
 class EmulatedCluster:
@@ -129,9 +140,12 @@ class EmulatedCluster:
         self.spec = spec
         self._clock = clock
         self._sleep = sleep
-        self.pods: dict[str, EmulatedPod] = {n: EmulatedPod(n, spec.identity, clock) for n in pod_names(spec.pods)}
+        pod_ports, master_port = spec.ports()
+        self.pods: dict[str, EmulatedPod] = {
+            n: EmulatedPod(n, spec.identity, clock, vllm_port=v, fuse_port=f)
+            for n, (v, f) in zip(pod_names(spec.pods), pod_ports, strict=True)}
         self.master = CurvineMasterMetrics(clock())
-        self.master_endpoint = MetricsEndpoint(lambda: render_rust_text(self.master.snapshot()))
+        self.master_endpoint = MetricsEndpoint(lambda: render_rust_text(self.master.snapshot()), master_port)
         self._restart_hooks: list[RestartHook] = []
         self._lock = threading.Lock()
         self.master_restarts = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 import urllib.request
@@ -138,7 +139,9 @@ class AccuracyRun:
     def probe(self) -> list[ErrorSample]:
         with urllib.request.urlopen(self.agent.url, timeout=2.0) as resp:
             text = resp.read().decode("utf-8", "replace")
-        return self.meter.observe(parse_agent_export(text))
+        export = parse_agent_export(text)  # stamped in wall time; the truth is in cluster time
+        at = self.agent.cluster_time_of(export.taken_at)
+        return self.meter.observe(dataclasses.replace(export, taken_at=math.nan if at is None else at))
 
     def run(self) -> AccuracyResult:
         s = self.s

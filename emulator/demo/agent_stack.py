@@ -1,20 +1,26 @@
-"""The agent for the demo: issue 3's `Agent` app with static targets (the emulated endpoints),
+"""The agent for the demo: the `Agent` app with static targets (the emulated endpoints),
 exporting on 127.0.0.1, plus the KV-event manager; the tuner's collector is exported too.
 
-Its clock is the emulated cluster's (trace seconds), so windows, rates and the tuner's live
-windows all speak cluster time. The bridge to the tuner and the KV-event subsystem is the
+Its data clock is the emulated cluster's (trace seconds), so windows, rates and the tuner's live
+windows all speak cluster time. What Prometheus sees is wall time: the snapshot timestamp
+(`tierpilot_snapshot_timestamp_seconds`, the heartbeat the TierpilotAgentStale alert reads) is
+stamped by the wall clock, and the KV streams' last-event timestamps are mapped from cluster to
+wall time, so a healthy demo agent never looks stale. The bridge to the tuner and the KV-event subsystem is the
 production agent's own (`agent.runtime.tuning_bridge`): the same window source, drift signals and
 per-scrape KV counter feed as `tierpilot run`.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from prometheus_client.registry import Collector
 
 from agent.collect.scheduler import JobSpec
 from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector, KvEventsSettings
+from agent.kvevents.signals import KvSnapshot
 from agent.runtime.app import Agent
 from agent.runtime.tuning_bridge import StoreWindowSource, drift_signals, feed_kv_counters
 from agent.settings import load_settings
@@ -24,17 +30,22 @@ log = logging.getLogger("tierpilot.demo.agent")
 
 
 class DemoAgent:
-    """The real agent (`agent.runtime.app.Agent`, issue 3) on the cluster clock, with static targets, plus
-    the KV-event manager (`agent.kvevents`) whose collector it exports too."""
+    """The real agent (`agent.runtime.app.Agent`) on the cluster clock, with static targets, plus
+    the KV-event manager (`agent.kvevents`) whose collector it exports too. `wall_of(t)`: the wall
+    time of cluster time t (default: t itself), for the exported KV timestamps."""
 
     def __init__(self, targets: Sequence[Target], *, clock: Callable[[], float], port: int = 9400,
                  scrape_interval_s: float = 0.5, kv_endpoints: Sequence[EndpointSpec] = (),
                  kv_bytes_per_token: float | None = None, window_s: float = 120.0, retention_s: float = 1800.0,
-                 extra_collectors: tuple[Collector, ...] = ()) -> None:
+                 extra_collectors: tuple[Collector, ...] = (),
+                 wall_clock: Callable[[], float] = time.time,
+                 wall_of: Callable[[float], float] | None = None) -> None:
         self.clock = clock
+        self.wall_clock = wall_clock
+        self.wall_of = wall_of or (lambda t: t)
         self.kv = KvEventManager(KvEventsSettings(endpoints=tuple(kv_endpoints), overlap_window_s=window_s),
                                  clock=clock) if kv_endpoints else None
-        self._collectors = extra_collectors + ((KvEventsCollector(self.kv.snapshot),) if self.kv else ())
+        self._collectors = extra_collectors + ((KvEventsCollector(self._kv_snapshot),) if self.kv else ())
         # the KV counter feed takes each pod's latest scrape within the store window (cluster
         # seconds: the scrape interval is wall time, the store runs on the cluster clock)
         self._window_s = window_s
@@ -56,7 +67,21 @@ class DemoAgent:
         settings = load_settings(env={}, **overrides)
         jobs = [JobSpec("kv_counters", float(self._overrides["scrape"]["interval_s"]),  # type: ignore[index]
                         self._feed_kv)] if self.kv else []
-        return Agent(settings, collectors=self._collectors, jobs=jobs, clock=self.clock)
+        return Agent(settings, collectors=self._collectors, jobs=jobs, clock=self.clock, stamp_clock=self.wall_clock)
+
+    def _kv_snapshot(self) -> KvSnapshot:
+        """The KV snapshot as exported: engine timestamps in wall time (a real vLLM stamps its
+        batches with time.time(); the emulated publishers stamp cluster time)."""
+        assert self.kv is not None
+        snap = self.kv.snapshot()
+        engines = tuple(
+            dataclasses.replace(e, stream=dataclasses.replace(e.stream, last_event_ts=self.wall_of(e.stream.last_event_ts)))
+            if e.stream.last_event_ts is not None else e for e in snap.engines)
+        return dataclasses.replace(snap, engines=engines)
+
+    def cluster_time_of(self, stamp: float) -> float | None:
+        """The cluster time of the scrape cycle the agent exported with wall `stamp`."""
+        return self.agent.data_time_of(stamp)
 
     @property
     def url(self) -> str:

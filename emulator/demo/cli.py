@@ -28,10 +28,15 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
 @click.option("--inject-regression", is_flag=True,
               help="Put a known-bad configuration first in the tuner's queue (the first live trial), "
                    "to show the guardrails rolling it back.")
-@click.option("--no-live", is_flag=True, help="No live console view (for logs and CI).")
+@click.option("--no-live", is_flag=True, help="No live console view: progress lines instead (for logs and CI).")
+@click.option("--pods-port", type=int, default=0, show_default=True,
+              help="0: the emulated endpoints take free ports. Else fixed ports from PORT: pod i's vLLM "
+                   "/metrics on PORT+i, its Curvine FUSE /metrics on PORT+PODS+i, the Curvine master on "
+                   "PORT+2*PODS. The demo prints every endpoint when it starts.")
 @click.option("-v", "--verbose", is_flag=True, help="Log the tuner's structured events to stderr.")
 def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: Path, dry_run: bool,
-         time_scale: float | None, agent_port: int, inject_regression: bool, no_live: bool, verbose: bool) -> None:
+         time_scale: float | None, agent_port: int, inject_regression: bool, no_live: bool, pods_port: int,
+         verbose: bool) -> None:
     """Run the whole tierpilot loop on an emulated cluster, on 127.0.0.1 only.
 
     Emulated vLLM 0.33 pods (with in-process LMCache) and a Curvine pool, driven by the digital
@@ -42,6 +47,12 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
     writes REPORT_DIR/report.md with charts and prints the verdict: every request as served vs the
     defaults held vs per-phase hindsight, per phase and whole run. Ctrl-C stops cleanly and still
     writes the (partial) report.
+
+    \b
+    Examples:
+      tierpilot demo --duration 60 --report-dir demo-report
+      tierpilot demo --duration 120 --no-live --pods-port 8000 &    # then scrape 127.0.0.1:8000
+      tierpilot demo --inject-regression --dry-run
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
@@ -52,9 +63,12 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
     try:
         settings = DemoSettings(duration_s=duration, pods=pods, trace=trace, seed=seed, report_dir=report_dir,
                                 dry_run=dry_run, time_scale=time_scale, agent_port=agent_port,
-                                inject_regression=inject_regression, live_view=not no_live)
+                                inject_regression=inject_regression, live_view=not no_live, pods_port=pods_port)
     except DemoSettingsError as exc:
         raise click.ClickException(str(exc)) from None
     from emulator.demo.loop import run_demo
 
-    run_demo(settings)
+    try:
+        run_demo(settings)
+    except DemoSettingsError as exc:  # e.g. a --pods-port that is taken
+        raise click.ClickException(str(exc)) from None

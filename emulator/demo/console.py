@@ -74,3 +74,19 @@ def render_view(recorder: Recorder, *, knobs: Knobs, status: str, wall_s: float,
 
 
 ViewFn = Callable[[], Group]
+
+
+def endpoint_lines(cluster, publishers) -> list[str]:
+    """Every emulated endpoint, so that it can be scraped by hand (`tierpilot scrape-once`)."""
+    lines = []
+    for name, pod in cluster.pods.items():
+        pub = publishers[name]
+        lines.append(f"  {name}: vLLM+LMCache {pod.vllm_endpoint.url}  Curvine FUSE {pod.fuse_endpoint.url}  "
+                     f"KV events {pub.endpoint} (replay {pub.replay_endpoint})")
+    lines.append(f"  curvine-master: {cluster.master_endpoint.url}")
+    return lines
+
+
+def progress_line(wall_s: float, duration_s: float, phase: int, label: str, served: int, status: str) -> str:
+    """One progress line for runs without the live view."""
+    return f"[{wall_s:5.0f} s / {duration_s:g} s] phase {phase + 1} ({label}): {served} requests served; {status}"

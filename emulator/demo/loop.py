@@ -38,11 +38,11 @@ from emulator.cluster.twin_adapter import TwinPortAdapter
 from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
 from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
-from emulator.demo.console import render_view
+from emulator.demo.console import endpoint_lines, progress_line, render_view
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import action_counts, demo_scorecard
-from emulator.demo.settings import DemoSettings
+from emulator.demo.settings import DemoSettings, DemoSettingsError
 from emulator.demo.tuning_setup import CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
@@ -63,6 +63,7 @@ SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the v
 CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
 CURVE_TICK_S = 15.0  # wall seconds between rebuilds of the capacity curves (a replay of the history)
+PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines without the live view
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
@@ -156,8 +157,14 @@ class Demo:
         identity = PodIdentity(model_name=MODEL_NAME, kv_bytes_per_token=caps.kv_bytes_per_token,
                                num_gpu_blocks=caps.gpu_tokens // 16, ttft_buckets=DEMO_TTFT_BUCKETS)
         self.cluster = EmulatedCluster(ClusterSpec(pods=s.pods, identity=identity,
-                                                   restart_downtime_s=s.restart_downtime_s))
-        self.cluster.start()  # binds the ports the agent's static targets point at
+                                                   restart_downtime_s=s.restart_downtime_s, base_port=s.pods_port))
+        try:
+            self.cluster.start()  # binds the ports the agent's static targets point at
+        except OSError as exc:
+            self.cluster.stop()
+            raise DemoSettingsError(f"--pods-port {s.pods_port}: cannot listen on 127.0.0.1 ports {s.pods_port}.."
+                                    f"{s.pods_port + 2 * s.pods}: {exc.strerror or exc}; give another port or 0 "
+                                    f"for free ports") from None
         self.publishers = open_pod_publishers(self.names, model=MODEL_NAME)
         self.kv_sink = TwinEventPublisher(self.publishers, clock_offset=0.0, tokens="empty")
         self.twin = Twin(self.twin_cluster, DEFAULT_KNOBS, event_sink=self.kv_sink)
@@ -178,7 +185,7 @@ class Demo:
                                      topic=f"kv@{n}@") for n, p in self.publishers.items()]
         self.agent = DemoAgent(targets, clock=self.driver.trace_now, port=s.agent_port, kv_endpoints=kv_endpoints,
                                kv_bytes_per_token=caps.kv_bytes_per_token, window_s=DRIFT_SIGNALS_WINDOW_S,
-                               extra_collectors=(self.tuner_metrics,))
+                               extra_collectors=(self.tuner_metrics,), wall_of=self._wall_of)
         tuning = build_tuning(
             actuator=self.actuator, window_source=self.agent.window_source, clock=self.driver.trace_now,
             twin_cluster=self.twin_cluster, history=self.workload.recent, metrics=self.tuner_metrics, seed=s.seed,
@@ -188,6 +195,10 @@ class Demo:
         self.space = tuning.space
         self.guardrails = tuning.guardrails
         self.controller = tuning.controller
+
+    def _wall_of(self, cluster_t: float) -> float:
+        """The wall time (unix seconds) of cluster time `cluster_t`."""
+        return time.time() - (self.driver.trace_now() - cluster_t) / self.scale
 
     def _restart_publisher(self, pod: str) -> None:
         """A restarted engine publishes from sequence 0; its first batch says the cache is empty."""
@@ -203,6 +214,9 @@ class Demo:
     # -- recording helpers -------------------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
         self.recorder.add_event(DemoEvent(self.wall() - self._t0, self.driver.trace_now(), kind, message))
+        if not self.s.live_view:  # the live view lists them; without it, they are progress lines
+            self.console.print(f"[{self.wall() - self._t0:5.0f} s] {kind}: {message}", soft_wrap=True,
+                               highlight=False, markup=False)
 
     def _new_study(self) -> None:
         """A tuning phase opens (start or drift): its twin and live trials form a new study."""
@@ -264,6 +278,9 @@ class Demo:
         like: dict[str, float] = {}
         if text is not None:
             export = parse_agent_export(text)
+            # the export is stamped in wall time; the truth it is compared with is in cluster time
+            at = self.agent.cluster_time_of(export.taken_at)
+            export = dataclasses.replace(export, taken_at=math.nan if at is None else at)
             self.accuracy.observe(export)
             if export.taken_at == export.taken_at:  # the agent's per-pod mean, over the agent's window
                 like = pod_mean_truth(self.recorder.recorded_between(export.taken_at - DRIFT_SIGNALS_WINDOW_S,
@@ -286,6 +303,20 @@ class Demo:
         history = self.workload.frame.filter(pl.col("timestamp_ms") <= int(now * 1000))
         return publish_capacity_curves(self.tuner_metrics, history, self.twin_cluster, self.actuator.current())
 
+    def _endpoint_lines(self) -> list[str]:
+        return endpoint_lines(self.cluster, self.publishers)
+
+    def _progress(self, last: list[float]) -> None:
+        """Without the live view: one line every PROGRESS_EVERY_S wall seconds."""
+        now = self.wall()
+        if now - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = now
+        phase = sum(1 for p in self.workload.phase_starts_s[1:] if self.driver.trace_now() >= p)
+        self.console.print(progress_line(now - self._t0, self.s.duration_s, phase, self.workload.labels[phase],
+                                         self.driver.served, self.status), soft_wrap=True, highlight=False,
+                           markup=False)
+
     def _view(self) -> Group:
         return render_view(self.recorder, knobs=self.actuator.current(), status=self.status,
                            wall_s=self.wall() - self._t0, duration_s=self.s.duration_s, agent_url=self.agent.url,
@@ -302,6 +333,8 @@ class Demo:
             self.console.print(f"tierpilot demo: {self.s.pods} emulated pods, {self.workload.frame.height} requests "
                                f"over {self.workload.span_s / 60:.1f} cluster-minutes at {self.scale:g}x; "
                                f"agent metrics on {self.agent.url}")
+            for line in self._endpoint_lines():
+                self.console.print(line, soft_wrap=True, highlight=False)
             time.sleep(0.3)  # ZMQ slow joiner: let the subscribers connect before events flow
             self._t0 = self.wall()
             self.driver.start()
@@ -323,8 +356,11 @@ class Demo:
         end = self._t0 + self.s.duration_s * SPAN_SHARE
         sampler = threading.Thread(target=self._sample_loop, args=(end,), name="demo-sampler", daemon=True)
         sampler.start()
+        last_progress = [self.wall()]
         try:
             while self.wall() < end and not self.driver.finished:
+                if not self.s.live_view:
+                    self._progress(last_progress)
                 if self.driver.error is not None:
                     raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
                 if self.driver.trace_now() >= CONTROL_START_S:

@@ -20,7 +20,10 @@ class DemoSettings:
     per wall-second (None: fit the workload to the duration). agent_port: where the agent exports
     its unified metrics (falls back to a free port if taken). restart_downtime_s: wall seconds a
     restarting pod is unreachable. inject_regression: make the first live trial a configuration
-    known to be bad (shows the rollback). live_view: draw the rich console view."""
+    known to be bad (shows the rollback). live_view: draw the rich console view (else progress
+    lines). pods_port: 0 for free ports, else the first of the emulated endpoints' fixed ports
+    (pod i's vLLM /metrics on pods_port + i, its FUSE mount's on pods_port + pods + i, the Curvine
+    master on pods_port + 2 * pods)."""
 
     duration_s: float = 180.0
     pods: int = 4
@@ -33,6 +36,7 @@ class DemoSettings:
     restart_downtime_s: float = 0.3
     inject_regression: bool = False
     live_view: bool = True
+    pods_port: int = 0
 
     def __post_init__(self) -> None:
         if not 20 <= self.duration_s <= 3600:
@@ -49,5 +53,8 @@ class DemoSettings:
             raise DemoSettingsError(str(exc)) from None
         if not 0 <= self.agent_port <= 65535:
             raise DemoSettingsError(f"agent port: must be 0..65535, got {self.agent_port}")
+        if self.pods_port and not 1024 <= self.pods_port <= 65535 - 2 * self.pods:
+            raise DemoSettingsError(f"--pods-port: must be 0 (free ports) or 1024..{65535 - 2 * self.pods}, "
+                                    f"got {self.pods_port}")
         if not 0 <= self.restart_downtime_s <= 30:
             raise DemoSettingsError(f"restart downtime: must be 0..30 s, got {self.restart_downtime_s}")

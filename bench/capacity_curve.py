@@ -103,9 +103,61 @@ def accuracy(seed: int) -> tuple[float, int]:
     return max(errs), len(errs)
 
 
+def shared_dir() -> Path:
+    env = os.environ.get("TIERPILOT_SHARED")
+    return Path(env) if env else ROOT.parent / "shared"
+
+
+def existing_workloads():
+    """(name, frame, cluster) of every workload the project ships: the presets, the Mooncake traces
+    and the live-tuning bench's workloads (seed 7)."""
+    from emulator.demo import sim_run
+    from simulator.synthetic import PRESETS
+    from simulator.workload import load_trace
+
+    for preset in sorted(PRESETS):
+        yield f"preset {preset}", synthetic(preset, seed=7), ClusterSpec(pods=4)
+    for trace in sorted((shared_dir() / "traces").glob("*.jsonl")):
+        yield f"trace {trace.stem}", load_trace(trace), ClusterSpec(pods=8)
+    for name in sim_run.WORKLOADS:
+        wl, cluster = sim_run.workload(name, 7)
+        yield f"live bench {name}", wl.frame, cluster
+
+
+def semantics_table() -> None:
+    """The CPU buffer on every shipped workload: the default 5 GiB, half the GPU pool, the GPU pool."""
+    print("CPU hit ratio by buffer size (exact curve; kvaware and the default roundrobin router;")
+    print("the 5 GiB column is also a full replay)")
+    print(f"{'workload':<44}{'router':>11}{'5 GiB':>7}{'replay':>7}{'GPU/2':>7}{'GPU':>7}{'all reuse':>10}")
+    for name, frame, cluster in existing_workloads():
+        for router in ("roundrobin", "kvaware"):
+            knobs = Knobs(router=router)
+            run = replay(frame, cluster, knobs)
+            curves = tier_curves(frame, cluster, knobs, run=run)
+            cpu, gpu = curves["cpu"], curves["gpu"]
+            g = gpu.current_gib
+            print(f"{name[:43]:<44}{router:>11}{cpu.hit_ratio(5.0):>7.3f}"
+                  f"{run.summary()['tiers']['cpu']['hit_ratio']:>7.3f}{cpu.hit_ratio(g / 2):>7.3f}"
+                  f"{cpu.hit_ratio(g):>7.3f}{cpu.max_useful_gib:>7.0f} GiB")
+
+
+def both_tiers_error(seed: int) -> float:
+    """Max |curve - replay| of the CPU curve on a fleet that also has L2 (the curve's known gap)."""
+    w = synthetic("rag", seed=seed, duration_s=300)
+    knobs = Knobs()
+    curves = tier_curves(w, ClusterSpec(pods=2), knobs)
+    errs = []
+    for gib in (24.0, 40.0, 64.0):
+        got = replay(w, ClusterSpec(pods=2), knobs.replace(cpu_gib=gib)).summary()["tiers"]["cpu"]["hit_ratio"]
+        errs.append(abs(curves["cpu"].hit_ratio(gib) - got))
+        print(f"  with L2, CPU {gib:g} GiB: curve {curves['cpu'].hit_ratio(gib):.4f}, replay {got:.4f}")
+    return max(errs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="a 10-minute workload (development)")
+    ap.add_argument("--no-workloads", action="store_true", help="skip the table over the shipped workloads")
     args = ap.parse_args()
     duration = 600.0 if args.small else 3600.0
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
@@ -139,10 +191,14 @@ def main() -> None:
     err, n = accuracy(seed=3)
     print(f"exact curve vs full twin replay: max |diff| {err:.4f} over {n} points "
           f"(target 0.01: {'met' if err <= 0.01 else 'missed'})")
+    print(f"with an L2 below it, the CPU curve's max |diff| against replay: {both_tiers_error(seed=3):.4f} "
+          "(it counts the CPU's leading run only)")
     cpu = exact["cpu"]
     print(f"CPU hit ratio at the default 5 GiB: {cpu.hit_ratio(5.0):.3f}; at the GPU pool size "
           f"({exact['gpu'].current_gib:g} GiB): {cpu.hit_ratio(exact['gpu'].current_gib):.3f}; "
           f"every reuse hits from {cpu.max_useful_gib:.1f} GiB")
+    if not args.no_workloads:
+        semantics_table()
 
 
 if __name__ == "__main__":

@@ -201,3 +201,38 @@ def test_cpu_curve_from_the_gpu_store_events_matches_the_workload_curve(rag):
     for chunks in hit:
         assert stores.hit_tokens_at(chunks) == pytest.approx(cpu.hit_tokens_at(chunks), rel=0.02)
     assert stores.hit_ratio(5.0) == 0.0
+
+
+def test_cpu_curve_with_an_l2_below_it(rag):
+    knobs, cluster = Knobs(), ClusterSpec(pods=2)
+    cpu = tier_curves(rag, cluster, knobs)["cpu"]
+    for gib in (32.0, 48.0):
+        got = _ratio(rag, cluster, knobs.replace(cpu_gib=gib), "cpu")
+        assert got > 0
+        assert cpu.hit_ratio(gib) == pytest.approx(got, abs=0.01)
+
+
+def test_a_prompt_stops_at_its_first_miss():
+    """Prefix lookups over chained chunks: an LRU evicts a prompt's head before its tail, and the
+    chunks behind a missing head do not hit (the curve takes the running maximum of distances)."""
+    from simulator.capacity.curves import _prefix_max
+
+    rng = np.random.default_rng(6)
+    docs = rng.integers(3, 12, 40)
+    prompts = [list(range(d * 100, d * 100 + int(rng.integers(1, docs[d] + 1)))) for d in rng.integers(0, 40, 600)]
+    keys = np.concatenate([np.array(p) for p in prompts])
+    starts = np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int64)
+    req = np.repeat(np.arange(len(prompts)), [len(p) for p in prompts])
+    pm = _prefix_max(reuse_distances(keys, starts), req)
+    plain = reuse_distances(keys, starts)
+    differs = 0
+    for cap in (5, 20, 60, 150):
+        tier, want = LRU(cap), 0
+        for p in prompts:
+            hit = tier.prefix_len(p)
+            want += hit
+            tier.touch_many(p[:hit])
+            tier.insert_many(p[hit:])
+        assert int((pm < cap).sum()) == want
+        differs += int((plain < cap).sum()) != want
+    assert differs  # without the running maximum some capacity would come out wrong

@@ -81,10 +81,10 @@ def lru_reference(workload, run, knobs: Knobs, capacity: int) -> tuple[float, in
     return time.process_time() - t0, refs
 
 
-def accuracy(seed: int) -> tuple[float, int]:
+def accuracy(seed: int, router: str = "roundrobin") -> tuple[float, int]:
     """Max |curve - replay| over the checked points, and how many points were checked."""
     w = synthetic("rag", seed=seed, duration_s=300)
-    knobs = Knobs()
+    knobs = Knobs(router=router)
     c = knobs.chunk_tokens
     errs = []
     no_l2 = ClusterSpec(pods=2, l2_tokens=0)
@@ -188,9 +188,10 @@ def main() -> None:
         err = max(abs(cur["cpu"].hit_ratio(g) - exact["cpu"].hit_ratio(g)) for g in grid)
         err_l2 = max(abs(cur["l2"].hit_ratio(g) - exact["l2"].hit_ratio(g)) for g in np.linspace(0, 400, 41))
         print(f"SHARDS {rate:g} vs exact: max |diff| CPU {err:.4f}, L2 {err_l2:.4f} (over 0-96 / 0-400 GiB)")
-    err, n = accuracy(seed=3)
-    print(f"exact curve vs full twin replay: max |diff| {err:.4f} over {n} points "
-          f"(target 0.01: {'met' if err <= 0.01 else 'missed'})")
+    for router in ("roundrobin", "prefixaware", "kvaware"):
+        err, n = accuracy(seed=3, router=router)
+        print(f"exact curve vs full twin replay, {router}: max |diff| {err:.4f} over {n} points "
+              f"(target 0.01: {'met' if err <= 0.01 else 'missed'})")
     print(f"with an L2 below it, the CPU curve's max |diff| against replay: {both_tiers_error(seed=3):.4f} "
           "(it counts the CPU's leading run only)")
     cpu = exact["cpu"]

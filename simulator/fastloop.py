@@ -103,6 +103,7 @@ def run(
     choose = router.choose
     # latency constants
     prefill_s, overhead_s, decode_s = twin._prefill_s, twin._overhead_s, twin._decode_s
+    attention_s = twin._attention_s
     load_delay_s = twin._load_delay_s
     cpu_chunk_s, l2_chunk_s, l2_retrieve_s = twin._cpu_chunk_s, twin._l2_chunk_s, twin._l2_retrieve_s
     w_chunk_s, w_byte_s, chunk_bytes = twin._w_chunk_s, twin._w_byte_s, twin._chunk_bytes
@@ -366,6 +367,8 @@ def run(
         # -- latency -------------------------------------------------------------------------------
         computed_tokens = prompt - k * c
         busy = (computed_tokens if computed_tokens > 0 else 1) * prefill_s
+        if attention_s:
+            busy += max(computed_tokens, 1) * (k * c + 0.5 * max(computed_tokens, 1)) * attention_s
         extra = overhead_s
         l2_read_s = 0.0
         if n_cpu:

@@ -8,6 +8,13 @@ latency model is deliberately small and linear, so the calibration can be solved
            + cpu_chunks x cpu_load_chunk   + cpu_bytes / pcie_bytes_per_s        (CPU -> GPU load)
            + l2_chunks  x l2_read_chunk    + l2_bytes  / l2_read_bytes_per_s     (L2 read)
            + max(computed_tokens, 1) x prefill_s_per_token                        (prefill)
+           + max(computed_tokens, 1) x (cached_tokens + computed_tokens / 2)
+             x attention_s_per_token2                                             (attention)
+
+The attention term is the quadratic part of a prefill: every computed token attends to the cached
+prefix and to the computed tokens before it. It is negligible next to the matrix multiplies of a
+large model on a GPU (0 in the GPU profiles, and optional in a profile file) but not for a small
+model on a CPU (the `cpu-tiny-llama` profile, fitted on the real engine by bench/real_engine.py).
 
 L2 writes are asynchronous: their latency is observed but never added to TTFT.
 """
@@ -23,6 +30,7 @@ import yaml
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "g6e-l40s"
+OPTIONAL_LATENCY = ("attention_s_per_token2",)  # may be left out of a profile file (default 0)
 
 
 class ProfileError(ValueError):
@@ -41,10 +49,13 @@ class LatencyModel:
     l2_retrieve_overhead_s: float
     l2_write_chunk_s: float
     l2_write_bytes_per_s: float
+    attention_s_per_token2: float = 0.0  # optional: s per (computed token x token attended to)
 
-    def prefill_s(self, computed_tokens: int) -> float:
-        """GPU time to prefill the uncached tokens (vLLM always computes at least one token)."""
-        return max(computed_tokens, 1) * self.prefill_s_per_token
+    def prefill_s(self, computed_tokens: int, cached_tokens: int = 0) -> float:
+        """GPU time to prefill the uncached tokens (vLLM always computes at least one token),
+        after `cached_tokens` of the prompt were found in a cache."""
+        n = max(computed_tokens, 1)
+        return n * self.prefill_s_per_token + n * (cached_tokens + 0.5 * n) * self.attention_s_per_token2
 
     def cpu_load_s(self, chunks: int, nbytes: float) -> float:
         return chunks * self.cpu_load_chunk_s + nbytes / self.pcie_bytes_per_s if chunks else 0.0
@@ -81,6 +92,7 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> HardwarePro
         raise ProfileError(f"{source}: expected a mapping, got {type(data).__name__}")
     top = {f.name for f in dataclasses.fields(HardwareProfile)}
     lat_keys = {f.name for f in dataclasses.fields(LatencyModel)}
+    optional = {k for k in OPTIONAL_LATENCY if k in lat_keys}
     unknown = sorted(set(data) - top)
     missing = sorted(top - set(data))
     if unknown or missing:
@@ -92,13 +104,19 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> HardwarePro
     if not isinstance(lat, Mapping):
         raise ProfileError(f"{source}: latency: expected a mapping")
     unknown = sorted(set(lat) - lat_keys)
-    missing = sorted(lat_keys - set(lat))
+    missing = sorted(lat_keys - optional - set(lat))
     if unknown or missing:
         raise ProfileError(
             f"{source}: latency: unknown key(s) {unknown or '-'}, missing key(s) {missing or '-'}; "
             f"valid keys: {', '.join(sorted(lat_keys))}"
         )
-    latency = LatencyModel(**{k: _positive(source, f"latency.{k}", lat[k]) for k in sorted(lat_keys)})
+    values = {k: _positive(source, f"latency.{k}", lat[k]) for k in sorted(lat_keys - optional)}
+    for k in sorted(optional & set(lat)):
+        v = lat[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ProfileError(f"{source}: latency.{k}: must be a finite number >= 0, got {v!r}")
+        values[k] = float(v)
+    latency = LatencyModel(**values)
     from simulator.models import ModelError, get_model
 
     try:

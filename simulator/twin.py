@@ -119,6 +119,7 @@ class Twin:
         self._lat = lat = self.profile.latency
         cb = self._chunk_bytes
         self._prefill_s = lat.prefill_s_per_token
+        self._attention_s = lat.attention_s_per_token2
         self._overhead_s = lat.request_overhead_s
         self._load_delay_s = float(self.cluster.load_delay_s)
         self._decode_s = lat.decode_s_per_token
@@ -256,11 +257,12 @@ class Twin:
             k += len(run)
         return g, cpu_keys, l2_keys, g + k
 
-    def _service_s(self, cpu_chunks: int, l2_chunks: int, computed_tokens: int) -> tuple[float, float, float]:
+    def _service_s(self, cpu_chunks: int, l2_chunks: int, computed_tokens: int,
+                   cached_tokens: int = 0) -> tuple[float, float, float]:
         """(GPU-busy service time, L2 read time, extra non-busy latency) of one prefill."""
         lat, cb = self._lat, self._chunk_bytes
         l2_read = lat.l2_read_s(l2_chunks, l2_chunks * cb)
-        busy = lat.cpu_load_s(cpu_chunks, cpu_chunks * cb) + l2_read + lat.prefill_s(computed_tokens)
+        busy = lat.cpu_load_s(cpu_chunks, cpu_chunks * cb) + l2_read + lat.prefill_s(computed_tokens, cached_tokens)
         extra = lat.request_overhead_s + (lat.l2_retrieve_overhead_s if l2_chunks else 0.0)
         return busy, l2_read, extra
 
@@ -271,7 +273,7 @@ class Twin:
         def expected_ttft(i: int) -> float:
             pod = self._pods[i]
             _g, ck, lk, k = self._lookup(pod, chunks, l2)
-            busy, _, extra = self._service_s(len(ck), len(lk), prompt - k * c)
+            busy, _, extra = self._service_s(len(ck), len(lk), prompt - k * c, k * c)
             return max(pod.free_at - now, 0.0) + busy + extra
 
         return expected_ttft
@@ -406,6 +408,8 @@ class Twin:
 
         # -- latency -------------------------------------------------------------------------------
         busy = (computed_tokens if computed_tokens > 0 else 1) * self._prefill_s
+        if self._attention_s:
+            busy += max(computed_tokens, 1) * (hit + 0.5 * max(computed_tokens, 1)) * self._attention_s
         extra = self._overhead_s
         l2_read_s = 0.0
         if n_cpu:

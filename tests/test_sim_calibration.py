@@ -57,7 +57,8 @@ def test_l2_pays_off_more_for_longer_prompts():
 
 def test_model_table_kv_bytes_per_token():
     expect = {"llama-3.1-8b": 131_072, "llama-3.1-70b": 327_680, "qwen2.5-7b": 57_344, "qwen2.5-32b": 262_144,
-              "deepseek-v2-lite": 27 * (512 + 64) * 2, "deepseek-v3": 61 * (512 + 64) * 1}
+              "deepseek-v2-lite": 27 * (512 + 64) * 2, "deepseek-v3": 61 * (512 + 64) * 1,
+              "tiny-llama": 2 * 4 * 4 * 64 * 2}  # the engine: 24 MiB of KV = 6,144 tokens
     assert {name: m.kv_bytes_per_token for name, m in models().items()} == expect
     assert get_model("llama-3.1-8b").tokens_for_gib(5) == 40_960
     with pytest.raises(ModelError, match="valid choices: llama-3.1-8b"):
@@ -82,9 +83,9 @@ def test_impossible_and_invalid_capacities_are_clear_errors():
         ClusterSpec(l2_tokens=-1)
     with pytest.raises(ClusterError, match="pods: must be an integer in 1..1024"):
         ClusterSpec(pods=0)
-    with pytest.raises(ClusterError, match="valid choices: g6e-l40s, p5-h100"):
+    with pytest.raises(ClusterError, match="valid choices: cpu-tiny-llama, g6e-l40s, p5-h100"):
         ClusterSpec(profile="tpu")
-    assert profile_names() == ["g6e-l40s", "p5-h100"]
+    assert profile_names() == ["cpu-tiny-llama", "g6e-l40s", "p5-h100"]
 
 
 def test_profile_file_errors_name_the_key(tmp_path):

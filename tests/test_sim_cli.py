@@ -79,7 +79,7 @@ def test_gib_capacities_use_the_model(tiny_trace):
         (["--workload", "chat"], 2, "'chat' is not one of 'rag', 'sessions', 'shift', 'short'"),
         (["--chunk-tokens", "100"], 2, "'100' is not one of '64', '128', '256', '512', '1024', '2048'"),
         (["--model", "gpt"], 2, "'gpt' is not one of 'llama-3.1-8b'"),
-        (["--profile", "tpu-v5"], 1, "unknown profile 'tpu-v5'; valid choices: g6e-l40s, p5-h100"),
+        (["--profile", "tpu-v5"], 1, "unknown profile 'tpu-v5'; valid choices: cpu-tiny-llama, g6e-l40s, p5-h100"),
         (["--gpu-tokens", "-5"], 2, "-5 is not in the range x>=0"),
         (["--gpu-tokens", "100000000"], 1, "gpu capacity: 100,000,000 tokens of llama-3.1-8b need"),
         (["--cpu-gib", "500"], 1, "cpu capacity: 500.0 GiB per pod exceeds the g6e-l40s host memory"),

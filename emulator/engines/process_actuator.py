@@ -1,0 +1,172 @@
+"""The actuator of real processes: applies `Knobs` to real vLLM CPU engines behind the real
+vllm-router by restarting them (`contracts.actuator.Actuator`).
+
+What each change restarts, on this deployment:
+
+* `router` (the tuner speaks the twin's names; `emulator.engines.router.POLICY` maps them to
+  vllm-router's `--policy`): the router reads its policy at start only, so the router process
+  restarts (about a second; requests sent meanwhile fail, and the caller's sender retries);
+* the engines' KV cache size (`--kv-cache-memory-bytes`, the one cache knob the CPU backend
+  has): a rolling restart, one engine at a time, each until `/health` answers again (25-30 s
+  each on an idle machine), with a cold prefix cache. `Knobs` carries no field for it, so it is
+  reached through `resize_engines(bytes)`, not through `apply`;
+* everything else in `Knobs` (LMCache chunk size, CPU buffer and eviction, the L2 settings, the
+  kv_aware credits) has no counterpart on the CPU engine (no LMCache, no offload, no L2 on this
+  backend): `RefusedConfigError` before anything is touched, so the guardrails reject the
+  candidate and tuning goes on.
+
+The processes come in as objects with `restart(spec) -> seconds` and a `spec` (`RouterProcess`,
+`EngineProcess`, or fakes in tests); the clock is injected. The last good configuration is kept
+in memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from contracts.actuator import ApplyResult, PermanentActuationError, RefusedConfigError
+from contracts.knobs import DEFAULT_KNOBS, Knobs
+from emulator.engines.engine import EngineError
+from emulator.engines.router import router_policy
+
+log = logging.getLogger("tierpilot.process_actuator")
+
+HOT_ROUTER_KNOBS = frozenset({"router"})
+MIN_KV_BYTES = 8 << 20  # the cache must hold one max_model_len sequence (2,048 tokens x 4 KiB)
+
+
+class Restartable(Protocol):
+    spec: Any
+
+    def restart(self, spec: Any = None, timeout: float = ...) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One process restart the actuator did: what, when (clock), how long until healthy."""
+
+    target: str
+    at: float
+    seconds: float
+    reason: str
+
+
+class ProcessActuator:
+    """Implements `contracts.actuator.Actuator` over a router process and engine processes."""
+
+    def __init__(self, router: Restartable, engines: Sequence[Restartable], *, initial: Knobs = DEFAULT_KNOBS,
+                 clock: Callable[[], float] = time.monotonic, dry_run: bool = False,
+                 on_restart: Callable[[Restart], None] | None = None,
+                 engine_names: Sequence[str] | None = None) -> None:
+        self.router, self.engines = router, list(engines)
+        self.names = list(engine_names or [f"engine-{i}" for i in range(len(self.engines))])
+        self._current = initial
+        self._last_good: Knobs | None = None
+        self.clock, self._dry_run, self._on_restart = clock, dry_run, on_restart
+        self._lock = threading.Lock()
+        self.history: list[ApplyResult] = []
+        self.restarts: list[Restart] = []
+        router_policy(initial.router)  # refuse an initial router the binary does not have
+
+    # -- Actuator protocol ---------------------------------------------------------------------
+    def current(self) -> Knobs:
+        return self._current
+
+    def last_good(self) -> Knobs | None:
+        return self._last_good
+
+    def mark_good(self, knobs: Knobs) -> None:
+        self._last_good = knobs
+
+    def apply(self, knobs: Knobs, *, dry_run: bool = False) -> ApplyResult:
+        if not isinstance(knobs, Knobs):
+            raise PermanentActuationError(f"apply expects a Knobs record, got {type(knobs).__name__}")
+        with self._lock:
+            return self._apply(knobs, dry_run=dry_run or self._dry_run, message="apply")
+
+    def rollback(self) -> ApplyResult:
+        with self._lock:
+            if self._last_good is None:
+                raise PermanentActuationError("rollback: no last good configuration has been marked")
+            return self._apply(self._last_good, dry_run=self._dry_run, message="rollback")
+
+    # -- the engines' KV cache -----------------------------------------------------------------
+    def kv_cache_bytes(self) -> list[int]:
+        return [int(e.spec.kv_cache_bytes) for e in self.engines]
+
+    def resize_engines(self, kv_cache_bytes: int, *, dry_run: bool = False) -> ApplyResult:
+        """Rolling restart of every engine whose KV cache is not `kv_cache_bytes` yet."""
+        if not isinstance(kv_cache_bytes, int) or kv_cache_bytes < MIN_KV_BYTES:
+            raise RefusedConfigError(f"kv_cache_bytes: must be an integer >= {MIN_KV_BYTES} (one 2,048-token "
+                                     f"sequence), got {kv_cache_bytes!r}")
+        with self._lock:
+            todo = [i for i, e in enumerate(self.engines) if e.spec.kv_cache_bytes != kv_cache_bytes]
+            names = tuple(self.names[i] for i in todo)
+            changed = {f"{self.names[i]}.kv_cache_bytes": (self.engines[i].spec.kv_cache_bytes, kv_cache_bytes)
+                       for i in todo}
+            if not todo or dry_run or self._dry_run:
+                result = ApplyResult(self._current, applied=False, dry_run=dry_run or self._dry_run, changed=changed,
+                                     restarted=names if (dry_run or self._dry_run) else (),
+                                     message="resize: " + ("dry run, nothing applied" if todo else "no change"))
+            else:
+                for i in todo:
+                    spec = dataclasses.replace(self.engines[i].spec, kv_cache_bytes=kv_cache_bytes)
+                    self._restart(self.names[i], self.engines[i], spec, f"kv_cache_bytes -> {kv_cache_bytes}")
+                result = ApplyResult(self._current, applied=True, changed=changed, restarted=names,
+                                     message=f"resize: KV cache {kv_cache_bytes >> 20} MiB on {', '.join(names)}")
+            self.history.append(result)
+            return result
+
+    # -- internals -----------------------------------------------------------------------------
+    def plan(self, knobs: Knobs) -> tuple[str, ...]:
+        """What applying `knobs` restarts; RefusedConfigError when the processes cannot express it."""
+        changed = self._current.diff(knobs)
+        refused = sorted(set(changed) - HOT_ROUTER_KNOBS)
+        if refused:
+            raise RefusedConfigError(
+                f"the real CPU engines cannot express {', '.join(refused)} (no LMCache, no offload and no L2 "
+                "on vLLM's CPU backend); only the router policy and the engines' KV cache size can change")
+        if "router" in changed:
+            try:
+                router_policy(knobs.router)
+            except EngineError as exc:
+                raise RefusedConfigError(str(exc)) from None
+            return ("router",)
+        return ()
+
+    def _apply(self, knobs: Knobs, *, dry_run: bool, message: str) -> ApplyResult:
+        restarted = self.plan(knobs)
+        changed = self._current.diff(knobs)
+        if not changed or dry_run:
+            result = ApplyResult(knobs, applied=False, dry_run=dry_run, changed=changed,
+                                 restarted=restarted if dry_run else (),
+                                 message=f"{message}: " + ("dry run, nothing applied" if dry_run else "no change"))
+            self.history.append(result)
+            return result
+        if restarted:
+            spec = dataclasses.replace(self.router.spec, policy=router_policy(knobs.router))
+            self._restart("router", self.router, spec, f"policy -> {spec.policy}")
+        self._current = knobs
+        text = ", ".join(f"{k} {a}->{b}" for k, (a, b) in changed.items())
+        result = ApplyResult(knobs, applied=True, changed=changed, restarted=restarted, message=f"{message}: {text}")
+        self.history.append(result)
+        return result
+
+    def _restart(self, name: str, proc: Restartable, spec: Any, reason: str) -> None:
+        at = self.clock()
+        log.info("restarting %s: %s", name, reason)
+        try:
+            seconds = proc.restart(spec)
+        except EngineError as exc:
+            raise PermanentActuationError(f"{name}: {exc}") from None
+        rec = Restart(name, at, seconds, reason)
+        self.restarts.append(rec)
+        if self._on_restart is not None:
+            self._on_restart(rec)
+
+
+__all__ = ["MIN_KV_BYTES", "ProcessActuator", "Restart"]

@@ -1,0 +1,152 @@
+"""The real vllm-project/router (the Rust `vllm-router` binary of PyPI `vllm-router`) as a child
+process on 127.0.0.1, in front of real engines.
+
+Like `engine.py`: the pure part builds the argv from a `RouterSpec`; `RouterProcess` starts it
+through an injected launcher, waits for its `/health` and its Prometheus `/metrics` on an
+injected clock, and stops exactly the process group it started. Its policy is read at start only,
+so a policy change is a restart (about a second).
+
+The tuner speaks the twin's router names (`contracts.knobs`); `POLICY` maps them to the router's
+`--policy` values. The twin's `prefixaware` (the worker holding the longest cached prefix, under a
+load cap) stands for the router's `cache_aware` (approximate radix tree of what it sent where,
+with a load-balance override).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Self
+
+from emulator.engines.engine import EngineError, Launcher, _http_status
+
+POLICY = {"roundrobin": "round_robin", "prefixaware": "cache_aware", "cache_aware": "cache_aware",
+          "kvaware": "kv_aware", "random": "random", "power_of_two": "power_of_two",
+          "consistent_hash": "consistent_hash"}
+
+
+def router_binary() -> str | None:
+    """`vllm-router` next to this interpreter (the project venv), else on PATH."""
+    return shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    port: int
+    metrics_port: int
+    workers: tuple[str, ...]
+    policy: str = "round_robin"  # the router's own spelling
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in set(POLICY.values()):
+            raise EngineError(f"router policy {self.policy!r}: valid choices: {', '.join(sorted(set(POLICY.values())))}")
+        if not self.workers:
+            raise EngineError("router: needs at least one worker URL")
+
+
+def router_policy(knob: str) -> str:
+    """The router's `--policy` for a `Knobs.router` value (EngineError when it has none)."""
+    try:
+        return POLICY[knob]
+    except KeyError:
+        raise EngineError(f"router {knob!r}: vllm-router has no such policy; valid: {', '.join(POLICY)}") from None
+
+
+def router_command(spec: RouterSpec, binary: str) -> list[str]:
+    return [binary, "--host", "127.0.0.1", "--port", str(spec.port), "--worker-urls", *spec.workers,
+            "--policy", spec.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(spec.metrics_port),
+            "--worker-startup-check-interval", "1", "--log-level", "warning", *spec.extra_args]
+
+
+class RouterProcess:
+    """One router process: start, wait for `/health` and `/metrics`, stop (its process group)."""
+
+    def __init__(self, spec: RouterSpec, scratch: Path, *, binary: str | None = None,
+                 launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = _http_status,
+                 log: IO[bytes] | None = None) -> None:
+        self.spec, self.scratch = spec, Path(scratch)
+        self.binary = binary or router_binary()
+        self.launcher, self.clock, self.sleep, self.probe = launcher, clock, sleep, probe
+        self.proc: Any = None
+        self.log_path = self.scratch / f"router-{spec.port}.log"
+        self._log = log
+        self.starts = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.metrics_port}/metrics"
+
+    def start(self) -> Self:
+        if self.binary is None:
+            raise EngineError("vllm-router is not installed (pip install vllm-router==0.1.17; `make setup` does)")
+        if self.proc is not None and self.proc.poll() is None:
+            raise EngineError(f"router on port {self.spec.port} is already running (pid {self.proc.pid})")
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        log = self._log if self._log is not None else open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = self.launcher(router_command(self.spec, self.binary), stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+        return self
+
+    def wait_healthy(self, timeout: float = 60.0) -> float:
+        t0 = self.clock()
+        while True:
+            if self.proc is None:
+                raise EngineError("router not started")
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineError(f"router on port {self.spec.port} exited with {code} (log: {self.log_path})")
+            if self.probe(f"{self.base_url}/health", 2.0) == 200 and self.probe(self.metrics_url, 2.0) == 200:
+                return self.clock() - t0
+            if self.clock() - t0 > timeout:
+                raise EngineError(f"router on port {self.spec.port} not healthy after {timeout:.0f} s "
+                                  f"(log: {self.log_path})")
+            self.sleep(0.2)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+
+    def restart(self, spec: RouterSpec | None = None, timeout: float = 60.0) -> float:
+        self.stop()
+        if spec is not None:
+            self.spec = spec
+        return self.start().wait_healthy(timeout)
+
+    def __enter__(self) -> Self:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def workers_of(urls: Sequence[str]) -> tuple[str, ...]:
+    return tuple(u.rstrip("/") for u in urls)
+
+
+__all__ = ["POLICY", "RouterProcess", "RouterSpec", "router_binary", "router_command", "router_policy", "workers_of"]

@@ -2,6 +2,7 @@
 #   make setup  - idempotent: Debian packages (Prometheus, promtool, PostgreSQL), .venv, helm, and
 #                 the real vLLM CPU engine in .venv-engine with its tiny local model
 #   make demo   - the whole loop on the built-in emulated cluster
+#   make demo-vllm - the whole loop on real vLLM CPU engines behind the real vllm-router
 #   make test   - the whole test suite
 #   make bench  - the benchmarks, printing their figures
 SHELL := /bin/bash
@@ -18,7 +19,7 @@ ENGINE_PY := $(ENGINE_VENV)/bin/python
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
 ENGINE_MODEL := $(ENGINE_VENV)/models/tiny-llama
 
-.PHONY: setup system helm engine demo test bench lint clean
+.PHONY: setup system helm engine demo demo-vllm test bench lint clean
 
 setup: system $(STAMP) helm engine
 
@@ -83,6 +84,10 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(VENV)/bin/tierpilot demo $(DEMO_ARGS)
+
+# The same loop on two real vLLM CPU engines behind the real vllm-router (a few minutes).
+demo-vllm: setup
+	TIERPILOT_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(VENV)/bin/tierpilot demo --engine vllm --report-dir demo-vllm-report $(DEMO_ARGS)
 
 test: setup
 	TIERPILOT_SHARED=$(SHARED) TIERPILOT_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(PY) -m pytest -q

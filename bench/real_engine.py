@@ -316,10 +316,15 @@ def main(argv: list[str] | None = None) -> int:
                 lat = [c.latency_s for c in cal]
                 try:
                     fit = fit_service_latency(computed, cached, lat)
-                    fit2 = fit_service_latency(computed, cached, lat, attention=False)
                 except FitError as exc:
                     print(f"calibration: {exc}", file=sys.stderr)
                     return 1
+                try:
+                    fit2 = fit_service_latency(computed, cached, lat, attention=False)
+                    linear = (f"{fit2.overhead_s * 1e3:.2f} ms + n x {fit2.prefill_s_per_token * 1e6:.2f} us "
+                              f"(r2 {fit2.r2:.3f}, rms {fit2.rms_s * 1e3:.2f} ms)")
+                except FitError as exc:
+                    linear = str(exc)
                 fits.append(fit)
                 loads += [load_c, load_h, load_c2]
                 if any(not c.ok for c in done) or len(done) != held.height:
@@ -343,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {fit.samples} requests: TTFT = {fit.overhead_s * 1e3:.2f} ms + "
                       f"n x {fit.prefill_s_per_token * 1e6:.2f} us + n(cached + n/2) x "
                       f"{fit.attention_s_per_token2 * 1e9:.2f} ns  (r2 {fit.r2:.3f}, rms {fit.rms_s * 1e3:.2f} ms)")
-                print(f"    without the attention term: {fit2.overhead_s * 1e3:.2f} ms + n x "
-                      f"{fit2.prefill_s_per_token * 1e6:.2f} us (r2 {fit2.r2:.3f}, rms {fit2.rms_s * 1e3:.2f} ms)")
+                print(f"    without the attention term: {linear}")
                 print(f"  held-out ({load_h.text()}), {res.requests} requests:")
                 print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
                       f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")

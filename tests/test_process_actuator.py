@@ -43,6 +43,10 @@ class FakeProc:
         self.clock.t += self.cost
         return self.cost
 
+    def replace(self, spec) -> float:
+        self.replaced = getattr(self, "replaced", 0) + 1
+        return self.restart(spec)
+
 
 def _world(**kw):
     clock = FakeClock()
@@ -64,6 +68,52 @@ def test_a_router_change_restarts_the_router_only_with_the_mapped_policy() -> No
     assert act.current().router == "prefixaware"
     again = act.apply(act.current())
     assert not again.applied and again.message == "apply: no change" and len(router.restarted) == 1
+
+
+def test_with_router_ports_a_policy_change_is_a_surge_rollout_onto_new_ports() -> None:
+    clock, router, engines = _world()
+    ports = iter([7001, 7002])
+    act = ProcessActuator(router, engines, clock=clock, router_port=lambda: next(ports))
+    act.apply(DEFAULT_KNOBS.replace(router="prefixaware"))
+    assert router.replaced == 1
+    assert (router.spec.port, router.spec.metrics_port, router.spec.policy) == (7001, 7002, "cache_aware")
+
+
+def test_router_replace_keeps_the_old_router_until_the_new_one_is_healthy(tmp_path: Path, monkeypatch) -> None:
+    clock = FakeClock()
+    procs = []
+
+    class Popen:
+        def __init__(self, argv, **kw) -> None:
+            self.argv, self.pid, self.code = argv, 5000 + len(procs), None
+            procs.append(self)
+
+        def poll(self):
+            return self.code
+
+        def wait(self, timeout=None):
+            return self.code
+
+    healthy = {"8000", "8001"}
+
+    def probe(url: str, timeout: float) -> int:
+        return 200 if url.split(":")[2].split("/")[0] in healthy else 0
+
+    spec = RouterSpec(port=8000, metrics_port=8001, workers=("http://w",))
+    proc = RouterProcess(spec, tmp_path, binary="/bin/vllm-router", launcher=Popen, clock=clock, sleep=clock.sleep,
+                         probe=probe)
+    proc.start().wait_healthy()
+    stopped = []
+    import emulator.engines.router as router_mod
+
+    monkeypatch.setattr(router_mod.os, "killpg",
+                        lambda pid, sig: (stopped.append(pid), setattr(procs[pid - 5000], "code", 0)))
+    healthy |= {"8100", "8101"}
+    proc.replace(dataclasses.replace(spec, port=8100, metrics_port=8101, policy="cache_aware"), grace_s=2.0)
+    assert proc.base_url == "http://127.0.0.1:8100" and stopped == [5000]  # the old one, after the new is up
+    with pytest.raises(EngineError, match="not healthy"):  # a new router that never comes up
+        proc.replace(dataclasses.replace(spec, port=8200, metrics_port=8201), timeout=1.0)
+    assert proc.base_url == "http://127.0.0.1:8100" and procs[1].code is None  # the running one stays
 
 
 def test_what_the_cpu_engines_cannot_express_is_refused_before_anything_restarts() -> None:

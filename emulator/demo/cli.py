@@ -11,8 +11,12 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
 
 
 @click.command("demo")
-@click.option("--duration", type=float, default=180.0, show_default=True,
-              help="Wall-clock seconds to run; the two-phase workload is paced to fill it (>= 20).")
+@click.option("--engine", type=click.Choice(["emulated", "vllm"]), default="emulated", show_default=True,
+              help="emulated: the twin-driven cluster; vllm: real vLLM CPU engines behind the real vllm-router "
+                   "(needs `make engine`; see docs/demo.md).")
+@click.option("--duration", type=float, default=None,
+              help="Wall-clock seconds to run; the two-phase workload is paced to fill it (>= 20) [default: 180]. "
+                   "With --engine vllm: seconds of the request stream sent to both fleets [default: 100].")
 @click.option("--pods", type=int, default=4, show_default=True, help="Emulated vLLM pods (1-16).")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A Mooncake JSONL trace to use as the shifted second phase [default: built-in "
@@ -34,7 +38,7 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
                    "/metrics on PORT+i, its Curvine FUSE /metrics on PORT+PODS+i, the Curvine master on "
                    "PORT+2*PODS. The demo prints every endpoint when it starts.")
 @click.option("-v", "--verbose", is_flag=True, help="Log the tuner's structured events to stderr.")
-def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: Path, dry_run: bool,
+def demo(engine: str, duration: float | None, pods: int, trace: Path | None, seed: int, report_dir: Path, dry_run: bool,
          time_scale: float | None, agent_port: int, inject_regression: bool, no_live: bool, pods_port: int,
          verbose: bool) -> None:
     """Run the whole tierpilot loop on an emulated cluster, on 127.0.0.1 only.
@@ -48,11 +52,16 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
     defaults held vs per-phase hindsight, per phase and whole run. Ctrl-C stops cleanly and still
     writes the (partial) report.
 
+    With --engine vllm the loop runs on real vLLM CPU engines behind the real vllm-router: the same
+    request stream goes over HTTP to two identical fleets at once, one tuned (the tuner rolls the
+    real router to change its policy), one with the defaults held; report.md has the verdict.
+
     \b
     Examples:
       tierpilot demo --duration 60 --report-dir demo-report
       tierpilot demo --duration 120 --no-live --pods-port 8000 &    # then scrape 127.0.0.1:8000
       tierpilot demo --inject-regression --dry-run
+      tierpilot demo --engine vllm --duration 60 --report-dir demo-vllm
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
@@ -60,6 +69,10 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
 
     # optuna announces every in-memory study at INFO; the demo reports trials itself
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+    if engine == "vllm":
+        _engine_demo(duration, seed, report_dir, dry_run, agent_port)
+        return
+    duration = 180.0 if duration is None else duration
     try:
         settings = DemoSettings(duration_s=duration, pods=pods, trace=trace, seed=seed, report_dir=report_dir,
                                 dry_run=dry_run, time_scale=time_scale, agent_port=agent_port,
@@ -71,4 +84,20 @@ def demo(duration: float, pods: int, trace: Path | None, seed: int, report_dir: 
     try:
         run_demo(settings)
     except DemoSettingsError as exc:  # e.g. a --pods-port that is taken
+        raise click.ClickException(str(exc)) from None
+
+
+def _engine_demo(duration: float | None, seed: int, report_dir: Path, dry_run: bool, agent_port: int) -> None:
+    from emulator.demo.engine_run import EngineDemoSettings, run_engine_demo
+
+    try:
+        settings = EngineDemoSettings(stream_s=100.0 if duration is None else duration, seed=seed,
+                                      report_dir=report_dir, dry_run=dry_run, agent_port=agent_port)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        run_engine_demo(settings, progress=click.echo)
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted: the engines and the routers were stopped") from None
+    except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None

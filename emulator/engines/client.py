@@ -8,7 +8,9 @@ with `--enable-prompt-tokens-details`) says how many prompt tokens its prefix ca
 `send_open_loop` sends each request at its own offset from the start (the workload's arrival
 times), on worker threads, so requests queue in the engine as they would in production;
 `send_closed_loop` sends one after another (no queueing: pure service times). The HTTP call, the
-clock and the sleep are injected, so tests drive both without a server.
+clock and the sleep are injected, so tests drive both without a server. With `retry_for_s`, a
+refused connection or a 502/503 (the router restarting) is retried, and the wait counts in the
+request's latency, as it would for a user.
 """
 from __future__ import annotations
 
@@ -73,17 +75,28 @@ def parse_usage(status: int, body: bytes) -> tuple[int, int | None, str]:
 class StreamSender:
     """Sends token-id prompts to `base_url` and records one `Completion` per request."""
 
-    def __init__(self, base_url: str, *, model: str, max_tokens: int = 1, timeout_s: float = 60.0,
+    def __init__(self, base_url: str | Callable[[], str], *, model: str, max_tokens: int = 1, timeout_s: float = 60.0,
                  post: Post = http_post, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.url = base_url.rstrip("/") + COMPLETIONS_PATH
+                 sleep: Callable[[float], None] = time.sleep, retry_for_s: float = 0.0) -> None:
+        self._base = base_url  # a callable follows a router that moves (a surge rollout)
         self.model, self.max_tokens, self.timeout_s = model, max_tokens, timeout_s
+        self.retry_for_s = retry_for_s  # keep retrying a refused connection or a 502/503 this long
         self.post, self.clock, self.sleep = post, clock, sleep
         self.stop = threading.Event()
 
+    @property
+    def url(self) -> str:
+        base = self._base() if callable(self._base) else self._base
+        return base.rstrip("/") + COMPLETIONS_PATH
+
     def one(self, index: int, ids: Sequence[int], t0: float) -> Completion:
         sent = self.clock()
-        status, body = self.post(self.url, completion_body(ids, self.model, self.max_tokens), self.timeout_s)
+        body_out = completion_body(ids, self.model, self.max_tokens)
+        while True:
+            status, body = self.post(self.url, body_out, self.timeout_s)
+            if status not in (0, 502, 503) or self.clock() - sent >= self.retry_for_s or self.stop.is_set():
+                break
+            self.sleep(0.1)  # the router is restarting: the user waits, and the wait counts
         latency = self.clock() - sent
         prompt, cached, error = parse_usage(status, body)
         return Completion(index, sent - t0, latency, prompt or len(ids), cached, error)

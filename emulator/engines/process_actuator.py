@@ -4,8 +4,9 @@ vllm-router by restarting them (`contracts.actuator.Actuator`).
 What each change restarts, on this deployment:
 
 * `router` (the tuner speaks the twin's names; `emulator.engines.router.POLICY` maps them to
-  vllm-router's `--policy`): the router reads its policy at start only, so the router process
-  restarts (about a second; requests sent meanwhile fail, and the caller's sender retries);
+  vllm-router's `--policy`): the router reads its policy at start only, so a new router process
+  starts on new ports beside the old one (`RouterProcess.replace`, a surge rollout: clients move
+  to the new address once it is healthy, the old one stops after a grace period);
 * the engines' KV cache size (`--kv-cache-memory-bytes`, the one cache knob the CPU backend
   has): a rolling restart, one engine at a time, each until `/health` answers again (25-30 s
   each on an idle machine), with a cold prefix cache. `Knobs` carries no field for it, so it is
@@ -45,6 +46,10 @@ class Restartable(Protocol):
     def restart(self, spec: Any = None, timeout: float = ...) -> float: ...
 
 
+class Replaceable(Restartable, Protocol):
+    def replace(self, spec: Any) -> float: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Restart:
     """One process restart the actuator did: what, when (clock), how long until healthy."""
@@ -58,15 +63,16 @@ class Restart:
 class ProcessActuator:
     """Implements `contracts.actuator.Actuator` over a router process and engine processes."""
 
-    def __init__(self, router: Restartable, engines: Sequence[Restartable], *, initial: Knobs = DEFAULT_KNOBS,
+    def __init__(self, router: Replaceable, engines: Sequence[Restartable], *, initial: Knobs = DEFAULT_KNOBS,
                  clock: Callable[[], float] = time.monotonic, dry_run: bool = False,
                  on_restart: Callable[[Restart], None] | None = None,
-                 engine_names: Sequence[str] | None = None) -> None:
+                 engine_names: Sequence[str] | None = None, router_port: Callable[[], int] | None = None) -> None:
         self.router, self.engines = router, list(engines)
         self.names = list(engine_names or [f"engine-{i}" for i in range(len(self.engines))])
         self._current = initial
         self._last_good: Knobs | None = None
         self.clock, self._dry_run, self._on_restart = clock, dry_run, on_restart
+        self._router_port = router_port  # new ports for a surge rollout of the router (None: restart in place)
         self._lock = threading.Lock()
         self.history: list[ApplyResult] = []
         self.restarts: list[Restart] = []
@@ -149,18 +155,21 @@ class ProcessActuator:
             return result
         if restarted:
             spec = dataclasses.replace(self.router.spec, policy=router_policy(knobs.router))
-            self._restart("router", self.router, spec, f"policy -> {spec.policy}")
+            if self._router_port is not None:
+                spec = dataclasses.replace(spec, port=self._router_port(), metrics_port=self._router_port())
+            self._restart("router", self.router, spec, f"policy -> {spec.policy}",
+                          surge=self._router_port is not None)
         self._current = knobs
         text = ", ".join(f"{k} {a}->{b}" for k, (a, b) in changed.items())
         result = ApplyResult(knobs, applied=True, changed=changed, restarted=restarted, message=f"{message}: {text}")
         self.history.append(result)
         return result
 
-    def _restart(self, name: str, proc: Restartable, spec: Any, reason: str) -> None:
+    def _restart(self, name: str, proc: Any, spec: Any, reason: str, *, surge: bool = False) -> None:
         at = self.clock()
         log.info("restarting %s: %s", name, reason)
         try:
-            seconds = proc.restart(spec)
+            seconds = proc.replace(spec) if surge else proc.restart(spec)
         except EngineError as exc:
             raise PermanentActuationError(f"{name}: {exc}") from None
         rec = Restart(name, at, seconds, reason)

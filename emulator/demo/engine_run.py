@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from agent.kvevents import EndpointSpec
@@ -284,16 +283,4 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
     return path
 
 
-def tuned_vs_held(tuned: list[float], held: list[float], *, seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
-    """held mean / tuned mean, with a 90% bootstrap interval over requests (pairs resampled together:
-    request i of the tuned pass is request i of the held pass)."""
-    t, h = np.asarray(tuned, float), np.asarray(held, float)
-    n = min(len(t), len(h))
-    t, h = t[:n], h[:n]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (rounds, n))
-    ratios = h[idx].mean(axis=1) / t[idx].mean(axis=1)
-    return float(h.mean() / t.mean()), float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))
-
-
-__all__ = ["EngineDemoSettings", "EnginePass", "engine_workload", "run_engine_demo", "tuned_vs_held"]
+__all__ = ["EngineDemoSettings", "EnginePass", "engine_workload", "run_engine_demo", "warm_up"]

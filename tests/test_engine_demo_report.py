@@ -1,0 +1,47 @@
+"""The real-engine demo's verdict from recorded passes (no engine): pairing, the bootstrap ratio,
+the scorecard in report.md, the demo-scale workload, and the settings' one-line errors."""
+from __future__ import annotations
+
+import pytest
+
+from contracts.knobs import DEFAULT_KNOBS
+from emulator.demo.engine_report import RunRecord, tuned_vs_held, write_engine_report
+from emulator.demo.engine_run import MAX_PROMPT, EngineDemoSettings, engine_workload
+from emulator.engines.client import Completion
+from emulator.engines.process_actuator import Restart
+
+
+def _record(name: str, workload, latency, failed=()) -> RunRecord:
+    comps = [Completion(i, i * 0.1, latency(i), 1000, 250 if name == "tuned" else 100,
+                        "HTTP 503: x" if i in failed else "") for i in range(workload.frame.height)]
+    return RunRecord(name, comps, [(3.0, "tuner: trial_started (trial 1)")], DEFAULT_KNOBS, None, 0.25, {})
+
+
+def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
+    wl = engine_workload(30.0, 7, 3.0)
+    assert wl.frame.height > 20 and wl.frame["input_length"].max() <= MAX_PROMPT
+    tuned = _record("tuned", wl, lambda i: 0.08, failed={0})
+    held = _record("held", wl, lambda i: 0.10)
+    path = write_engine_report(tmp_path, wl, [tuned, held], [Restart("router", 1.0, 1.2, "policy -> cache_aware")],
+                               {"engines": "2 x 2"})
+    text = path.read_text()
+    assert "| **whole run** |" in text and "1.25x / 1.25x" in text  # p95 and mean, held / tuned
+    assert f"requests in both passes: {wl.frame.height - 1}" in text and "tuned 1, held 0" in text
+    assert "router at 1.0 s (monotonic): policy -> cache_aware, healthy after 1.2 s" in text
+    line = tuned.summary_lines(held)[0]
+    assert "held/tuned = 1.25x" in line and "not worse than held" in line
+    assert tuned.hit_ratio() == pytest.approx(0.25)
+
+
+def test_bootstrap_interval_brackets_the_ratio_of_means() -> None:
+    tuned = [0.1, 0.2, 0.3, 0.4] * 25
+    held = [0.12, 0.2, 0.36, 0.5] * 25
+    ratio, lo, hi = tuned_vs_held(tuned, held)
+    assert ratio == pytest.approx(sum(held) / sum(tuned)) and lo < ratio < hi
+
+
+def test_settings_refuse_what_cannot_run() -> None:
+    with pytest.raises(ValueError, match="--duration: with --engine vllm"):
+        EngineDemoSettings(stream_s=5)
+    with pytest.raises(ValueError, match="--kv-cache-mib"):
+        EngineDemoSettings(kv_cache_mib=2)

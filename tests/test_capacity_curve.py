@@ -236,3 +236,33 @@ def test_a_prompt_stops_at_its_first_miss():
         assert int((pm < cap).sum()) == want
         differs += int((plain < cap).sum()) != want
     assert differs  # without the running maximum some capacity would come out wrong
+
+
+def test_curve_capacity_gives_the_planner_sizes_and_publishes_the_curve(rag):
+    from tuners.capacity_source import CurveCapacity
+    from tuners.metrics import TunerMetrics
+
+    metrics = TunerMetrics(target="t")
+    calls = []
+
+    def history():
+        calls.append(1)
+        return rag
+
+    source = CurveCapacity(history, ClusterSpec(pods=2, l2_tokens=0), headroom_gib=64.0, memory_ms_per_gib=0.0,
+                           step_gib=1.0, metrics=metrics)
+    sizes = source.cpu_candidates(Knobs())
+    cpu = source.curves["cpu"]
+    assert sizes and all(0 <= g <= 64 for g in sizes) and 5.0 not in sizes
+    assert any(abs(g - cpu.max_useful_gib) <= 1.0 for g in sizes)  # free memory: where every reuse hits
+    priced = CurveCapacity(history, ClusterSpec(pods=2, l2_tokens=0), headroom_gib=64.0,
+                           memory_ms_per_gib=1000.0, step_gib=1.0).cpu_candidates(Knobs())
+    assert 0.0 in priced  # memory too dear: the smallest buffer is a candidate
+    first = source.curves
+    source.cpu_candidates(Knobs())
+    assert source.curves is first  # same history and knobs: not rebuilt
+    text = "".join(f"{s.labels}{s.value}" for fam in metrics.collect() for s in fam.samples
+                   if fam.name == "tierpilot_tier_capacity_hit_ratio")
+    assert "'tier': 'cpu'" in text and "'capacity_gib': '5'" in text
+    short = CurveCapacity(lambda: rag.head(10), ClusterSpec(pods=2), headroom_gib=64.0, memory_ms_per_gib=2.0)
+    assert short.cpu_candidates(Knobs()) == []

@@ -1,0 +1,61 @@
+"""CPU buffer candidates from the capacity curve, for the planner (`cpu_candidates(current)`).
+
+Over the whole observed history (not a replay window), at the configuration in force: the CPU
+curve's knee, the size where the next GiB buys less mean TTFT than the memory price, and the size
+from which every reuse hits, within the operator's headroom. Each rebuild also publishes the
+curves on the tuner's metrics (`tierpilot_tier_capacity_hit_ratio`) when given them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import polars as pl
+
+from contracts.knobs import Knobs
+from simulator.capacity import TierCurve, capacity_candidates, tier_curves
+from simulator.capacity.table import curve_points
+from simulator.cluster import ClusterSpec
+from simulator.profile import HardwareProfile
+from tuners.metrics import TunerMetrics
+
+
+@dataclasses.dataclass
+class CurveCapacity:
+    """`history()`: the observed requests so far (a workload frame, arrival order). `headroom_gib`:
+    the largest CPU buffer per pod the operator allows; `step_gib`: the buffer's resolution."""
+
+    history: Callable[[], pl.DataFrame]
+    cluster: ClusterSpec
+    headroom_gib: float
+    memory_ms_per_gib: float
+    step_gib: float = 0.25
+    profile: HardwareProfile | str | None = None
+    min_requests: int = 200
+    metrics: TunerMetrics | None = None
+    curves: dict[str, TierCurve] | None = dataclasses.field(default=None, init=False)
+    _key: tuple | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def refresh(self, current: Knobs) -> dict[str, TierCurve] | None:
+        """Rebuild the curves if the history or the knobs changed since the last call."""
+        frame = self.history()
+        if frame.height < self.min_requests:
+            return self.curves
+        last_ts = int(frame["timestamp_ms"][-1]) if frame.height else 0
+        key = (frame.height, last_ts, current)
+        if key != self._key:
+            self.curves = tier_curves(frame, self.cluster, current, profile=self.profile)
+            self._key = key
+            if self.metrics is not None:
+                self.metrics.set_capacity_curves(curve_points(self.curves, cap_gib={"cpu": self.headroom_gib}))
+        return self.curves
+
+    def cpu_candidates(self, current: Knobs) -> list[float]:
+        """Sizes (GiB per pod) worth pricing, the size in force left out; [] before enough history."""
+        curves = self.refresh(current)
+        if curves is None:
+            return []
+        sizes = capacity_candidates(curves["cpu"], memory_ms_per_gib=self.memory_ms_per_gib,
+                                    headroom_gib=self.headroom_gib, profile=self.profile or self.cluster.hardware,
+                                    step_gib=self.step_gib)
+        return [g for g in sizes if abs(g - current.cpu_gib) >= self.step_gib / 2]

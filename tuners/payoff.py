@@ -148,9 +148,10 @@ def _pct(g: float) -> str:
 def scorecard_lines(scores: Sequence[PhaseScore]) -> list[str]:
     """The headline table (markdown): held / tuned / hindsight TTFT p95 and mean in ms, tuned and
     hindsight speed-ups over held, captured gain, and what the tuner did."""
-    lines = [("| phase | requests | p95 held | p95 tuned | p95 hindsight | mean held | mean tuned | mean hindsight"
-             " | tuned vs held p95 / mean | hindsight vs held p95 / mean | captured gain p95 / mean"
-             " | restarts | applies | rollbacks | drift alarms true / false |"),
+    lines = [("| phase | requests | TTFT p95 held (ms) | TTFT p95 tuned (ms) | TTFT p95 hindsight (ms)"
+             " | TTFT mean held (ms) | TTFT mean tuned (ms) | TTFT mean hindsight (ms)"
+             " | speed-up tuned vs held, p95 / mean (x) | speed-up hindsight vs held, p95 / mean (x)"
+             " | captured gain p95 / mean (%) | restarts | applies | rollbacks | drift alarms true / false |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in scores:
         name = f"**{s.label}**" if s.label == WHOLE_RUN else s.label

@@ -319,9 +319,9 @@ def report_lines(samples: Sequence[ErrorSample], disturbances: Sequence[Disturba
     floor = ("Bucket-limited floor of the quantiles: `histogram_quantile` over the true samples in the "
              "source's own buckets (vLLM TTFT buckets; Curvine FUSE `curvine_fuse_io_duration_us` buckets). "
              "An error near its floor is the buckets', not the agent's.")
-    bias = ("Bias of the live view's own comparison (truth against truth, not agent error): the live view "
-            "used to average the agent's per-pod values unweighted against a token-weighted fleet truth, "
-            "over a window twice the agent's.")
+    bias = ("Why the live view compares like with like (truth against truth, not agent error): the agent's "
+            "per-pod values averaged without weights, against a token-weighted fleet truth over a window "
+            "twice the agent's, would differ by this much.")
     out = ["## Agent accuracy", "", intro, ""]
     out += table_lines(summarise(samples, disturbances, **kw))
     out += ["", floor, ""]

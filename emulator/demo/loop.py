@@ -249,10 +249,10 @@ class Demo:
             self.status = "drift: re-tuning"
 
         if kind is not None:
-            label = {"improved": "kept as last good", "told": "measured, not better",
+            label = {"improved": "kept as the last good configuration", "told": "measured, not better",
                      "rolled_back": "regressed, rolled back"}.get(rep.state, rep.state.replace("_", " "))
             trial = f"trial {rep.trial}: " if rep.trial is not None else ""
-            self._event(kind, f"{trial}{label}" + (f" ({rep.message})" if rep.message else ""))
+            self._event(kind, f"{trial}{label}" + (f": {rep.message}" if rep.message else ""))
 
     def _trial_record(self, number: int | None):
         tuner = self.controller.tuner

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from emulator.cluster.timeline import TIERS, DemoEvent, PhaseVerdict, Recorder, TimelinePoint
 from simulator.capacity.curves import TierCurve
@@ -21,6 +22,13 @@ EVENT_STYLE = {
     "drift": ("tab:orange", "--", "drift detected"),
 }
 TIER_COLOURS = {"gpu": "tab:blue", "cpu": "tab:purple", "l2": "tab:brown", "cumulative": "black"}
+
+
+def _legend_below(fig: plt.Figure, ax: plt.Axes, ncols: int) -> None:
+    """The legend under the plot, outside the axes: it never covers a line."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
 
 
 def _minutes(seconds: float) -> float:
@@ -44,7 +52,7 @@ def _mark_events(ax: plt.Axes, events: Sequence[DemoEvent], phase_starts: Sequen
 
 def plot_ttft(points: Sequence[TimelinePoint], events: Sequence[DemoEvent], phase_starts: Sequence[float],
               path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(11, 4.8), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 5.4), dpi=110, layout="constrained")
     xs = [_minutes(p.trace_s) for p in points]
     ax.plot(xs, [p.stats.ttft_p95_s * 1000 for p in points], color="tab:blue", linewidth=2,
             label="TTFT p95 (fleet, sliding window)")
@@ -60,15 +68,14 @@ def plot_ttft(points: Sequence[TimelinePoint], events: Sequence[DemoEvent], phas
     ax.set_ylim(bottom=0)
     ax.set_title("Time to first token, p95, with configuration changes and drift")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=9, framealpha=0.9)
-    fig.tight_layout()
+    _legend_below(fig, ax, ncols=2)
     fig.savefig(path)
     plt.close(fig)
 
 
 def plot_hit_ratios(points: Sequence[TimelinePoint], events: Sequence[DemoEvent],
                     phase_starts: Sequence[float], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(11, 4.8), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 5.4), dpi=110, layout="constrained")
     xs = [_minutes(p.trace_s) for p in points]
     for tier in TIERS:
         ax.plot(xs, [p.stats.hit_ratio[tier] for p in points], color=TIER_COLOURS[tier], linewidth=1.6,
@@ -83,15 +90,14 @@ def plot_hit_ratios(points: Sequence[TimelinePoint], events: Sequence[DemoEvent]
     ax.set_ylabel("token hit ratio")
     ax.set_title("Per-tier KV-cache hit ratios (sliding window)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8.5, framealpha=0.9, ncol=2)
-    fig.tight_layout()
+    _legend_below(fig, ax, ncols=3)
     fig.savefig(path)
     plt.close(fig)
 
 
 def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: Path,
                         baseline_s: float | None = None, marks: Sequence[tuple[int, str]] = ()) -> None:
-    fig, ax = plt.subplots(figsize=(11, 4.8), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 5.4), dpi=110, layout="constrained")
     for i, (n, label) in enumerate(marks):
         ax.axvline(n - 0.5, color="tab:orange", linestyle="--", linewidth=1.2,
                    label="new study (start, or drift)" if i == 0 else None)
@@ -128,8 +134,8 @@ def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: P
         ax.set_ylim(0, min(max(finite), 4 * sorted(finite)[len(finite) // 2]) * 1.08)
     ax.set_title("Optuna optimisation history")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=9, framealpha=0.9)
-    fig.tight_layout()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole numbers
+    _legend_below(fig, ax, ncols=3)
     fig.savefig(path)
     plt.close(fig)
 

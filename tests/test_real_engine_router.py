@@ -10,8 +10,10 @@ kv_aware, measured here (docs/real-engines.md):
   `missing_tokens`, so it falls back to load;
 - with the router's default block size (16) against 32-token engine blocks every lookup is a
   `miss`: the router chunks prompts into blocks of the size it was given.
-The engines' hash algorithm and seed do not enter: the router indexes blocks by a hash of their
-token ids that it computes itself, and uses the engines' block hashes only to chain and remove.
+The engines' hash algorithm and seed do not enter (the two engines here differ in both): the router
+indexes blocks by a hash of their token ids that it computes itself, and uses the engines' block
+hashes only to chain and remove. Without `--kv-event-model` the router refuses to start ("static
+KV event sources require worker URLs and model identity").
 """
 from __future__ import annotations
 
@@ -43,7 +45,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    pair = start_engines([engine_spec(cpu_bind="0"), engine_spec(cpu_bind="1")],
+    # different block-hash algorithms and seeds: kv_aware must not depend on them
+    pair = start_engines([engine_spec(cpu_bind="0"),
+                          engine_spec(cpu_bind="1", extra_args=("--prefix-caching-hash-algo", "sha256_cbor"),
+                                      extra_env=(("PYTHONHASHSEED", "123"),))],
                          tmp_path_factory.mktemp("engines"))
     yield pair
     for e in pair:
@@ -122,6 +127,7 @@ def _lookups(router: Router) -> dict[str, float]:
 
 
 def test_kv_aware_routes_token_id_prompts_to_the_engine_holding_the_prefix(engines):
+    assert [engine_counters(e).cache_config["prefix_caching_hash_algo"] for e in engines] == ["sha256", "sha256_cbor"]
     rng = random.Random(5)
     with _kv_router(engines, block_size=32) as router:
         time.sleep(0.5)

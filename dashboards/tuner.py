@@ -42,12 +42,15 @@ def _config_table(title: str, metric: str, description: str) -> Panel:
 
 
 def _capacity_panel(title: str, tier: str, scope: str, what: str) -> Panel:
+    expr = f"max by (capacity_gib) (tierpilot_tier_capacity_hit_ratio{selector(eq('tier', tier), scope=NS)})"
+    if tier == "cpu":  # without a tuner, the agent's own curve from the KV events' GPU stores
+        expr += f" or max by (capacity_gib) (tierpilot_kv_cpu_capacity_hit_ratio{selector(scope=NS)})"
     return Panel(
         title, "bargauge", "percentunit",
-        (Query(f"max by (capacity_gib) (tierpilot_tier_capacity_hit_ratio{selector(eq('tier', tier), scope=NS)})",
-               "{{capacity_gib}} GiB", instant=True),),
+        (Query(expr, "{{capacity_gib}} GiB", instant=True),),
         f"Hit ratio at each size (GiB {scope}) of {what}, over the whole observed history: one bar per "
-        "point of the tier's capacity curve (tierpilot_tier_capacity_hit_ratio, LRU). Where the bars stop "
+        "point of the tier's capacity curve (tierpilot_tier_capacity_hit_ratio, LRU; for the CPU without a "
+        "tuner, tierpilot_kv_cpu_capacity_hit_ratio from the KV events). Where the bars stop "
         "rising, more memory buys nothing; the size in force is in the Current configuration table.",
         width=12, height=8, min=0, max=1, decimals=3, no_value="no capacity curve yet",
     )

@@ -266,3 +266,52 @@ def test_curve_capacity_gives_the_planner_sizes_and_publishes_the_curve(rag):
     assert "'tier': 'cpu'" in text and "'capacity_gib': '5'" in text
     short = CurveCapacity(lambda: rag.head(10), ClusterSpec(pods=2), headroom_gib=64.0, memory_ms_per_gib=2.0)
     assert short.cpu_candidates(Knobs()) == []
+
+
+def test_live_kv_events_give_the_cpu_curve(rag):
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.kvevents.signals import EngineId, KvSignals
+    from agent.kvevents.store_curve import StoreCurveCollector, StoreStream
+    from agent.kvevents.wire import Batch, Stored
+    from contracts.events import AllBlocksCleared, BlockStored
+    from simulator.capacity.stores import cpu_curve_from_stores
+
+    knobs, cluster = Knobs(), ClusterSpec(pods=2, l2_tokens=0)
+    events: list = []
+    run = replay(rag, cluster, knobs, event_sink=events.append)
+    bpt = run.capacities.kv_bytes_per_token
+    signals = KvSignals()
+    stream = StoreStream()
+    signals.store_stream = stream
+    seq = 0
+    for ev in events:  # the twin's events as the agent decodes them from the wire, one message each
+        if isinstance(ev, BlockStored):
+            seq += 1
+            batch = Batch(b"kv", seq, ev.ts, None, [Stored(list(ev.block_hashes), ev.parent_block_hash,
+                                                           ev.block_size, ev.medium, None)], {})
+            signals.apply(EngineId(ev.pod, "m"), batch)
+    want = cpu_curve_from_stores(events, chunk_tokens=knobs.chunk_tokens, kv_bytes_per_token=bpt)
+    got = stream.curve("m", bpt)
+    assert stream.blocks("m") == want.lookup_tokens // knobs.chunk_tokens
+    for gib in (24.0, 32.0, 48.0):  # the agent's lookups are messages, not requests: close, not equal
+        assert got.hit_ratio(gib) == pytest.approx(want.hit_ratio(gib), abs=0.01)
+    assert got.hit_ratio(5.0) == 0.0 and got.hit_ratio(48.0) > 0.03
+    collector = StoreCurveCollector(stream, bpt, refresh_s=60.0, clock=lambda: 0.0)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert 'tierpilot_kv_cpu_capacity_hit_ratio{capacity_gib="0",model="m"} 0.0' in text
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    small = StoreStream(max_blocks=1000)
+    small.add("m", "pod-0", range(800), 256)
+    small.add("m", "pod-1", range(800, 1500), 256)
+    assert small.blocks("m") == 700  # the oldest message went
+    small.clear_engine("m", "pod-1")
+    assert small.blocks("m") == 0
+    assert not [e for e in events if isinstance(e, AllBlocksCleared)]  # no restarts in this replay

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import zmq
 
@@ -41,6 +41,9 @@ from agent.kvevents.wire import (
     split_replay,
 )
 from agent.kvevents.workload import PodCounters
+
+if TYPE_CHECKING:
+    from agent.kvevents.store_curve import StoreStream
 
 END_SEQ = END_SEQ_BYTES
 _DRAIN = 256  # messages read from one socket before looking at the others
@@ -125,6 +128,11 @@ class KvEventManager:
     def snapshot(self) -> KvSnapshot:
         with self._lock:
             return self.signals.snapshot()
+
+    def enable_store_curve(self, stream: StoreStream) -> None:
+        """Keep the GPU stores for the CPU capacity curve (`agent.kvevents.store_curve`)."""
+        with self._lock:
+            self.signals.store_stream = stream
 
     def enable_block_sketches(self, sketches: BlockSketches) -> None:
         """Keep fleet-mergeable sketches of the stored blocks (sharded agents: fleet.py)."""

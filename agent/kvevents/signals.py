@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from agent.kvevents.fleet import BlockSketches
 from agent.kvevents.index import CAUSES, DISTANCE_BUCKETS, REUSE_BUCKETS, TIER_NAMES, FleetIndex, IndexLimits
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 from agent.kvevents.workload import EventTotals, OverlapReading, PodCounters, WorkloadWindow
+
+if TYPE_CHECKING:
+    from agent.kvevents.store_curve import StoreStream
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -101,6 +105,7 @@ class KvSignals:
         self.streams: dict[EngineId, StreamStats] = {}
         self._windows: dict[str, WorkloadWindow] = {}
         self.blocks: BlockSketches | None = None  # fleet sketches for sharded agents (fleet.py)
+        self.store_stream: StoreStream | None = None  # GPU stores for the CPU capacity curve (store_curve.py)
 
     # -- feeding ---------------------------------------------------------------------------
     def index(self, model: str) -> FleetIndex:
@@ -133,6 +138,8 @@ class KvSignals:
         for reason, n in batch.rejected.items():
             st.rejected[reason] = st.rejected.get(reason, 0) + n
         idx = self.index(engine.model)
+        if self.store_stream is not None:
+            self._record_stores(engine, batch)
         if self.blocks is None:
             idx.apply(engine.key, batch.ts, batch.events)
             return
@@ -145,6 +152,21 @@ class KvSignals:
         if idx.cold_sink:
             self.blocks.add_cold(engine.model, batch.ts, idx.cold_sink)
             idx.cold_sink.clear()
+
+    def _record_stores(self, engine: EngineId, batch: Batch) -> None:
+        stream = self.store_stream
+        assert stream is not None
+        gpu: list[int] = []
+        size = 0
+        for e in batch.events:
+            if type(e) is Cleared:
+                stream.clear_engine(engine.model, engine.key)
+                gpu = []
+            elif type(e) is Stored and e.medium == "GPU" and (e.group is None or e.group == self.group_idx):
+                gpu.extend(e.hashes)
+                size = e.block_size or size
+        if gpu:
+            stream.add(engine.model, engine.key, gpu, size)
 
     def reject(self, engine: EngineId, reason: str, n: int = 1) -> None:
         st = self.stream(engine)

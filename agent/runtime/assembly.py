@@ -248,6 +248,11 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     kv = KvEventManager(cfg.manager_settings(), clock=clock, context=context)
     rt.kv = kv
     rt.agent.add_collector(KvEventsCollector(kv.snapshot), fleet=True)
+    from agent.kvevents.store_curve import StoreCurveCollector, StoreStream
+
+    stores = StoreStream()  # the GPU stores: what a CPU buffer of N GiB would hit
+    kv.enable_store_curve(stores)
+    rt.agent.add_collector(StoreCurveCollector(stores, settings.tiers.kv_bytes_per_token or 131072.0), fleet=True)
     interval = settings.scrape.interval_s
     rt.kv_feed = lambda: feed_kv_counters(rt.agent.store, kv, window_s=interval * 2.5, ts=clock())
     rt.agent.add_job(JobSpec("kv_counters", interval, rt.kv_feed))

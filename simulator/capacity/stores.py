@@ -45,19 +45,28 @@ def cpu_curve_from_stores(events: Iterable[object], *, chunk_tokens: int, kv_byt
         hashes.extend(ev.block_hashes)
         pod_of.extend([pod] * m)
         batch_of.extend([batches - 1] * m)
-    n_pods = max(len(pods), 1)
-    if not hashes:
+    return cpu_curve_from_arrays(np.array(hashes, dtype=np.uint64), np.array(pod_of, dtype=np.int64),
+                                 np.array(batch_of, dtype=np.int64), block_tokens=block_tokens,
+                                 chunk_tokens=chunk_tokens, kv_bytes_per_token=kv_bytes_per_token,
+                                 current_chunks=current_chunks)
+
+
+def cpu_curve_from_arrays(hashes: np.ndarray, engines: np.ndarray, batches: np.ndarray, *, block_tokens: int,
+                          chunk_tokens: int, kv_bytes_per_token: int, current_chunks: int = 0) -> TierCurve:
+    """The same from arrays: per stored block its hash, its engine (small int) and its lookup
+    (batch id, non-decreasing in time order)."""
+    n_pods = int(engines.max()) + 1 if len(engines) else 1
+    n_batches = len(np.unique(batches)) if len(batches) else 0
+    if not len(hashes):
         return TierCurve("cpu", chunk_tokens, kv_bytes_per_token, n_pods, 0, 0, 0, current_chunks, 1.0,
                          np.zeros(0, dtype=np.int64), np.zeros(0))
-    _, ids = np.unique(np.array(hashes, dtype=np.uint64), return_inverse=True)
-    pod_arr = np.array(pod_of, dtype=np.int64)
-    batch = np.array(batch_of, dtype=np.int64)
-    # each pod's stream on its own (stable by pod keeps time order), keys distinct per pod
-    order = np.argsort(pod_arr, kind="stable")
-    keys = ids.reshape(-1)[order].astype(np.int64) * n_pods + pod_arr[order]
-    b = batch[order]
+    _, ids = np.unique(hashes.astype(np.uint64), return_inverse=True)
+    # each engine's stream on its own (stable by engine keeps time order), keys distinct per engine
+    order = np.argsort(engines, kind="stable")
+    keys = ids.reshape(-1)[order].astype(np.int64) * n_pods + engines[order]
+    b = batches[order]
     new = np.ones(len(b), dtype=bool)
-    new[1:] = b[1:] != b[:-1]
+    new[1:] = (b[1:] != b[:-1]) | (engines[order][1:] != engines[order][:-1])
     seg = np.cumsum(new) - 1
     starts = np.concatenate([np.flatnonzero(new), [len(b)]]).astype(np.int64)
     dist = reuse_distances(keys, starts)
@@ -68,5 +77,5 @@ def cpu_curve_from_stores(events: Iterable[object], *, chunk_tokens: int, kv_byt
     levels, counts = np.unique(pm, return_counts=True)
     per_chunk = block_tokens / chunk_tokens  # hits are counted in chunks of `chunk_tokens`
     stored_tokens = len(keys) * block_tokens
-    return TierCurve("cpu", chunk_tokens, kv_bytes_per_token, n_pods, int(batches), stored_tokens, stored_tokens,
+    return TierCurve("cpu", chunk_tokens, kv_bytes_per_token, n_pods, n_batches, stored_tokens, stored_tokens,
                      current_chunks, 1.0, levels, np.cumsum(counts).astype(np.float64) * per_chunk)

@@ -1,0 +1,133 @@
+"""What a CPU buffer of N GiB would hit, from the live GPU block stores (KV events).
+
+A pod's GPU `BlockStored` stream is its LMCache CPU buffer's reference stream (docs/twin.md,
+"Capacity curves"), so the CPU tier's hit-ratio-versus-capacity curve comes from the events
+alone. `StoreStream` keeps the most recent stores per model, bounded in references (the oldest
+message's blocks go first); `StoreCurveCollector` exports the curve as
+`tierpilot_kv_cpu_capacity_hit_ratio{model, capacity_gib}`, rebuilt at most every `refresh_s`
+(one pass over the kept stream: about half a second per million blocks on one core).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from simulator.capacity.curves import TierCurve
+from simulator.capacity.stores import cpu_curve_from_arrays
+
+DEFAULT_MAX_BLOCKS = 1_000_000
+GRID_POINTS = 9
+
+
+class StoreStream:
+    """The last `max_blocks` GPU-stored block hashes per model, with their engine and message."""
+
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"store stream: max_blocks must be >= 1, got {max_blocks!r}")
+        self.max_blocks = max_blocks
+        self._lock = threading.Lock()
+        self._parts: dict[str, collections.deque[tuple[int, int, np.ndarray]]] = {}
+        self._sizes: dict[str, int] = {}
+        self._engines: dict[str, dict[str, int]] = {}
+        self._block_tokens: dict[str, int] = {}
+        self._seq = 0
+
+    def add(self, model: str, engine: str, hashes: Iterable[int], block_tokens: int) -> None:
+        """One message's GPU stores of one engine (looked up together)."""
+        arr = np.fromiter(hashes, dtype=np.uint64)
+        if not len(arr):
+            return
+        with self._lock:
+            engines = self._engines.setdefault(model, {})
+            eid = engines.setdefault(engine, len(engines))
+            parts = self._parts.setdefault(model, collections.deque())
+            parts.append((eid, self._seq, arr[-self.max_blocks:]))
+            self._seq += 1
+            size = self._sizes.get(model, 0) + len(parts[-1][2])
+            while size > self.max_blocks:
+                size -= len(parts.popleft()[2])
+            self._sizes[model] = size
+            if block_tokens > 0:
+                self._block_tokens[model] = block_tokens
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return sorted(self._parts)
+
+    def blocks(self, model: str) -> int:
+        with self._lock:
+            return self._sizes.get(model, 0)
+
+    def curve(self, model: str, kv_bytes_per_token: float) -> TierCurve | None:
+        """The CPU curve of the kept stores of `model` (None before any)."""
+        with self._lock:
+            parts = list(self._parts.get(model, ()))
+            block_tokens = self._block_tokens.get(model, 16)
+        if not parts:
+            return None
+        hashes = np.concatenate([p[2] for p in parts])
+        engines = np.concatenate([np.full(len(p[2]), p[0], dtype=np.int64) for p in parts])
+        batches = np.concatenate([np.full(len(p[2]), p[1], dtype=np.int64) for p in parts])
+        return cpu_curve_from_arrays(hashes, engines, batches, block_tokens=block_tokens, chunk_tokens=block_tokens,
+                                     kv_bytes_per_token=max(int(kv_bytes_per_token), 1))
+
+    def clear_engine(self, model: str, engine: str) -> None:
+        """An engine restarted: its CPU buffer restarts empty too (LMCache lives in the engine)."""
+        with self._lock:
+            eid = self._engines.get(model, {}).get(engine)
+            parts = self._parts.get(model)
+            if eid is None or not parts:
+                return
+            kept = collections.deque(p for p in parts if p[0] != eid)
+            self._parts[model] = kept
+            self._sizes[model] = sum(len(p[2]) for p in kept)
+
+
+class StoreCurveCollector:
+    """`tierpilot_kv_cpu_capacity_hit_ratio{model, capacity_gib}` from a `StoreStream`."""
+
+    collector_name = "kv_capacity"
+
+    def __init__(self, stream: StoreStream, kv_bytes_per_token: float, *, refresh_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, cap_gib: float | None = None) -> None:
+        self.stream = stream
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.cap_gib = cap_gib
+        self._points: dict[str, list[tuple[float, float]]] = {}
+        self._at = -float("inf")
+        self._lock = threading.Lock()
+
+    def points(self) -> dict[str, list[tuple[float, float]]]:
+        """Per model, (capacity GiB per pod, hit ratio); rebuilt when older than `refresh_s`."""
+        with self._lock:
+            if self.clock() - self._at >= self.refresh_s:
+                out = {}
+                for model in self.stream.models():
+                    curve = self.stream.curve(model, self.kv_bytes_per_token)
+                    if curve is not None and curve.lookup_tokens:
+                        out[model] = curve.grid(curve.default_grid(GRID_POINTS, self.cap_gib))
+                self._points, self._at = out, self.clock()
+            return dict(self._points)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        points = self.points()
+        if not points:
+            return
+        g = GaugeMetricFamily("tierpilot_kv_cpu_capacity_hit_ratio",
+                              "Hit ratio a CPU buffer of capacity_gib GiB per pod would have had on the GPU "
+                              "block stores of the KV events kept (LRU).", labels=["model", "capacity_gib"])
+        for model, pts in sorted(points.items()):
+            for gib, ratio in pts:
+                g.add_metric([model, f"{gib:g}"], ratio)
+        yield g

@@ -68,6 +68,33 @@ def test_verdict_table_has_units_and_a_trial_verdict_reads_as_a_sentence():
         assert col in header, header
     same = TtftObservations(samples=tuple(0.5 + 0.001 * i for i in range(200)))
     verdict = judge(same, same, RegressionSettings(method="mannwhitney"))
-    assert verdict.reason.startswith("TTFT p95 stayed at 0.689 s; no evidence of a regression (a one-sided "
-                                     "Mann-Whitney test gives p = "), verdict.reason
+    assert verdict.reason.startswith("TTFT p95 stayed at 0.689 s; the TTFTs as a whole are not significantly "
+                                     "larger (one-sided Mann-Whitney p = 0.5, >= 0.05): not a regression"), verdict.reason
+    slower = TtftObservations(samples=tuple(0.6 + 0.001 * i for i in range(200)))
+    worse = judge(slower, same, RegressionSettings(method="mannwhitney"))
+    assert worse.worse and worse.reason.startswith("TTFT p95 rose from 0.689 s to 0.789 s; the TTFTs as a whole are "
+                                                   "larger (one-sided Mann-Whitney p = "), worse.reason
+    assert worse.reason.endswith(": a regression")
     assert "p=0.9" not in verdict.reason and "alpha" not in verdict.reason
+
+
+def test_tune_says_why_the_cpu_tier_scores_no_hits_when_it_drops_it():
+    from click.testing import CliRunner
+
+    from agent.cli import main
+    from contracts.knobs import DEFAULT_KNOBS
+    from simulator.cluster import ClusterSpec
+    from tuners.cli import cpu_tier_note
+
+    cluster = ClusterSpec(pods=2)
+    caps = cluster.capacities(DEFAULT_KNOBS)
+    assert caps.cpu_tokens < caps.gpu_tokens  # LMCache's 5 GiB default against the profile's GPU pool
+    note = cpu_tier_note(DEFAULT_KNOBS.replace(cpu_gib=0.0), DEFAULT_KNOBS, cluster)
+    assert note and f"{caps.cpu_tokens:,} tokens per pod" in note and "write-through" in note
+    assert cpu_tier_note(DEFAULT_KNOBS, DEFAULT_KNOBS, cluster) is None  # kept: nothing to explain
+    big = ClusterSpec(pods=2, gpu_tokens=caps.cpu_tokens // 2)
+    assert cpu_tier_note(DEFAULT_KNOBS.replace(cpu_gib=0.0), DEFAULT_KNOBS, big) is None
+    # the claim holds in the twin: with the defaults the CPU tier serves no token
+    import json
+    out = CliRunner().invoke(main, ["replay", "--pods", "2", "--duration", "120", "--rate", "4", "--format", "json"])
+    assert json.loads(out.output)["tiers"]["cpu"]["hit_tokens"] == 0

@@ -182,6 +182,9 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     if result.best is None or result.best_evaluation is None:
         raise click.ClickException("no feasible trial finished; nothing to report")
     _print_comparison(result.best.knobs, result.best_evaluation, defaults or DEFAULTS, result.defaults, objective)
+    note = cpu_tier_note(result.best.knobs, defaults or DEFAULTS, cluster)
+    if note:
+        click.echo(note)
     from tuners.capacity_report import print_capacity
 
     curve_plots = print_capacity(workload, cluster, result.best.knobs, headroom_gib=node_memory_gib,
@@ -237,6 +240,9 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
     evaluator = TwinEvaluator(workload, cluster, limits)  # type: ignore[arg-type]
     best_ev, defaults = evaluator.evaluate(result.best.knobs), evaluator.evaluate(DEFAULTS)
     _print_comparison(result.best.knobs, best_ev, DEFAULTS, defaults, objective)
+    note = cpu_tier_note(result.best.knobs, DEFAULTS, cluster)
+    if note:
+        click.echo(note)
     if out is not None:
         metric = objective.metric
         out.write_text(best_yaml(result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
@@ -293,6 +299,24 @@ def _study_name(storage: str, name: str, settings: dict[str, Any], space: Search
 def _knob_line(k: object) -> str:
     d = k.to_dict()  # type: ignore[attr-defined]
     return " ".join(f"{key}={value}" for key, value in d.items())
+
+
+def cpu_tier_note(best: Any, defaults: Any, cluster: Any) -> str | None:
+    """Why the CPU tier shows (almost) no hits when the search drops it: in the twin, as in LMCache's
+    write-through store, every chunk the GPU stores goes to the CPU buffer too, both kept by
+    recency; a CPU buffer no larger than the GPU prefix cache holds only chunks the GPU still
+    has, and the CPU is looked up only after the GPU prefix missed. None when it does not apply."""
+    if best.cpu_gib > 0 or defaults.cpu_gib <= 0 or defaults.cpu_eviction != "lru":
+        return None
+    caps = cluster.capacities(defaults)
+    if caps.cpu_tokens > caps.gpu_tokens:
+        return None
+    return (f"note: cpu_gib {defaults.cpu_gib:g} -> 0: a {defaults.cpu_gib:g} GiB CPU buffer holds "
+            f"{caps.cpu_tokens:,} tokens per pod, no more than the GPU prefix cache's {caps.gpu_tokens:,}. "
+            f"Every chunk the GPU stores is written to the CPU buffer too (LMCache write-through) and both "
+            f"evict the least recently used, so the chunks it keeps are still on the GPU and a lookup that misses the GPU misses it too: "
+            f"the CPU tier scores 0 hits and its memory buys nothing. A CPU buffer pays only beyond "
+            f"{caps.gpu_tokens * caps.kv_bytes_per_token / 2**30:,.1f} GiB (the GPU pool's size).")
 
 
 def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation,

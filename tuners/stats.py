@@ -80,25 +80,27 @@ def judge(candidate: TtftObservations, baseline: TtftObservations,
     if settings.method == "mannwhitney":
         p = mann_whitney_worse(candidate, baseline)
         worse = p < settings.alpha and practical
-        why = _sentence(settings.quantile, q_b, q_c, worse,
-                        f"a one-sided Mann-Whitney test gives p = {p:.2g}, {'under' if p < settings.alpha else 'not under'} "
-                        f"{settings.alpha:g}")
+        larger = p < settings.alpha
+        test = (f"the TTFTs as a whole are {'' if larger else 'not significantly '}larger (one-sided Mann-Whitney "
+                f"p = {p:.2g}, {'<' if larger else '>='} {settings.alpha:g})")
+        if larger and not practical:
+            test += f", but the p{settings.quantile * 100:g} did not rise by {settings.min_rel_effect:.0%}"
+        why = _sentence(settings.quantile, q_b, q_c, worse, test)
         return Verdict(worse, True, "mannwhitney", p, q_c, q_b, n_c, n_b, why)
     low = bootstrap_quantile_worse(candidate, baseline, q=settings.quantile, alpha=settings.alpha,
                                    n_boot=settings.n_boot, seed=seed)
     worse = low > settings.min_rel_effect
     why = _sentence(settings.quantile, q_b, q_c, worse,
-                    f"the bootstrap {100 * (1 - settings.alpha):g}% lower bound of the change is {low:+.1%}, "
+                    f"the bootstrap {100 * (1 - settings.alpha):g}% lower bound of its change is {low:+.1%}, "
                     f"{'above' if worse else 'not above'} the {settings.min_rel_effect:+.0%} threshold")
     return Verdict(worse, True, "bootstrap", low, q_c, q_b, n_c, n_b, why)
 
 
 def _sentence(q: float, before_s: float, after_s: float, worse: bool, test: str) -> str:
-    """A verdict as a plain sentence: what moved, and whether the test calls it a regression."""
+    """A verdict as a plain sentence: what moved, what the test says, and the conclusion."""
     moved = "rose" if after_s > before_s else "fell" if after_s < before_s else "stayed"
     change = f"from {before_s:.3g} s to {after_s:.3g} s" if moved != "stayed" else f"at {before_s:.3g} s"
-    verdict = "slower than the baseline" if worse else "no evidence of a regression"
-    return f"TTFT p{q * 100:g} {moved} {change}; {verdict} ({test})"
+    return f"TTFT p{q * 100:g} {moved} {change}; {test}: {'a regression' if worse else 'not a regression'}"
 
 
 # -- Mann-Whitney --------------------------------------------------------------------------

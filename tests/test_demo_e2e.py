@@ -115,3 +115,13 @@ def test_report_has_the_agent_accuracy_table(demo_run) -> None:
     assert "n/a" not in gpu, gpu
     # the live view compares like with like: the truth aggregated as the agent's values are
     assert any(p.truth_like_agent.get("gpu") is not None for p in demo.recorder.timeline)
+
+
+def test_report_and_agent_show_the_capacity_curves(demo_run) -> None:
+    demo, result = demo_run
+    report = result.report_path.read_text()
+    section = report.split("## Capacity curves: what if the CPU buffer were N GiB", 1)[1].split("\n## ", 1)[0]
+    assert "![Capacity curves](capacity_curves.png)" in section and "\ncpu " in section
+    assert (result.report_path.parent / "capacity_curves.png").stat().st_size > 10_000
+    names = {fam.name for fam in demo.tuner_metrics.collect()}
+    assert "tierpilot_tier_capacity_hit_ratio" in names

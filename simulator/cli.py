@@ -129,7 +129,7 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
     Examples:
       tierpilot replay                                  # default synthetic workload ('shift')
       tierpilot replay --workload rag --seed 7 --router prefixaware --format json
-      tierpilot replay --trace ../shared/traces/mooncake_fast25_conversation_trace.jsonl \\
+      tierpilot replay --trace conversation_trace.jsonl \\
           --pods 8 --chunk-tokens 512 --l2-eviction s3fifo --plot replay.png
       tierpilot replay --pods 1 --cpu-tokens 0 --l2-tokens 0 --chunk-tokens 512 --trace T.jsonl  # pure replay
       tierpilot replay --config best.yaml --workload sessions

@@ -21,7 +21,7 @@ Examples:
   tierpilot tune --workload rag --trials 40 --targets deploy/overlays/production-stack/targets.yaml \\
       --out best.yaml && tierpilot k8s check --targets deploy/overlays/production-stack/targets.yaml \\
       --config best.yaml
-  tierpilot tune --trace ../shared/traces/mooncake_fast25_synthetic_trace.jsonl --max-requests 1500 \\
+  tierpilot tune --trace synthetic_trace.jsonl --max-requests 1500 \\
       --pods 16 --trials 60 --sampler tpe --plot-dir plots --out best.yaml
   tierpilot replay --trace ... --config best.yaml      # replay with the tuned knobs
 """

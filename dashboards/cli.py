@@ -68,7 +68,15 @@ def build(root: Path | None, check: bool, ttft_slo: float | None, slo_objective:
             raise click.exceptions.Exit(1)
         click.echo(f"all {len(builder.render_all(settings))} generated files match the source")
         return
-    for path in builder.write(root, settings):
+    from contracts.output_paths import OutputPathError, check_output_dir
+
+    try:
+        check_output_dir(root, "--root")
+        written = builder.write(root, settings)
+    except (OutputPathError, OSError) as exc:
+        raise click.ClickException(f"--root {root}: {exc.strerror}: {exc.filename}"
+                                   if isinstance(exc, OSError) and exc.strerror else str(exc)) from None
+    for path in written:
         click.echo(f"wrote {root / path}")
 
 

@@ -35,14 +35,14 @@ def test_run_on_a_taken_port_is_one_line_and_no_banner(tmp_path):
                       "targets: {static: [{url: 'http://127.0.0.1:1/metrics', role: vllm, pod: p}]}\n")
     try:
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "-c", str(config)], cwd=REPO_ROOT,
+        proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "-c", str(config)], check=False, cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONWARNINGS": ""})
     finally:
         holder.close()
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines == [f"Error: cannot listen on 127.0.0.1:{port}: the address is already in use (another agent "
-                     f"or program holds it); choose another with server.port or --port"], proc.stderr
+    assert lines == [(f"Error: cannot listen on 127.0.0.1:{port}: the address is already in use (another agent "
+                      f"or program holds it); choose another with server.port or --port")], proc.stderr
     assert "tierpilot agent:" not in proc.stderr and "Unclosed" not in proc.stderr
     assert time.monotonic() - started < 30
 
@@ -72,6 +72,7 @@ def test_check_config_validates_and_starts_nothing(tmp_path):
      "Error: --report-dir afile/report: afile is not a directory"),
     (["dashboards", "render", "--out", "afile/png", "--prometheus", "http://127.0.0.1:1"],
      "Error: --out afile/png: afile is not a directory"),
+    (["dashboards", "build", "--root", "afile/repo"], "Error: --root afile/repo: afile is not a directory"),
 ])
 def test_output_paths_are_checked_before_the_work(tmp_path, monkeypatch, args, expected):
     monkeypatch.chdir(tmp_path)

@@ -61,7 +61,7 @@ def _later_reuses_before(values: np.ndarray, q_before: np.ndarray, q_values: np.
     if not m or not len(q_before):
         return out
     bits = max(int(max(int(values.max()), int(q_values.max()), 1)).bit_length(), 1)
-    dt = np.int32 if m < (1 << 31) - 1 and bits < 31 else np.int64
+    dt = np.int32 if m < (1 << 30) and bits < 30 else np.int64  # 2 x positions must fit
     cur = values.astype(dt)
     qv = q_values.astype(dt)
     lo = np.zeros(len(q_before), dtype=dt)

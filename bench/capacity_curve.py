@@ -154,6 +154,40 @@ def both_tiers_error(seed: int) -> float:
     return max(errs)
 
 
+def candidates_vs_sweep(small: bool) -> None:
+    """The CPU sizes the curve proposes against an exhaustive sweep of replays (no L2, kvaware, RAG
+    whose hot set outgrows the GPU), under the tuner's objective: TTFT p95 + price x fleet GiB."""
+    from simulator.capacity import capacity_candidates
+
+    duration = 900.0 if small else 3600.0
+    w = synthetic("rag", seed=5, duration_s=duration)
+    cluster, knobs, headroom = ClusterSpec(pods=4, l2_tokens=0), Knobs(router="kvaware"), 64.0
+    curves = tier_curves(w, cluster, knobs)
+    t0 = time.process_time()
+    cache: dict[float, float] = {}
+
+    def p95(gib: float) -> float:
+        if gib not in cache:
+            cache[gib] = replay(w, cluster, knobs.replace(cpu_gib=gib)).summary()["ttft_p95_s"]
+        return cache[gib]
+
+    print(f"CPU sizes: curve candidates vs a sweep of replays (rag {duration:g} s, 4 pods, kvaware, no L2, "
+          f"headroom {headroom:g} GiB)")
+    for price in (0.0, 2.0):
+        def objective(gib: float, price: float = price) -> float:
+            return p95(gib) + price / 1000.0 * cluster.pods * gib
+
+        sweep = [float(g) for g in range(0, int(headroom) + 1, 4)] + [5.0]
+        best = min(sweep, key=objective)
+        cands = capacity_candidates(curves["cpu"], memory_ms_per_gib=price, headroom_gib=headroom,
+                                    profile=cluster.hardware)
+        pick = min([knobs.cpu_gib, *cands], key=objective)
+        print(f"  {price:g} ms/GiB: sweep best {best:g} GiB (objective {objective(best):.3f} s); curve candidates "
+              f"{', '.join(f'{c:g}' for c in cands)} -> best {pick:g} GiB ({objective(pick):.3f} s, "
+              f"{objective(best) / objective(pick):.3f}x of the sweep's); held 5 GiB {objective(5.0):.3f} s")
+    print(f"  ({len(cache)} replays, {time.process_time() - t0:.1f} CPU s; the curve: one pass)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="a 10-minute workload (development)")
@@ -198,6 +232,7 @@ def main() -> None:
     print(f"CPU hit ratio at the default 5 GiB: {cpu.hit_ratio(5.0):.3f}; at the GPU pool size "
           f"({exact['gpu'].current_gib:g} GiB): {cpu.hit_ratio(exact['gpu'].current_gib):.3f}; "
           f"every reuse hits from {cpu.max_useful_gib:.1f} GiB")
+    candidates_vs_sweep(args.small)
     if not args.no_workloads:
         semantics_table()
 

@@ -234,7 +234,8 @@ class LimitsSection(_Frozen):
     cpu_budget_gib: float | None = Field(None, ge=0, le=1e7, description="optional fleet-wide cap on cpu_gib x pods")
     cpu_gib_step: float = Field(1.0, gt=0, le=1024.0)
     l2_pool_gib: float = Field(1024.0, gt=0, le=1e8, description="size of the shared L2 pool (fixed, not a knob)")
-    l2_backend: Literal["curvine", "lmcache", "twin"] = Field("curvine", description="decides L2 policies")
+    l2_backend: Literal["curvine", "lmcache", "twin", "none"] = Field(
+        "curvine", description="decides L2 policies; none: no shared L2 (no L2 knob is tuned)")
     l2_threshold_max: int = Field(4096, ge=0, le=1 << 20, description="largest L2 read threshold tried (tokens)")
 
 
@@ -288,7 +289,14 @@ class PlannerSection(_Frozen):
     prefill speed is calibrated to the live windows. `enabled: false`: the older live search."""
 
     enabled: bool = Field(True, description="plan on the twin with transition costs (off: live search)")
-    horizon_s: float = Field(900.0, gt=0, le=7 * 86_400.0, description="expected rest of a workload regime")
+    horizon_s: float = Field(900.0, gt=0, le=7 * 86_400.0, description=(
+        "expected rest of a workload regime when it is not estimated from the run (horizon_from_run: false)"))
+    horizon_from_run: bool = Field(True, description=(
+        "estimate the regime's rest from the run: time since the last drift and past regime lengths"))
+    horizon_floor_s: float = Field(300.0, gt=0, le=7 * 86_400.0, description="shortest horizon estimated from the run")
+    horizon_cap_s: float = Field(3600.0, gt=0, le=7 * 86_400.0, description="longest horizon estimated from the run")
+    plan_warm_s: float = Field(1200.0, ge=0, le=86_400.0, description=(
+        "history replayed before recent_s when pricing a move (a capacity change pays at the occupancy it reaches)"))
     margin: float = Field(0.03, ge=0, le=1, description="net relative gain a restart-requiring change needs")
     hot_margin: float = Field(0.01, ge=0, le=1, description="net relative gain a router change needs")
     tolerance: float = Field(0.005, ge=0, le=1, description="neither p95 nor mean may lose more than this")

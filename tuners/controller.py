@@ -32,6 +32,7 @@ from contracts.knobs import Knobs
 from tuners.base import Candidate
 from tuners.drift import CONFIG_DEPENDENT, DriftDetector, DriftEvent
 from tuners.guardrails import Guardrails
+from tuners.horizon import RegimeHorizon
 from tuners.live import InsufficientTraffic, LiveEvaluator, LiveResult
 from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
@@ -102,7 +103,8 @@ class TuningController:
     def __init__(self, *, space: SearchSpace, objective: ObjectiveSpec | None, storage: optuna.storages.BaseStorage,
                  guardrails: Guardrails, evaluator: LiveEvaluator, metrics: TunerMetrics,
                  settings: ControllerSettings = ControllerSettings(), warm_start: WarmStart | None = None,
-                 drift: DriftDetector | None = None, counterfactual: WindowPredictor | None = None) -> None:
+                 drift: DriftDetector | None = None, counterfactual: WindowPredictor | None = None,
+                 horizon: RegimeHorizon | None = None) -> None:
         self.space = space
         base = objective or ObjectiveSpec()
         self.objective = ObjectiveSpec(metric=base.metric, memory_ms_per_gib=base.memory_ms_per_gib)
@@ -121,6 +123,7 @@ class TuningController:
         self.stopped: str | None = None
         self.holding = False
         self.counterfactual = counterfactual
+        self.horizon = horizon
         self.prediction_errors: list[tuple[float, float]] = []  # (window end, error ratio)
         self._plan_pending = False
         self._planned = 0
@@ -133,6 +136,8 @@ class TuningController:
         `adopt`: this replica just took the Lease; the previous leader's trial in flight is failed
         and its candidate measured again (OptunaTuner.resume)."""
         latest = latest_phase(self.storage, self.settings.study)
+        if self.horizon is not None and not self.horizon.starts:
+            self.horizon.start(now)
         self._open_phase(max(latest, 0), now, reason="resume" if latest >= 0 else "start",
                          fresh=latest < 0)
         assert self.tuner is not None
@@ -340,6 +345,8 @@ class TuningController:
             self._rollback(self.candidate.number, "workload drift during evaluation")
             self._finish(self.candidate)
         self._retry = None
+        if self.horizon is not None:
+            self.horizon.start(now)
         self._open_phase(self.phase + 1, now, reason=f"drift:{event.signal}", fresh=True)
 
     def _open_phase(self, phase: int, now: float, *, reason: str, fresh: bool) -> None:
@@ -374,17 +381,29 @@ class TuningController:
                 self._planned += 1
             except CandidateError as exc:
                 log_event("warm_start_skipped", error=str(exc))
+        if self.horizon is not None:
+            self.horizon.planned(self._now)
 
     def _phase_done(self) -> bool:
         assert self.tuner is not None
         done = [t for t in self.tuner.trials() if t.state != "running" and t.attrs.get("source") != "baseline"]
         limit = self.settings.trials_per_phase
         if not self.settings.live_search:
-            limit = min(limit, self._planned)
+            limit = self._planned  # every planned move is tried; a plan is bounded by the planner
         return len(done) >= limit
 
     def _hold(self, now: float) -> StepReport:
         assert self.tuner is not None
+        if (self.horizon is not None and self.settings.plan_after_baseline and self.warm_start is not None
+                and self.horizon.replan_due(now)):
+            # the regime has aged: its horizon may have grown enough for a move to pay now. Measure
+            # the running configuration again, then plan (the same path as a new phase's plan)
+            self.horizon.planned(now)
+            self.holding = False
+            self.baseline = None
+            self._plan_pending = True
+            log_event("replan", phase=self.phase, horizon=self.horizon.estimate(now).to_dict())
+            return StepReport(now, self.phase, "replan", message="the regime has aged: planning again")
         good = self.tuner.last_good()
         if not self.holding:
             self.holding = True

@@ -21,7 +21,7 @@ from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
 from tuners.calibration import LatencyFit, LatencyPoint, calibrated_profile, fit_prefill_latency
 from tuners.logline import log_event
-from tuners.planner import PlanSettings, TransitionPlanner
+from tuners.planner import CapacitySource, PlanSettings, TransitionPlanner
 from tuners.twin_oracle import RecentTwin, WindowTwin
 from tuners.warmstart import WarmStart
 
@@ -55,9 +55,15 @@ class Paying:
 def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], current: Callable[[], Knobs],
                  clock: Callable[[], float], restarts: Callable[[Knobs, Knobs], bool], routers: Sequence[str],
                  search: WarmStart | None, recent_s: float, warm_s: float, downtime_s: float,
-                 latency_points: LatencyPoints | None = None, settings: PlanSettings | None = None) -> Paying:
+                 latency_points: LatencyPoints | None = None, settings: PlanSettings | None = None,
+                 horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
+                 memory_s: Callable[[Knobs], float] | None = None, plan_warm_s: float | None = None) -> Paying:
     """The planner (calibrating the twin before each plan when `latency_points` is given) and the
-    counterfactual twin (carrying the latest calibration)."""
+    counterfactual twin (carrying the latest calibration). `plan_warm_s` (default `warm_s`) of history before the last
+    `recent_s` warms the planning twin's caches, so a capacity change is priced at the occupancy
+    the fleet's history gives it (a buffer larger than the GPU pool pays only once the working set
+    has outgrown the GPU). `horizon`: the regime horizon from the run (tuners.horizon); `capacity`:
+    CPU buffer candidates (the capacity curve); `memory_s`: the objective's memory price."""
     counterfactual = WindowTwin(history, twin_cluster(), warm_s=warm_s)
     state: dict[str, Any] = {"profile": None}
     fits: list[tuple[float, LatencyFit]] = []
@@ -77,11 +83,12 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
         now = clock()
         cluster = counterfactual.cluster = twin_cluster()
         calibrate(now, cluster)
-        return RecentTwin(history(now, recent_s + warm_s), cluster, measure_from_s=now - recent_s,
+        return RecentTwin(history(now, recent_s + (plan_warm_s or warm_s)), cluster, measure_from_s=now - recent_s,
                           downtime_s=downtime_s, profile=state["profile"])
 
     planner = TransitionPlanner(planning_twin, current, restarts=restarts, routers=routers, search=search,
-                                settings=settings or PlanSettings())
+                                settings=settings or PlanSettings(), horizon=horizon, capacity=capacity,
+                                memory_s=memory_s, clock=clock)
     return Paying(planner, counterfactual, fits, state)
 
 

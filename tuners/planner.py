@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -101,71 +101,167 @@ def net_gain(stay: np.ndarray, transition: np.ndarray, steady: np.ndarray, trans
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """One priced candidate. gain_p95 / gain_mean: net relative gains over the horizon (memory
+    price included on p95). gain_per_hour_s: TTFT seconds (summed over requests) saved per hour
+    once the move has settled; transition_cost_s: TTFT seconds the transition adds over staying;
+    payback_s: how long the steady gain takes to repay it (inf: never). verdict: apply / decline,
+    with the reason."""
+
     knobs: Knobs
     restart: bool
     gain_p95: float
     gain_mean: float
     accepted: bool
+    horizon_s: float = math.nan
+    gain_per_hour_s: float = math.nan
+    transition_cost_s: float = math.nan
+    payback_s: float = math.nan
+    steady_gain_p95: float = math.nan
+    steady_gain_mean: float = math.nan
+    reason: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return "apply" if self.accepted else "decline"
 
     def describe(self) -> str:
+        pay = "never" if not math.isfinite(self.payback_s) else f"{self.payback_s:,.0f} s"
         return (f"{'restart' if self.restart else 'hot'} p95 {self.gain_p95 * 100:+.1f}% "
-                f"mean {self.gain_mean * 100:+.1f}% -> {'apply' if self.accepted else 'skip'}")
+                f"mean {self.gain_mean * 100:+.1f}% over {self.horizon_s:,.0f} s; steady gain "
+                f"{self.gain_per_hour_s:,.0f} s/h, transition cost {self.transition_cost_s:,.0f} s, payback {pay}"
+                f" -> {self.verdict}" + (f" ({self.reason})" if self.reason else ""))
+
+    def to_dict(self) -> dict[str, object]:
+        def num(x: float, nd: int = 4) -> float | None:
+            return round(x, nd) if math.isfinite(x) else None
+
+        return {"restart": self.restart, "gain_p95": num(self.gain_p95), "gain_mean": num(self.gain_mean),
+                "steady_gain_p95": num(self.steady_gain_p95), "steady_gain_mean": num(self.steady_gain_mean),
+                "horizon_s": num(self.horizon_s, 1), "gain_per_hour_s": num(self.gain_per_hour_s, 1),
+                "transition_cost_s": num(self.transition_cost_s, 1), "payback_s": num(self.payback_s, 1),
+                "verdict": self.verdict, "reason": self.reason}
+
+
+def price(stay: np.ndarray, transition: np.ndarray, steady: np.ndarray, transition_s: float,
+          window_s: float) -> tuple[float, float, float]:
+    """(steady gain per hour, transition cost, payback), in TTFT seconds summed over requests.
+    The steady gain is the mean TTFT saved per request times the request rate of the window; the
+    cost is what the transition window served beyond what staying would have (0 if less)."""
+    if not (stay.size and steady.size and window_s > 0):
+        return math.nan, math.nan, math.nan
+    rate_per_h = stay.size / window_s * 3600.0
+    per_hour = (float(stay.mean()) - float(steady.mean())) * rate_per_h
+    cost = max(float(transition.sum()) - float(stay.mean()) * transition.size, 0.0) if transition.size else 0.0
+    payback = 0.0 if cost == 0 and per_hour > 0 else (cost / per_hour * 3600.0 if per_hour > 0 else math.inf)
+    return per_hour, cost, payback
 
 
 def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
            restarts: Callable[[Knobs, Knobs], bool], margin: float, horizon_s: float,
-           tolerance: float = 0.0) -> list[Decision]:
+           tolerance: float = 0.0, memory_s: Callable[[Knobs], float] | None = None) -> list[Decision]:
     """Every candidate priced against staying on `current`, best first (accepted ones first, then
-    by the sum of the two gains). Accepted: the larger gain >= margin, the smaller >= -tolerance."""
+    by the sum of the two gains). Accepted: the larger gain >= margin, the smaller >= -tolerance.
+    `memory_s(knobs)`: the objective's memory price of a configuration, in seconds of TTFT p95."""
     stay = twin.steady(current)
+    mem = memory_s or (lambda _k: 0.0)
     out = []
     for knobs in dict.fromkeys(candidates):
         if knobs == current:
             continue
         restart = restarts(current, knobs)
-        g95, gmean = net_gain(stay, twin.switch(current, knobs, restart=restart), twin.steady(knobs),
-                              twin.transition_s, horizon_s)
+        trans, steady = twin.switch(current, knobs, restart=restart), twin.steady(knobs)
+        g95, gmean = net_gain(stay, trans, steady, twin.transition_s, horizon_s)
+        s95, smean = net_gain(stay, steady, steady, 0.0, horizon_s)
+        base95 = weighted_p95_mean(stay, np.ones(stay.size))[0]
+        if base95 > 0 and math.isfinite(g95):  # the memory price, on the p95 objective
+            extra = (mem(knobs) - mem(current)) / base95
+            g95, s95 = g95 - extra, s95 - extra
+        per_hour, cost, payback = price(stay, trans, steady, twin.transition_s, twin.transition_s)
         ok = (math.isfinite(g95) and math.isfinite(gmean) and max(g95, gmean) >= margin
               and min(g95, gmean) >= -tolerance)
-        out.append(Decision(knobs, restart, g95, gmean, ok))
+        if ok:
+            reason = ""
+        elif not (math.isfinite(g95) and math.isfinite(gmean)):
+            reason = "not measurable on the twin"
+        elif max(s95, smean) < margin:
+            reason = f"does not pay even once settled (steady p95 {s95 * 100:+.1f}%, mean {smean * 100:+.1f}%)"
+        elif min(g95, gmean) < -tolerance:
+            which = "p95" if g95 < gmean else "mean"
+            reason = f"{which} worse over the horizon ({min(g95, gmean) * 100:+.1f}%)"
+        else:
+            pay = "never" if not math.isfinite(payback) else f"{payback:,.0f} s"
+            reason = f"transition not repaid within the horizon (payback {pay}, horizon {horizon_s:,.0f} s)"
+        out.append(Decision(knobs, restart, g95, gmean, ok, horizon_s, per_hour, cost, payback, s95, smean, reason))
     out.sort(key=lambda d: (not d.accepted, -(d.gain_p95 + d.gain_mean)))
     return out
 
 
+class CapacitySource(Protocol):
+    """Where CPU buffer candidates come from (the hit-ratio-vs-capacity curve: its knee and the
+    size where the next GiB buys less than the memory price)."""
+
+    def cpu_candidates(self, current: Knobs) -> Sequence[float]:
+        ...
+
+
 class TransitionPlanner:
-    """The phase's live plan: at most one hot change, then at most one restart-requiring change."""
+    """The phase's live plan: at most one hot change, then at most one restart-requiring change.
+
+    `horizon()` (optional) estimates the rest of the regime from the run (tuners.horizon); without
+    it `settings.horizon_s` is used. `capacity` (optional) adds CPU buffer candidates to the
+    search's. `memory_s(knobs)` prices memory as the objective does."""
 
     def __init__(self, twin_factory: Callable[[], PlanningTwin], current: Callable[[], Knobs], *,
                  restarts: Callable[[Knobs, Knobs], bool], routers: Sequence[str],
-                 search: WarmStart | None = None, settings: PlanSettings = PlanSettings()) -> None:
+                 search: WarmStart | None = None, settings: PlanSettings = PlanSettings(),
+                 horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
+                 memory_s: Callable[[Knobs], float] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         self.twin_factory = twin_factory
         self.current = current
         self.restarts = restarts
         self.routers = tuple(routers)
         self.search = search
         self.settings = settings
+        self.horizon = horizon
+        self.capacity = capacity
+        self.memory_s = memory_s
+        self.clock = clock
         self.decisions: list[Decision] = []
+        self.last_plan: dict[str, Any] | None = None  # for /healthz and the report
+        self.history: list[dict[str, Any]] = []  # every plan (time, horizon, priced candidates)
 
     def candidates(self, k: int) -> list[Knobs]:
         s = self.settings
+        est = self.horizon() if self.horizon is not None else None
+        horizon_s = est.horizon_s if est is not None else s.horizon_s
         twin = self.twin_factory()
         now = self.current()
         hot = decide(twin, now, [now.replace(router=r) for r in self.routers], restarts=lambda a, b: False,
-                     margin=s.hot_margin, horizon_s=s.horizon_s, tolerance=s.tolerance)
+                     margin=s.hot_margin, horizon_s=horizon_s, tolerance=s.tolerance)
         base = hot[0].knobs if hot and hot[0].accepted else now
         plan = [base] if base != now else []
         cold: list[Decision] = []
         if self.search is not None and s.search_k > 0 and k > len(plan):
             found = [c.replace(router=base.router) for c in self.search.candidates(s.search_k)]
-            cold = decide(twin, base, found, restarts=self.restarts, margin=s.margin, horizon_s=s.horizon_s,
-                          tolerance=s.tolerance)
+            if self.capacity is not None:
+                sizes = [float(g) for g in self.capacity.cpu_candidates(base)]
+                found += [c.replace(cpu_gib=g) for c in [base, *found[:1]] for g in sizes]
+            cold = decide(twin, base, found, restarts=self.restarts, margin=s.margin, horizon_s=horizon_s,
+                          tolerance=s.tolerance, memory_s=self.memory_s)
             if cold and cold[0].accepted:
                 plan.append(cold[0].knobs)
         self.decisions = hot + cold
+        priced = [{"knobs": now.diff(d.knobs), **d.to_dict()} for d in self.decisions]
+        self.last_plan = {"at": self.clock() if self.clock else None, "current": now.to_dict(),
+                          "horizon": est.to_dict() if est is not None else {"horizon_s": horizon_s, "basis": "configured"},
+                          "plan": [p.to_dict() for p in plan], "priced": priced}
+        self.history.append(self.last_plan)
         log_event("plan", current=now.to_dict(), plan=[p.to_dict() for p in plan],
+                  horizon=self.last_plan["horizon"],
                   priced=[{"knobs": now.diff(d.knobs), "decision": d.describe()} for d in self.decisions])
         return plan[:k]
 
 
-__all__ = ["Decision", "PlanSettings", "PlanningTwin", "TransitionPlanner", "decide", "horizon_outcome",
-           "net_gain", "weighted_p95_mean"]
+__all__ = ["CapacitySource", "Decision", "PlanSettings", "PlanningTwin", "TransitionPlanner", "decide", "horizon_outcome",
+           "net_gain", "price", "weighted_p95_mean"]

@@ -46,6 +46,8 @@ L2_BACKENDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "lmcache": (("lru", "lfu", "fifo"), False),
     # The digital twin implements every policy in Knobs, with watermarks.
     "twin": (L2_EVICTION_CHOICES, True),
+    # No shared L2 (production-stack style: LMCache CPU offload only): no L2 knob exists.
+    "none": ((), False),
 }
 DEFAULT_WATERMARKS: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.9, 0.8), (0.8, 0.6))
 # What the digital twin can evaluate: a candidate outside these is never proposed (the knob values
@@ -144,6 +146,10 @@ class DeploymentLimits:
     @property
     def has_watermarks(self) -> bool:
         return L2_BACKENDS[self.l2_backend][1]
+
+    @property
+    def has_l2(self) -> bool:
+        return self.l2_backend != "none"
 
 
 # -- dimensions ------------------------------------------------------------------------------
@@ -260,20 +266,32 @@ class SearchSpace:
     @classmethod
     def from_limits(cls, limits: DeploymentLimits | None = None, *,
                     tune_cpu_eviction: bool = False) -> SearchSpace:
-        """The standard space of DESIGN.md "Search space", bounded by `limits`."""
+        """The standard space of DESIGN.md "Search space", bounded by `limits`. A tier the deployment
+        does not have contributes no dimension: without an L2 there is no L2 eviction, watermark or
+        read threshold to tune (those knobs keep their defaults); a choice with one value is fixed."""
         limits = limits or DeploymentLimits()
-        dims: list[Dimension] = [
-            Choice("chunk_tokens", tuple(limits.chunk_choices)),
-            FloatRange("cpu_gib", 0.0, limits.cpu_gib_max, limits.cpu_gib_step),
-            Choice("l2_eviction", limits.l2_evictions),
-        ]
+        dims: list[Dimension] = []
+        if len(limits.chunk_choices) > 1:
+            dims.append(Choice("chunk_tokens", tuple(limits.chunk_choices)))
+        if limits.cpu_gib_max > 0:
+            dims.append(FloatRange("cpu_gib", 0.0, limits.cpu_gib_max, limits.cpu_gib_step))
+        if len(limits.l2_evictions) > 1:
+            dims.append(Choice("l2_eviction", limits.l2_evictions))
         if limits.has_watermarks and len(limits.watermarks) > 1:
             dims.append(Choice(WATERMARKS_PARAM, tuple(watermark_label(h, lo) for h, lo in limits.watermarks)))
-        dims.append(Choice("router", tuple(limits.routers)))
-        dims.append(IntRange("l2_min_prompt_tokens", 0, limits.l2_threshold_max, limits.l2_threshold_step))
+        if len(limits.routers) > 1:
+            dims.append(Choice("router", tuple(limits.routers)))
+        if limits.has_l2 and limits.l2_threshold_max > 0:
+            dims.append(IntRange("l2_min_prompt_tokens", 0, limits.l2_threshold_max, limits.l2_threshold_step))
         if tune_cpu_eviction:
             dims.append(Choice("cpu_eviction", tuple(limits.cpu_evictions)))
         fixed = Knobs()
+        if len(limits.chunk_choices) == 1:
+            fixed = fixed.replace(chunk_tokens=limits.chunk_choices[0])
+        if len(limits.routers) == 1:
+            fixed = fixed.replace(router=limits.routers[0])
+        if len(limits.l2_evictions) == 1:
+            fixed = fixed.replace(l2_eviction=limits.l2_evictions[0])
         if limits.has_watermarks and len(limits.watermarks) == 1:
             high, low = limits.watermarks[0]
             fixed = fixed.replace(l2_high_watermark=high, l2_low_watermark=low)
@@ -357,7 +375,11 @@ class SearchSpace:
         if knobs.cpu_gib > lim.node_memory_headroom_gib + 1e-9:
             problems.append(f"cpu_gib={knobs.cpu_gib:g} exceeds the node memory headroom "
                             f"({lim.node_memory_headroom_gib:g} GiB)")
-        if knobs.l2_eviction not in lim.l2_evictions:
+        if not lim.has_l2:
+            if knobs.l2_eviction != self.fixed.l2_eviction or knobs.l2_min_prompt_tokens != self.fixed.l2_min_prompt_tokens:
+                problems.append("this deployment has no L2: l2_eviction and l2_min_prompt_tokens keep "
+                                f"{self.fixed.l2_eviction!r} / {self.fixed.l2_min_prompt_tokens}")
+        elif knobs.l2_eviction not in lim.l2_evictions:
             problems.append(f"l2_eviction={knobs.l2_eviction!r} not offered by the {lim.l2_backend} backend; "
                             f"valid: {', '.join(lim.l2_evictions)}")
         pair = (knobs.l2_high_watermark, knobs.l2_low_watermark)

@@ -161,6 +161,7 @@ class Agent:
         self.target_log = TargetLog()  # one log line per change of a target's state
         self.blindness = Blindness(settings.scrape.blind_after_cycles)
         self.add_health_check("targets", self.blindness.problem)
+        self.health_info: dict[str, Callable[[], Any]] = {}
         # export.fleet=leader: the runtime points this at the Lease (exporters/fleet.py)
         self.is_fleet_exporter: Callable[[], bool] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -230,6 +231,19 @@ class Agent:
         """A component's own health in /healthz `checks` (None = ok, else the problem). Degraded
         components do not fail liveness: the agent keeps serving everything else."""
         self.health_checks[name] = check
+
+    def add_health_info(self, name: str, info: Callable[[], Any]) -> None:
+        """A component's state shown in /healthz `info` (JSON-safe, None when it has none yet)."""
+        self.health_info[name] = info
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, fn in sorted(self.health_info.items()):
+            try:
+                out[name] = fn()
+            except Exception as exc:  # noqa: BLE001 - a broken reader must not break /healthz
+                out[name] = {"error": f"{type(exc).__name__}"}
+        return out
 
     def checks(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -447,8 +461,9 @@ class Agent:
 
     async def _serve_health(self, _request: web.Request) -> web.Response:
         h = self.health()
-        return web.json_response(health_json(h, self.checks(), self._exported),
-                                 status=200 if h.live else 503, dumps=json_dumps)
+        body = health_json(h, self.checks(), self._exported)
+        body["info"] = self.info()
+        return web.json_response(body, status=200 if h.live else 503, dumps=json_dumps)
 
     async def _serve_ready(self, _request: web.Request) -> web.Response:
         h = self.health()

@@ -360,6 +360,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from tuners.controller import ControllerSettings, TuningController
     from tuners.drift import DriftDetector, DriftSettings
     from tuners.guardrails import Guardrails, GuardrailSettings
+    from tuners.horizon import HorizonSettings, RegimeHorizon
     from tuners.live import LiveEvaluator, LiveSettings
     from tuners.metrics import TunerMetrics
     from tuners.objective import ObjectiveSpec
@@ -422,11 +423,15 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     live = t.live
     counterfactual = None
     paying: dict[str, Any] = {}
+    horizon = None
     if t.planner.enabled and not unmodelled:
         from agent.runtime.paying_runtime import build_runtime_paying
 
+        if t.planner.horizon_from_run:
+            horizon = RegimeHorizon(HorizonSettings(floor_s=t.planner.horizon_floor_s,
+                                                    cap_s=max(t.planner.horizon_cap_s, t.planner.horizon_floor_s)))
         rt.paying = build_runtime_paying(rt, settings.tuner, space, twin_cluster_kw(settings, limits), search=warm,
-                                          clock=clock)
+                                          clock=clock, horizon=horizon, objective=objective)
         warm, counterfactual = rt.paying.planner, rt.paying.counterfactual
         quiet = d.quiet_s if d.quiet_s is not None else t.planner.restart_downtime_s * limits.pods + 10.0
         paying = {"plan_after_baseline": True, "live_search": False, "drift_quiet_s": quiet,
@@ -439,6 +444,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                 settle_s=live.settle_s, window_s=live.window_s, min_requests=live.min_requests,
                 max_extensions=live.max_extensions)),
             metrics=rt.tuner_metrics, warm_start=warm, drift=drift, counterfactual=counterfactual,
+            horizon=horizon,
             settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=act.identity,
                                         trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
                                         min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries,
@@ -450,6 +456,8 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
         clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     rt.agent.add_health_check("tuner", rt.tuning.health)
+    if rt.paying is not None:  # every priced candidate of the latest plan: gain/h, cost, payback, verdict
+        rt.agent.add_health_info("tuner_plan", lambda: rt.paying.planner.last_plan)
     log.info("tuning %s in %s: knobs %s; %s; leader election %s; %s", t.study, act.namespace,
              ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live",
              "on" if rt.elector is not None else "off",

@@ -27,8 +27,11 @@ from agent.collect.window import bucket_increases, bucket_shares, signal_values
 from agent.runtime.tuning_bridge import deepest_cumulative_ratio, drift_signals, gpu_observations
 from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
 from simulator.cluster import ClusterSpec
+from tuners.horizon import RegimeHorizon
+from tuners.objective import ObjectiveSpec
 from tuners.paying import Paying, build_paying, restarts_serving_pods
 from tuners.planner import PlanSettings
+from tuners.space import memory_cost_gib
 
 
 def store_window(store: Any, since: float, until: float) -> pl.DataFrame:
@@ -117,7 +120,8 @@ def router_choices(space: Any) -> tuple[str, ...]:
 
 
 def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, Any], *, search: Any,
-                         clock: Callable[[], float]) -> Paying:
+                         clock: Callable[[], float], horizon: RegimeHorizon | None = None,
+                         objective: ObjectiveSpec | None = None) -> Paying:
     """tuners.paying over the agent's store: the fitted twin, the load term, the live calibration.
     `tuner` is the `tuner:` settings section (agent.settings.TunerSection)."""
     p, ws = tuner.planner, tuner.warm_start
@@ -137,7 +141,10 @@ def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, 
         recent_s=p.recent_s, warm_s=p.warm_s, downtime_s=p.restart_downtime_s,
         latency_points=points if p.calibrate else None,
         settings=PlanSettings(horizon_s=p.horizon_s, margin=p.margin, hot_margin=p.hot_margin,
-                              tolerance=p.tolerance, search_k=p.search_k))
+                              tolerance=p.tolerance, search_k=p.search_k),
+        horizon=(lambda: horizon.estimate(clock())) if horizon is not None else None,
+        memory_s=(lambda k: objective.memory_cost_s(memory_cost_gib(k, space.limits))) if objective else None,
+        plan_warm_s=p.plan_warm_s)
 
 
 __all__ = ["FittedHistory", "build_runtime_paying", "latency_points", "observed_between", "router_choices", "store_window",

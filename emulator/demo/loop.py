@@ -41,7 +41,7 @@ from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import endpoint_lines, progress_line, render_view
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
-from emulator.demo.scorecard import action_counts, demo_scorecard
+from emulator.demo.scorecard import action_counts, demo_scorecard, plan_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
 from emulator.demo.tuning_setup import CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
@@ -195,6 +195,7 @@ class Demo:
         self.space = tuning.space
         self.guardrails = tuning.guardrails
         self.controller = tuning.controller
+        self.planner = tuning.planner
 
     def _wall_of(self, cluster_t: float) -> float:
         """The wall time (unix seconds) of cluster time `cluster_t`."""
@@ -414,6 +415,12 @@ class Demo:
                                             tuned[: reached + 1], actions)
             headline = scorecard_lines(scores) + ["", f"Method: {method}"]
         headline += ["", prediction_line(errors)]
+        plans = list(self.planner.history) if self.planner is not None else []
+        if plans:
+            headline += ["", "### Every move the planner priced", "",
+                         ("Gain per hour and transition cost are TTFT seconds summed over the requests; payback = "
+                          "transition cost / gain per hour; a move is applied when its net gain over the horizon "
+                          "clears the margin."), "", *plan_lines(plans)]
         default_p95 = next((v.default_ttft_p95_s for v in verdicts if v.phase == 1), None)
         facts = {"pods": str(self.s.pods), "seed": str(self.s.seed), "duration": f"{self.s.duration_s:g} s wall",
                  "time scale": f"{self.scale:g} cluster-seconds per second",

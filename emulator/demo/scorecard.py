@@ -2,10 +2,12 @@
 
 Tuned = the TTFT of every request as the emulated fleet served it (the twin's truth, restarts,
 cold caches and all). Held = the same requests replayed on the twin with the defaults held for
-the whole run. Hindsight = per phase, the best of a few static configurations (every router with
-the default LMCache settings, and the configurations tierpilot ended each phase with), each
-replayed over the whole stream. `tuners.payoff` does the arithmetic; what the tuner did per phase
-(rolling restarts, applies, rollbacks, true / false drift alarms) comes from the run's events.
+the whole run. Ceiling = per phase, the best static configuration over everything the tuner may
+choose (emulator.demo.ceiling: every router, chunk size and L2 eviction the demo's deployment
+offers, the CPU buffer up to its headroom), under the tuner's own objective, memory price
+included; the same search with memory priced at 0 is stated too. `tuners.payoff` does the
+arithmetic; what the tuner did per phase (rolling restarts, applies, rollbacks, true / false drift
+alarms) comes from the run's events. `plan_lines` renders every move the planner priced.
 """
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ import numpy as np
 
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from emulator.cluster.timeline import DemoEvent, Disturbance, Served
-from emulator.demo.sim_run import DETECT_WITHIN_S, classify_alarms, held_ttfts, hindsight
+from emulator.demo.ceiling import ceiling
+from emulator.demo.sim_run import DETECT_WITHIN_S, classify_alarms, held_ttfts
+from emulator.demo.tuning_setup import demo_deployment
 from emulator.demo.workload import DemoWorkload
 from simulator.cluster import ClusterSpec
 from tuners.payoff import ActionCounts, PhaseScore, score_phases
-
-HINDSIGHT_ROUTERS = ("roundrobin", "session", "prefixaware", "kvaware")
 
 
 def _phase_of(starts: Sequence[float], t: float) -> int:
@@ -55,6 +57,11 @@ def action_counts(starts: Sequence[float], events: Sequence[DemoEvent], disturba
     return out
 
 
+def _best(best: dict[int, Knobs]) -> str:
+    return "; ".join(f"phase {p + 1}: " + (", ".join(f"{k}={b}" for k, (_a, b) in DEFAULT_KNOBS.diff(kn).items())
+                                           or "defaults") for p, kn in sorted(best.items()))
+
+
 def demo_scorecard(workload: DemoWorkload, cluster: ClusterSpec, served: Sequence[Served],
                    end_knobs: Sequence[Knobs], actions: dict[int, ActionCounts]) -> tuple[list[PhaseScore], str]:
     """The scorecard over the requests served so far, and a one-line method note."""
@@ -67,19 +74,45 @@ def demo_scorecard(workload: DemoWorkload, cluster: ClusterSpec, served: Sequenc
         tuned.setdefault(r.phase, []).append(r.ttft_s)
     held = held_ttfts(part, cluster)
     tuned_arrays = {p: np.asarray(v) for p, v in tuned.items()}
-    grid = [DEFAULT_KNOBS.replace(router=r) for r in HINDSIGHT_ROUTERS]
-    hind = hindsight(part, cluster, grid, extra=end_knobs)
-    scores = score_phases(workload.labels, held, tuned_arrays, hind.ttft, actions)
-    best = "; ".join(f"phase {p + 1}: " + (", ".join(f"{k}={b}" for k, (_a, b) in DEFAULT_KNOBS.diff(kn).items())
-                                           or "defaults") for p, kn in sorted(hind.best.items()))
+    dep = demo_deployment(cluster.pods)
+    priced, free = ceiling(part, cluster, dep.space(), [DEFAULT_KNOBS, *end_knobs],
+                           memory_ms_per_gib=dep.memory_ms_per_gib)
+    scores = score_phases(workload.labels, held, tuned_arrays, priced.ttft, actions)
     method = (f"tuned = the {n} requests as the emulated fleet served them (restarts, cold caches and all); held = "
               "the same requests replayed on the twin with the defaults (chunk 256, CPU 5 GiB, LRU, round-robin) "
-              "for the whole run; hindsight = per phase the best (TTFT p95) of "
-              f"{len({DEFAULT_KNOBS, *grid, *end_knobs})} static configurations (every router, and the "
-              f"configuration in force at the end of each phase), each replayed over the whole stream ({best}). "
-              "Captured gain = (held - tuned) / (held - hindsight); n/a where hindsight does not beat held. "
-              f"A drift alarm is true when it is the first within {DETECT_WITHIN_S:g} s of the real shift.")
+              "for the whole run; hindsight = per phase the best static configuration under the tuner's objective "
+              f"(TTFT p95 + {dep.memory_ms_per_gib:g} ms per GiB of host memory across the fleet), by a "
+              f"{priced.label}, up to the {dep.limits.node_memory_headroom_gib:g} GiB headroom, each replayed over "
+              f"the whole stream ({priced.replays} configurations; {_best(priced.best)}); with memory priced at 0: "
+              f"{_best(free.best)}. Captured gain = (held - tuned) / (held - hindsight); n/a where hindsight does "
+              f"not beat held. A drift alarm is true when it is the first within {DETECT_WITHIN_S:g} s of the real "
+              "shift.")
     return scores, method
 
 
-__all__ = ["action_counts", "demo_scorecard"]
+def _num(x: object, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def plan_lines(plans: Sequence[dict]) -> list[str]:
+    """Every plan the planner made (markdown list): when, the horizon and how it was estimated, and
+    per priced candidate the predicted gain over the horizon, the steady gain per hour (TTFT
+    seconds summed over requests), the transition cost, the payback time and the verdict."""
+    out = []
+    for plan in plans:
+        h = plan["horizon"]
+        at = plan.get("at")
+        out.append(f"- plan at {_num(at, ',.0f')} s: horizon {h['horizon_s']:,.0f} s ({h.get('basis', 'configured')})")
+        for d in plan["priced"]:
+            knobs = ", ".join(f"{k} {b}" for k, (_a, b) in d["knobs"].items())
+            g95 = "n/a" if d["gain_p95"] is None else f"{d['gain_p95'] * 100:+.1f}%"
+            gm = "n/a" if d["gain_mean"] is None else f"{d['gain_mean'] * 100:+.1f}%"
+            pay = "never" if d["payback_s"] is None else f"{d['payback_s']:,.0f} s"
+            out.append(f"  - {knobs} ({'restart' if d['restart'] else 'hot reload'}): p95 {g95}, mean {gm} over "
+                       f"the horizon; gain {_num(d['gain_per_hour_s'], ',.0f')} s/h, transition cost "
+                       f"{_num(d['transition_cost_s'], ',.0f')} s, payback {pay}: **{d['verdict']}**"
+                       + (f" ({d['reason']})" if d["reason"] else ""))
+    return out
+
+
+__all__ = ["action_counts", "demo_scorecard", "plan_lines"]

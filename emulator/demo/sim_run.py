@@ -29,7 +29,9 @@ from emulator.demo.tuning_setup import (
     DRIFT,
     DRIFT_SIGNALS,
     DRIFT_SIGNALS_WINDOW_S,
+    Deployment,
     build_tuning,
+    demo_deployment,
 )
 from emulator.demo.workload import TRACE_HASH_OFFSET, DemoWorkload, build_workload
 from simulator.cluster import ClusterSpec
@@ -43,7 +45,7 @@ from tuners.payoff import ActionCounts, PhaseScore, score_phases
 
 CONTROL_TICK_S = 10.0  # the demo steps the controller every 0.5 wall s at 20x
 DEMO_SPAN_S = 180.0 * 20.0 * 0.95  # `make demo`: 180 s wall at 20x, 95% of it workload
-WORKLOADS = ("demo", "shift", "mooncake")
+WORKLOADS = ("demo", "shift", "mooncake")  # the scenarios of emulator.demo.scenarios come on top
 DETECT_WITHIN_S = 2 * DRIFT_SIGNALS_WINDOW_S  # an alarm this soon after a real shift detected it
 
 
@@ -96,6 +98,8 @@ class LiveRun:
     signals: tuple[tuple[float, dict[str, float]], ...]  # the drift signals of every tick
     prediction_errors: tuple[tuple[float, float], ...]  # (window end, twin p95 error ratio)
     latency_fits: tuple = ()  # (when, tuners.calibration.LatencyFit) of each calibration
+    plans: tuple = ()  # every plan: time, horizon, each priced candidate and its verdict
+    restarts_applied: tuple[float, ...] = ()  # when a restart-requiring change (pods or L2 master) was applied
 
 
 def _phase_of(starts: Sequence[float], t: float) -> int:
@@ -103,14 +107,16 @@ def _phase_of(starts: Sequence[float], t: float) -> int:
 
 
 def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool = False,
-             restart_downtime_s: float = DEFAULT_RESTART_DOWNTIME_S) -> LiveRun:
-    """The demo's tuner against the twin fleet on a simulated clock (dry_run: defaults held)."""
-    fleet = TwinFleet(list(iter_requests(wl.frame)), cluster, DEFAULT_KNOBS,
+             restart_downtime_s: float = DEFAULT_RESTART_DOWNTIME_S, deployment: Deployment | None = None) -> LiveRun:
+    """The demo's tuner against the twin fleet on a simulated clock (dry_run: the start held)."""
+    deployment = deployment or demo_deployment(cluster.pods)
+    fleet = TwinFleet(list(iter_requests(wl.frame)), cluster, deployment.start,
                       restart_downtime_s=restart_downtime_s, dry_run=dry_run)
     clock = [0.0]
     tuning = build_tuning(actuator=fleet, window_source=fleet, clock=lambda: clock[0], twin_cluster=cluster,
                           history=wl.recent, metrics=TunerMetrics(target="bench"), seed=seed, dry_run=dry_run,
-                          restart_downtime_s=restart_downtime_s, latency_points=fleet.latency_points)
+                          restart_downtime_s=restart_downtime_s, latency_points=fleet.latency_points,
+                          deployment=deployment)
     ctl = tuning.controller
     starts = wl.phase_starts_s
     end_knobs: list[Knobs] = []
@@ -144,8 +150,10 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
         actions[p] = actions[p] + ActionCounts(restarts=int(a.pods_restarted), applies=1,
                                                rollbacks=int(a.kind == "rollback"))
     delays = classify_alarms(starts, alarms, actions)
+    plans = tuple(tuning.planner.history) if tuning.planner is not None else ()
+    restarted = tuple(a.at for a in fleet.actions if a.kind == "apply" and set(a.changed) - {"router"})
     return LiveRun(ttft, actions, tuple(alarms), tuple(delays), tuple(end_knobs), tuple(states), tuple(signals),
-                   tuple(ctl.prediction_errors), tuple(tuning.latency_fits))
+                   tuple(ctl.prediction_errors), tuple(tuning.latency_fits), plans, restarted)
 
 
 def classify_alarms(starts: Sequence[float], alarms: Sequence[float], actions: dict[int, ActionCounts]) -> list[float]:
@@ -181,8 +189,8 @@ def phase_ttfts(frame: pl.DataFrame, cluster: ClusterSpec, knobs: Knobs) -> dict
     return {int(p): req.filter(pl.col("phase") == p)["ttft_s"].to_numpy() for p in req["phase"].unique().to_list()}
 
 
-def held_ttfts(wl: DemoWorkload, cluster: ClusterSpec) -> dict[int, np.ndarray]:
-    return phase_ttfts(wl.frame, cluster, DEFAULT_KNOBS)
+def held_ttfts(wl: DemoWorkload, cluster: ClusterSpec, start: Knobs = DEFAULT_KNOBS) -> dict[int, np.ndarray]:
+    return phase_ttfts(wl.frame, cluster, start)
 
 
 def hindsight_grid(pods: int, *, small: bool = False) -> list[Knobs]:
@@ -200,12 +208,12 @@ class Hindsight:
 
 
 def hindsight(wl: DemoWorkload, cluster: ClusterSpec, grid: Sequence[Knobs], *,
-              extra: Sequence[Knobs] = ()) -> Hindsight:
+              extra: Sequence[Knobs] = (), start: Knobs = DEFAULT_KNOBS) -> Hindsight:
     """Per phase, the static configuration with the lowest TTFT p95 on that phase (ties: mean),
     every candidate replayed over the whole stream (so its caches are warm, as they would be had it
     been in force all along)."""
     best: dict[int, tuple[tuple[float, float], Knobs, np.ndarray]] = {}
-    for knobs in dict.fromkeys([DEFAULT_KNOBS, *grid, *extra]):
+    for knobs in dict.fromkeys([start, *grid, *extra]):
         for p, x in phase_ttfts(wl.frame, cluster, knobs).items():
             key = (float(np.quantile(x, 0.95)), float(x.mean()))
             if p not in best or key < best[p][0]:

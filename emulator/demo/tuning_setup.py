@@ -8,6 +8,7 @@ the twin warm start over the recent requests (`history(now, seconds)`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ import optuna
 import polars as pl
 
 from contracts.actuator import Actuator
-from contracts.knobs import Knobs
+from contracts.knobs import DEFAULT_KNOBS, Knobs
 from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
@@ -24,18 +25,21 @@ from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftDetector, DriftSettings
 from tuners.evaluators import TwinEvaluator
 from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
-from tuners.objective import ObjectiveSpec
+from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, ObjectiveSpec
 from tuners.paying import build_paying
-from tuners.planner import PlanSettings
-from tuners.space import DeploymentLimits, SearchSpace
+from tuners.planner import CapacitySource, PlanSettings, TransitionPlanner
+from tuners.space import DeploymentLimits, SearchSpace, memory_cost_gib
 from tuners.warmstart import TwinWarmStart, WarmStart
 
 CONTROL_START_S = 60.0  # trace seconds before the controller's first step (the agent has a window)
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
-WARM_START_TRIALS = 8  # twin trials searching restart-requiring knobs (the router is decided on its own)
+WARM_START_TRIALS = 16  # twin trials searching restart-requiring knobs (the router is decided on its own)
+PLAN_WARM_S = 1200.0  # history replayed before the recent window when pricing a move (capacity needs it)
+HORIZON = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.5)
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
 DRIFT_SIGNALS_WINDOW_S = 60.0
@@ -59,6 +63,7 @@ class Tuning:
     space: SearchSpace
     limits: DeploymentLimits
     latency_fits: list[tuple[float, LatencyFit]]  # (when, fit) of every calibration of the twin
+    planner: TransitionPlanner | None = None  # its `history` of priced plans, for the report
 
 
 def restarts_pods(before: Knobs, after: Knobs) -> bool:
@@ -70,24 +75,71 @@ def demo_limits(pods: int) -> DeploymentLimits:
     return DeploymentLimits(pods=pods, node_memory_headroom_gib=32.0, l2_pool_gib=2048.0, l2_backend="curvine")
 
 
+def restart_space(space: SearchSpace) -> SearchSpace:
+    """The twin search's space: the restart-requiring knobs only (the planner decides the router on
+    its own, as a hot reload, and gives every search candidate the router it chose)."""
+    return dataclasses.replace(space, dimensions=tuple(d for d in space.dimensions if d.name != "router"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadroomCapacity:
+    """CPU buffer candidates while no capacity curve is wired in: the operator's headroom and half
+    of it, when larger than the running buffer (the curve's knee and marginal-price point replace
+    these)."""
+
+    limits: DeploymentLimits
+
+    def cpu_candidates(self, current: Knobs) -> list[float]:
+        top = self.limits.cpu_gib_max
+        return [g for g in dict.fromkeys((top, math.floor(top / 2))) if g > current.cpu_gib]
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """What the operator runs and allows: the limits the search space comes from, the
+    configuration the fleet starts on (held, for the reference run), and the memory price of the
+    tuner's objective (ms of TTFT p95 per GiB of host memory pinned across the fleet)."""
+
+    limits: DeploymentLimits
+    start: Knobs = DEFAULT_KNOBS
+    memory_ms_per_gib: float = DEFAULT_MEMORY_MS_PER_GIB
+
+    @property
+    def objective(self) -> ObjectiveSpec:
+        return ObjectiveSpec(memory_ms_per_gib=self.memory_ms_per_gib)
+
+    def space(self) -> SearchSpace:
+        return SearchSpace.from_limits(self.limits)
+
+
+def demo_deployment(pods: int) -> Deployment:
+    return Deployment(demo_limits(pods))
+
+
 def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Callable[[], float],
                  twin_cluster: TwinClusterSpec, history: History, metrics: TunerMetrics, seed: int,
                  dry_run: bool = False, restart_downtime_s: float = 6.0,
                  latency_points: Callable[[float, float], Sequence[LatencyPoint]] | None = None, wrap_evaluator: Callable[[Any], Any] | None = None,
-                 wrap_warm_start: Callable[[WarmStart], WarmStart] | None = None) -> Tuning:
-    limits = demo_limits(twin_cluster.pods)
-    space = SearchSpace.from_limits(limits)
-    objective = ObjectiveSpec()
+                 wrap_warm_start: Callable[[WarmStart], WarmStart] | None = None,
+                 deployment: Deployment | None = None, capacity: CapacitySource | None = None) -> Tuning:
+    deployment = deployment or demo_deployment(twin_cluster.pods)
+    limits = deployment.limits
+    space = deployment.space()
+    objective = deployment.objective
     guardrails = Guardrails(actuator, space, metrics,
                             GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=dry_run),
                             clock=clock)
     live = LiveEvaluator(guardrails, window_source,
                          LiveSettings(settle_s=SETTLE_S, window_s=WINDOW_S, min_requests=30, max_extensions=2))
 
+    horizon = RegimeHorizon(HORIZON)
     paying = build_paying(history=history, twin_cluster=lambda: twin_cluster, current=actuator.current,
                           clock=clock, restarts=restarts_pods, routers=limits.routers, search=None,
                           recent_s=RECENT_WORKLOAD_S, warm_s=WARM_HISTORY_S, downtime_s=restart_downtime_s,
-                          latency_points=latency_points, settings=PlanSettings())
+                          latency_points=latency_points, settings=PlanSettings(),
+                          horizon=lambda: horizon.estimate(clock()), capacity=capacity or HeadroomCapacity(limits),
+                          memory_s=lambda k: objective.memory_cost_s(memory_cost_gib(k, limits)),
+                          plan_warm_s=PLAN_WARM_S)
 
     def twin_evaluator() -> Any:
         now = clock()
@@ -95,7 +147,8 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                            profile=paying.profile(), replay_fn=WarmReplay(now - RECENT_WORKLOAD_S))
         return wrap_evaluator(ev) if wrap_evaluator else ev
 
-    paying.planner.search = TwinWarmStart(twin_evaluator, space, objective, trials=WARM_START_TRIALS, seed=seed)
+    paying.planner.search = TwinWarmStart(twin_evaluator, restart_space(space), objective, trials=WARM_START_TRIALS,
+                                          seed=seed)
     warm: WarmStart = paying.planner
     if wrap_warm_start is not None:
         warm = wrap_warm_start(warm)
@@ -107,11 +160,11 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                                     drift_quiet_s=restart_downtime_s * twin_cluster.pods + 10.0,
                                     config_dependent=("hit_ratio", "reuse_ratio")),
         warm_start=warm, drift=DriftDetector(DRIFT, signals=DRIFT_SIGNALS),
-        counterfactual=paying.counterfactual)
-    return Tuning(controller, guardrails, space, limits, paying.fits)
+        counterfactual=paying.counterfactual, horizon=horizon)
+    return Tuning(controller, guardrails, space, limits, paying.fits, paying.planner)
 
 
-__all__ = ["CONTROL_START_S", "DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Tuning", "build_tuning",
-           "demo_limits"]
+__all__ = ["CONTROL_START_S", "DRIFT_SIGNALS", "DRIFT_SIGNALS_WINDOW_S", "SETTLE_S", "Deployment", "Tuning",
+           "build_tuning", "demo_deployment", "demo_limits"]
 
 

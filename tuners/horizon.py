@@ -1,0 +1,106 @@
+"""How long the current workload regime will last, from the run's own history (pure).
+
+The planner prices a move over the expected rest of the regime. `RegimeHorizon` estimates it from
+what the run has seen: the start of the current regime (the last real drift, or when the agent
+began observing) and the lengths of past regimes.
+
+- with past regimes: the typical (median) past length minus the current regime's age, while the
+  regime is younger than that; once it has outlived the typical length, its age (a regime that has
+  lasted t is, with no other information, as likely as not to last another t);
+- without past regimes: the current regime's age, by the same rule;
+
+clipped to the configured `floor_s` and `cap_s`. A young regime therefore gets a short horizon, so
+a restart must pay back quickly, and the planner looks again as the regime ages (`replan_due`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class HorizonSettings:
+    """floor_s / cap_s: bounds of the horizon. replan_growth: the planner plans again when the
+    regime's age has grown by this factor since its last plan (1.5: at 100 s, 150 s, 225 s, ...)."""
+
+    floor_s: float = 300.0
+    cap_s: float = 3600.0
+    replan_growth: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not (0 < self.floor_s <= self.cap_s):
+            raise ValueError(f"horizon: need 0 < floor_s <= cap_s, got {self.floor_s}, {self.cap_s}")
+        if not self.replan_growth > 1.0:
+            raise ValueError(f"horizon.replan_growth: must be > 1, got {self.replan_growth}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HorizonEstimate:
+    horizon_s: float
+    age_s: float
+    typical_s: float | None  # median length of past regimes (None: none seen)
+    basis: str  # how it was estimated, for the decision log
+
+    def to_dict(self) -> dict[str, object]:
+        return {"horizon_s": round(self.horizon_s, 1), "age_s": round(self.age_s, 1),
+                "typical_regime_s": None if self.typical_s is None else round(self.typical_s, 1),
+                "basis": self.basis}
+
+
+def estimate_horizon(age_s: float, past_lengths_s: Sequence[float], settings: HorizonSettings) -> HorizonEstimate:
+    age = max(float(age_s), 0.0)
+    past = [x for x in past_lengths_s if math.isfinite(x) and x > 0]
+    typical = statistics.median(past) if past else None
+    if typical is not None and typical > age:
+        raw, basis = typical - age, f"typical past regime {typical:.0f} s minus age {age:.0f} s"
+    else:
+        raw = age
+        basis = (f"age {age:.0f} s (outlived the typical {typical:.0f} s)" if typical is not None
+                 else f"age {age:.0f} s (no past regime)")
+    h = min(max(raw, settings.floor_s), settings.cap_s)
+    if h != raw:
+        basis += f", clipped to [{settings.floor_s:g}, {settings.cap_s:g}] s"
+    return HorizonEstimate(h, age, typical, basis)
+
+
+class RegimeHorizon:
+    """The run's regime history: `start(now)` when a regime begins (a real drift, or the first
+    observation); `estimate(now)` the horizon; `replan_due(now)` when the regime has aged enough
+    since the last plan that the horizon may have grown (`planned(now)` records a plan)."""
+
+    def __init__(self, settings: HorizonSettings = HorizonSettings()) -> None:
+        self.settings = settings
+        self.starts: list[float] = []
+        self._planned_age: float | None = None
+
+    def start(self, now: float) -> None:
+        if self.starts and now <= self.starts[-1]:
+            return
+        self.starts.append(now)
+        self._planned_age = None
+
+    @property
+    def past_lengths_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.starts, self.starts[1:])]
+
+    def age(self, now: float) -> float:
+        return now - self.starts[-1] if self.starts else 0.0
+
+    def estimate(self, now: float) -> HorizonEstimate:
+        return estimate_horizon(self.age(now), self.past_lengths_s, self.settings)
+
+    def planned(self, now: float) -> None:
+        self._planned_age = max(self.age(now), 1.0)
+
+    def replan_due(self, now: float) -> bool:
+        if self._planned_age is None:
+            return False
+        if self.estimate(now).horizon_s >= self.settings.cap_s and self._planned_age * self.settings.replan_growth \
+                > self.settings.cap_s:
+            return False  # the horizon is at its cap: another look would price the same
+        return self.age(now) >= self._planned_age * self.settings.replan_growth
+
+
+__all__ = ["HorizonEstimate", "HorizonSettings", "RegimeHorizon", "estimate_horizon"]

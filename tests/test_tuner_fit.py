@@ -75,6 +75,8 @@ def test_horizon_from_the_run() -> None:
     assert estimate_horizon(1000.0, [], s).horizon_s == 1000.0  # it has lasted 1000 s: as long again
     assert estimate_horizon(100.0, [480.0, 500.0], s).horizon_s == 390.0  # typical 490 s minus its age
     assert estimate_horizon(100.0, [4000.0, 9000.0], s).horizon_s == 3600.0  # the cap
+    assert estimate_horizon(500.0, [480.0], s).horizon_s == 300.0  # at the typical length: due to end (floor)
+    assert estimate_horizon(2000.0, [480.0], s).horizon_s == 2000.0  # far outlived it: as long again
     h = RegimeHorizon(s)
     h.start(0.0)
     h.planned(100.0)

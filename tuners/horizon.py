@@ -5,8 +5,9 @@ what the run has seen: the start of the current regime (the last real drift, or 
 began observing) and the lengths of past regimes.
 
 - with past regimes: the typical (median) past length minus the current regime's age, while the
-  regime is younger than that; once it has outlived the typical length, its age (a regime that has
-  lasted t is, with no other information, as likely as not to last another t);
+  regime is younger than that; from the typical length to twice it, nothing (the regime is due to
+  end); once it has outlived twice the typical length, its age (a regime that has lasted t is, with
+  no other information, as likely as not to last another t);
 - without past regimes: the current regime's age, by the same rule;
 
 clipped to the configured `floor_s` and `cap_s`. A young regime therefore gets a short horizon, so
@@ -55,6 +56,8 @@ def estimate_horizon(age_s: float, past_lengths_s: Sequence[float], settings: Ho
     typical = statistics.median(past) if past else None
     if typical is not None and typical > age:
         raw, basis = typical - age, f"typical past regime {typical:.0f} s minus age {age:.0f} s"
+    elif typical is not None and age < 2.0 * typical:
+        raw, basis = 0.0, f"age {age:.0f} s: at the typical regime length {typical:.0f} s, due to end"
     else:
         raw = age
         basis = (f"age {age:.0f} s (outlived the typical {typical:.0f} s)" if typical is not None

@@ -161,7 +161,9 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
            tolerance: float = 0.0, memory_s: Callable[[Knobs], float] | None = None) -> list[Decision]:
     """Every candidate priced against staying on `current`, best first (accepted ones first, then
     by the sum of the two gains). Accepted: the larger gain >= margin, the smaller >= -tolerance.
-    `memory_s(knobs)`: the objective's memory price of a configuration, in seconds of TTFT p95."""
+    `memory_s(knobs)`: the objective's memory price of a configuration, in seconds of TTFT p95. Only
+    memory a move adds is charged: the fleet is never restarted just to free memory (a smaller
+    buffer is taken only when it pays in TTFT)."""
     stay = twin.steady(current)
     mem = memory_s or (lambda _k: 0.0)
     out = []
@@ -173,8 +175,8 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
         g95, gmean = net_gain(stay, trans, steady, twin.transition_s, horizon_s)
         s95, smean = net_gain(stay, steady, steady, 0.0, horizon_s)
         base95 = weighted_p95_mean(stay, np.ones(stay.size))[0]
-        if base95 > 0 and math.isfinite(g95):  # the memory price, on the p95 objective
-            extra = (mem(knobs) - mem(current)) / base95
+        if base95 > 0 and math.isfinite(g95):  # the memory price of memory added, on the p95 objective
+            extra = max(mem(knobs) - mem(current), 0.0) / base95
             g95, s95 = g95 - extra, s95 - extra
         per_hour, cost, payback = price(stay, trans, steady, twin.transition_s, twin.transition_s)
         ok = (math.isfinite(g95) and math.isfinite(gmean) and max(g95, gmean) >= margin

@@ -72,8 +72,11 @@ def _limits(pods: int, *, l2: bool, l2_gib: float = 2048.0) -> DeploymentLimits:
 KVAWARE = DEFAULT_KNOBS.replace(router="kvaware")
 
 
-def scenario(name: str, seed: int) -> Scenario:
+def scenario(name: str, seed: int, *, phase_s: float = PHASE_S, short_phases: int = 6) -> Scenario:
+    """The named scenario for `seed` (`phase_s`: the length of a restart scenario's phase;
+    `short_phases`: how many 8-minute phases `short` alternates)."""
     pods = 4
+    PHASE_S = phase_s
     if name in ("cpu_hot", "cpu_hot_nol2"):
         l2 = name == "cpu_hot"
         cluster = ClusterSpec(pods=pods)
@@ -102,15 +105,15 @@ def scenario(name: str, seed: int) -> Scenario:
         cluster = ClusterSpec(pods=pods, l2_tokens=0)
         (chat,) = preset_phases("short")
         phases = []
-        for i in range(6):
+        for i in range(short_phases):
             if i % 2 == 0:
                 phases.append(dataclasses.replace(chat, duration_s=SHORT_PHASE_S, rate_rps=6.0))
             else:
                 phases.append(_rag(SHORT_PHASE_S))
         frame = generate(phases, seed=seed)
-        starts = tuple(i * SHORT_PHASE_S for i in range(6))
-        labels = tuple(f"phase {i + 1}: {'short chat' if i % 2 == 0 else 'RAG'} (8 min)" for i in range(6))
-        return Scenario(DemoWorkload(frame, starts, labels, 6 * SHORT_PHASE_S), cluster,
+        starts = tuple(i * SHORT_PHASE_S for i in range(short_phases))
+        labels = tuple(f"phase {i + 1}: {'short chat' if i % 2 == 0 else 'RAG'} (8 min)" for i in range(short_phases))
+        return Scenario(DemoWorkload(frame, starts, labels, short_phases * SHORT_PHASE_S), cluster,
                         Deployment(_limits(pods, l2=False), KVAWARE, memory_ms_per_gib=0.0), False)
     raise ValueError(f"scenario: unknown {name!r}; valid: {', '.join(SCENARIOS)}")
 

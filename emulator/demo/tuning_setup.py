@@ -39,6 +39,7 @@ RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
 WARM_START_TRIALS = 16  # twin trials searching restart-requiring knobs (the router is decided on its own)
 PLAN_WARM_S = 1200.0  # history replayed before the recent window when pricing a move (capacity needs it)
+HOT_MARGIN = 0.03  # a router switch must buy 3%: regimes flip, and a marginal switch costs the next one
 HORIZON = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.5)
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
@@ -136,7 +137,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
     paying = build_paying(history=history, twin_cluster=lambda: twin_cluster, current=actuator.current,
                           clock=clock, restarts=restarts_pods, routers=limits.routers, search=None,
                           recent_s=RECENT_WORKLOAD_S, warm_s=WARM_HISTORY_S, downtime_s=restart_downtime_s,
-                          latency_points=latency_points, settings=PlanSettings(),
+                          latency_points=latency_points, settings=PlanSettings(hot_margin=HOT_MARGIN),
                           horizon=lambda: horizon.estimate(clock()), capacity=capacity or HeadroomCapacity(limits),
                           memory_s=lambda k: objective.memory_cost_s(memory_cost_gib(k, limits)),
                           plan_warm_s=PLAN_WARM_S)

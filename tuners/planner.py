@@ -245,10 +245,16 @@ class TransitionPlanner:
         plan = [base] if base != now else []
         cold: list[Decision] = []
         if self.search is not None and s.search_k > 0 and k > len(plan):
+            sizes = [float(g) for g in self.capacity.cpu_candidates(base)] if self.capacity is not None else []
+            if hasattr(self.search, "include"):  # seed the twin search with the capacity candidates
+                self.search.include = tuple(base.replace(cpu_gib=g) for g in sizes)
             found = [c.replace(router=base.router) for c in self.search.candidates(s.search_k)]
-            if self.capacity is not None:
-                sizes = [float(g) for g in self.capacity.cpu_candidates(base)]
-                found += [c.replace(cpu_gib=g) for c in [base, *found[:1]] for g in sizes]
+            found += [c.replace(cpu_gib=g) for c in [base, *found[:1]] for g in sizes]
+            # each knob of the search's best on its own: a change that needs no pod restart (an L2
+            # eviction policy) or keeps the L2 readable (no chunk change) may pay where the bundle does not
+            if found and len(base.diff(found[0])) > 1:
+                found += [base.replace(**{name: after}) for name, (_b, after) in base.diff(found[0]).items()
+                          if not name.startswith("l2_") or name == "l2_eviction"]
             cold = decide(twin, base, found, restarts=self.restarts, margin=s.margin, horizon_s=horizon_s,
                           tolerance=s.tolerance, memory_s=self.memory_s)
             if cold and cold[0].accepted:

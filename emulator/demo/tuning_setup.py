@@ -21,6 +21,7 @@ from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from tuners.calibration import LatencyFit, LatencyPoint
+from tuners.capacity_source import CurveCapacity
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftDetector, DriftSettings
 from tuners.evaluators import TwinEvaluator
@@ -95,6 +96,31 @@ class HeadroomCapacity:
         return [g for g in dict.fromkeys((top, math.floor(top / 2))) if g > current.cpu_gib]
 
 
+@dataclasses.dataclass
+class FirstOf:
+    """The first source with candidates: the capacity curve, then (too little history) the headroom."""
+
+    sources: tuple[CapacitySource, ...]
+
+    def cpu_candidates(self, current: Knobs) -> list[float]:
+        for src in self.sources:
+            sizes = list(src.cpu_candidates(current))
+            if sizes:
+                return sizes
+        return []
+
+
+def demo_capacity(history: History, clock: Callable[[], float], cluster: TwinClusterSpec, limits: DeploymentLimits,
+                  objective: ObjectiveSpec, metrics: TunerMetrics | None = None) -> CapacitySource:
+    """CPU buffer candidates from the capacity curve over the whole history served so far (its
+    knee, the size where the next GiB buys less than the memory price, the size where every reuse
+    hits), falling back to `HeadroomCapacity` before the curve has enough requests."""
+    curve = CurveCapacity(lambda: history(clock(), max(clock(), 1.0)), cluster,
+                          headroom_gib=limits.cpu_gib_max, memory_ms_per_gib=objective.memory_ms_per_gib,
+                          step_gib=limits.cpu_gib_step, metrics=metrics)
+    return FirstOf((curve, HeadroomCapacity(limits)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Deployment:
     """What the operator runs and allows: the limits the search space comes from, the
@@ -138,7 +164,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                           clock=clock, restarts=restarts_pods, routers=limits.routers, search=None,
                           recent_s=RECENT_WORKLOAD_S, warm_s=WARM_HISTORY_S, downtime_s=restart_downtime_s,
                           latency_points=latency_points, settings=PlanSettings(hot_margin=HOT_MARGIN),
-                          horizon=lambda: horizon.estimate(clock()), capacity=capacity or HeadroomCapacity(limits),
+                          horizon=lambda: horizon.estimate(clock()), capacity=capacity or demo_capacity(history, clock, twin_cluster, limits, objective, metrics),
                           memory_s=lambda k: objective.memory_cost_s(memory_cost_gib(k, limits)),
                           plan_warm_s=PLAN_WARM_S)
 

@@ -44,9 +44,9 @@ def test_attention_term_is_paid_per_computed_token_times_its_context_in_both_rep
 def test_attention_key_is_optional_and_refuses_negative_values(tmp_path):
     text = (PROFILE_DIR / "cpu-tiny-llama.yaml").read_text()
     bad = tmp_path / "p.yaml"
-    bad.write_text("\n".join(line for line in text.splitlines() if "attention_s_per_token2" not in line))
+    bad.write_text("\n".join(line for line in text.splitlines() if not line.startswith("  attention_s_per_token2:")))
     assert get_profile(str(bad)).latency.attention_s_per_token2 == 0.0
-    key = next(line for line in text.splitlines() if "attention_s_per_token2" in line)
+    key = next(line for line in text.splitlines() if line.startswith("  attention_s_per_token2:"))
     bad.write_text(text.replace(key, "  attention_s_per_token2: -1"))
     with pytest.raises(ProfileError, match=r"latency\.attention_s_per_token2: must be a finite number >= 0"):
         get_profile(str(bad))

@@ -121,13 +121,12 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
         lines.append("Interrupted: no verdict (it needs both passes).")
     else:
         keep = {c.index for c in tuned.ok()} & {c.index for c in held.ok()}
-        actions = {}
-        for t, _msg in tuned.events:
-            p = sum(1 for s in workload.phase_starts_s[1:] if t >= s)
-            actions[p] = actions.get(p, ActionCounts())
-        for r in restarts:
-            if r.target == "router":
-                actions[0] = actions.get(0, ActionCounts()) + ActionCounts(applies=1)
+        actions: dict[int, ActionCounts] = {}
+        for t, msg in tuned.events:  # every configuration change the tuner made, in the phase it made it
+            p = sum(1 for start in workload.phase_starts_s[1:] if t >= start)
+            change = ActionCounts(applies=int("trial_started" in msg or "rolled_back" in msg),
+                                  rollbacks=int("rolled_back" in msg))
+            actions[p] = actions.get(p, ActionCounts()) + change
         scores = score_phases(workload.labels, _by_phase(held, phases, keep), _by_phase(tuned, phases, keep), {},
                               actions)
         lines += scorecard_lines(scores) + ["", tuned.summary_lines(held)[0], "", f"Method: {METHOD}"]
@@ -144,6 +143,13 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
         lines += ["", f"## The agent in the {r.name} pass ({r.agent_url})", ""]
         lines += _counter_lines(r) + _kv_lines(r)
         lines += [f"- configuration at the end: {r.final_knobs.router if r.final_knobs else 'n/a'} router"]
+    with open(report_dir / "requests.csv", "w") as f:  # every request of every pass, for a closer look
+        f.write("pass,index,phase,sent_s,latency_s,prompt_tokens,cached_tokens,error\n")
+        for r in records:
+            f.writelines(f"{r.name},{c.index},{phases[c.index]},{c.sent_s:.3f},{c.latency_s:.4f},{c.prompt_tokens},"
+                         f"{'' if c.cached_tokens is None else c.cached_tokens},{c.error.replace(',', ';')}\n"
+                         for c in r.completions)
+    lines += ["", "Every request: requests.csv (pass, index, phase, sent_s, latency_s, prompt and cached tokens)."]
     path = report_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

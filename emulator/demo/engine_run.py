@@ -81,7 +81,7 @@ class EngineDemoSettings:
 def engine_workload(span_s: float, seed: int, rate_rps: float) -> DemoWorkload:
     """The demo's two phases at the tiny model's scale (prompts under 2,000 tokens): shared system
     prompts + Zipf RAG documents, then multi-turn sessions over one shared system prompt."""
-    p1 = span_s * 0.4
+    p1 = span_s * 0.6  # long enough for the baseline window and one judged trial before the shift
     rag = Phase(p1, rate_rps=rate_rps, system_prompts=4, system_prompt_tokens=(200, 600), rag_docs=40,
                 rag_doc_tokens=(300, 900), rag_zipf_s=1.1, rag_share=0.9, user_tokens=(20, 200),
                 output_tokens=(20, 80), name="rag")
@@ -134,7 +134,10 @@ class EnginePass:
             while thread.is_alive():
                 now = self.now()
                 if tuning is not None and now >= self.timing.control_start_s:
+                    t_step = self.wall()
                     rep = tuning.controller.step(now)
+                    if self.wall() - t_step > 1.0:
+                        self._note(f"controller step took {self.wall() - t_step:.1f} s ({rep.state})")
                     if rep.state not in ("measuring", "baseline", "holding", "idle", "settling"):
                         self._note(f"tuner: {rep.state}" + (f" (trial {rep.trial})" if rep.trial is not None else "")
                                    + (f": {rep.message}" if rep.message else "") + f"; running {knobs_text(self.actuator.current())}")

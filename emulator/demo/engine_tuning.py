@@ -49,9 +49,9 @@ class EngineTiming:
     candidates on the last recent_s of requests, after replaying warm_s before them.
     downtime_s: what a router restart costs (the planner prices it)."""
 
-    control_start_s: float = 12.0
-    settle_s: float = 3.0
-    window_s: float = 14.0
+    control_start_s: float = 10.0
+    settle_s: float = 2.0
+    window_s: float = 12.0
     recent_s: float = 20.0
     warm_s: float = 20.0
     downtime_s: float = 1.0

@@ -14,7 +14,8 @@ from emulator.engines.process_actuator import Restart
 def _record(name: str, workload, latency, failed=()) -> RunRecord:
     comps = [Completion(i, i * 0.1, latency(i), 1000, 250 if name == "tuned" else 100,
                         "HTTP 503: x" if i in failed else "") for i in range(workload.frame.height)]
-    return RunRecord(name, comps, [(3.0, "tuner: trial_started (trial 1)")], DEFAULT_KNOBS, None, 0.25, {})
+    events = [(3.0, "controller step took 2.0 s (trial_started)"), (3.0, "tuner: trial_started (trial 1)")]
+    return RunRecord(name, comps, events, DEFAULT_KNOBS, None, 0.25, {})
 
 
 def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
@@ -26,6 +27,8 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
                                {"engines": "2 x 2"})
     text = path.read_text()
     assert "| **whole run** |" in text and "1.25x / 1.25x" in text  # p95 and mean, held / tuned
+    whole = next(line for line in text.splitlines() if line.startswith("| **whole run**"))
+    assert whole.endswith("| 0 | 1 | 0 | 0 / 0 |")  # one apply (the trial), counted once
     assert f"requests in both passes: {wl.frame.height - 1}" in text and "tuned 1, held 0" in text
     assert "router at 1.0 s (monotonic): policy -> cache_aware, healthy after 1.2 s" in text
     line = tuned.summary_lines(held)[0]

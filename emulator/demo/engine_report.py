@@ -124,8 +124,10 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
         actions: dict[int, ActionCounts] = {}
         for t, msg in tuned.events:  # every configuration change the tuner made, in the phase it made it
             p = sum(1 for start in workload.phase_starts_s[1:] if t >= start)
-            change = ActionCounts(applies=int("trial_started" in msg or "rolled_back" in msg),
-                                  rollbacks=int("rolled_back" in msg))
+            if not msg.startswith("tuner: "):
+                continue
+            change = ActionCounts(applies=int(msg.startswith(("tuner: trial_started", "tuner: rolled_back"))),
+                                  rollbacks=int(msg.startswith("tuner: rolled_back")))
             actions[p] = actions.get(p, ActionCounts()) + change
         scores = score_phases(workload.labels, _by_phase(held, phases, keep), _by_phase(tuned, phases, keep), {},
                               actions)

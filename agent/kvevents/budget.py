@@ -10,6 +10,8 @@ from collections.abc import Collection, Sequence
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 from agent.kvevents.signals import EngineId
 
+MIN_RCVHWM = 8  # messages libzmq may queue per engine, whatever the byte share says
+
 
 @dataclasses.dataclass(frozen=True)
 class StreamPlan:
@@ -19,6 +21,7 @@ class StreamPlan:
     caps: dict[EngineId, tuple[int, int]]  # engine -> (resident, history) entries
     rcvhwm: dict[EngineId, int]  # engine -> ZMQ receive high-water mark
     pending_bytes: int  # live bytes one engine may queue behind a replay
+    queue_bytes: int  # wire bytes one engine may hold between its socket and the index
     shadow_per_model: int  # L2 shadow entries per model
 
     @property
@@ -35,12 +38,17 @@ def plan_streams(wanted: Sequence[EndpointSpec], settings: KvEventsSettings,
     keep = set(ranked[:limits.max_models])
     specs = tuple(spec for spec in wanted if spec.model in keep)
     n_engines = max(1, sum(spec.dp_size for spec in specs))
+    queue_share = settings.queue_bytes // n_engines
+    # libzmq's own receive queue counts messages, not bytes: hold no more of the largest
+    # allowed message than the engine's queue share (at least MIN_RCVHWM), so a flood of big
+    # messages waits in the publisher (its SNDHWM), not in the agent's memory
+    by_bytes = max(MIN_RCVHWM, queue_share // settings.max_message_bytes)
     endpoints, caps, hwm = {}, {}, {}
     for spec in specs:
         for eid, ep, rp in spec.engines():
             endpoints[eid] = (ep, rp, spec.topic)
             caps[eid] = limits.engine_caps(spec.dp_size, n_engines)
-            hwm[eid] = max(1, settings.rcvhwm // spec.dp_size)
+            hwm[eid] = max(1, min(settings.rcvhwm // spec.dp_size, by_bytes))
     models = max(1, len(keep))
     return StreamPlan(specs, tuple(sorted(set(order) - keep)), endpoints, caps, hwm,
-                      settings.replay_pending_bytes // n_engines, max(2, limits.shadow_l2 // models))
+                      settings.replay_pending_bytes // n_engines, queue_share, max(2, limits.shadow_l2 // models))

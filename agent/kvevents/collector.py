@@ -35,6 +35,9 @@ METRICS: dict[str, tuple[str, str, list[str]]] = {
                               "was cleared."), []),
     "tierpilot_kv_reconnects": ("counter", ("Publisher disconnections after which the agent reopened the "
                                 "stream (a frame over max_message_bytes, or the pod went away)."), []),
+    "tierpilot_kv_shed_messages": ("counter", ("Batches received but dropped unapplied: the queue to the index "
+                                   "held kv_events.queue_bytes (the index lags the publishers)."), []),
+    "tierpilot_kv_shed_bytes": ("counter", "Wire bytes of those shed batches.", []),
     "tierpilot_kv_rejected": ("counter", "Frames, payloads or events counted and skipped, by reason.",
                               ["reason"]),
     "tierpilot_kv_misses": ("counter", ("GPU block stores that had to be computed, by cause "
@@ -101,6 +104,8 @@ def build_families(snap: KvSnapshot) -> list[Metric]:
         add("tierpilot_kv_missed_messages", [*base, "unbuffered"], s.unbuffered_messages)
         add("tierpilot_kv_restarts", base, s.restarts)
         add("tierpilot_kv_reconnects", base, s.reconnects)
+        add("tierpilot_kv_shed_messages", base, s.shed_messages)
+        add("tierpilot_kv_shed_bytes", base, s.shed_bytes)
         for reason, n in sorted(s.rejected.items()):
             add("tierpilot_kv_rejected", [*base, reason], n)
         for cause in CAUSES:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Self
 
 import zmq
 
+from agent.kvevents.backlog import Backlog, ShedChange
 from agent.kvevents.budget import plan_streams
 from agent.kvevents.fleet import BlockSketches
 from agent.kvevents.fleet_overlap import overlap_state
@@ -37,6 +38,7 @@ from agent.kvevents.wire import (
     FrameError,
     PayloadError,
     decode_payload,
+    peek_ts,
     split_frames,
     split_replay,
 )
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
 
 END_SEQ = END_SEQ_BYTES
 _DRAIN = 256  # messages read from one socket before looking at the others
+_APPLY_BUDGET_S = 0.05  # applying queued batches yields to the sockets after this long
+_SNAPSHOT_WAIT_S = 0.05  # a read-out waits this long for the index, then serves the last snapshot
+_SNAPSHOT_REFRESH_S = 1.0  # the I/O loop refreshes that last snapshot this often while busy
 log = logging.getLogger(__name__)
 
 
@@ -83,8 +88,12 @@ class KvEventManager:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._pending_cap = self.settings.replay_pending_bytes
+        self._backlog = Backlog(self.settings.queue_bytes)
+        self._behind = False  # batches ready but not applied yet (the apply budget ran out)
         self.skipped_models: tuple[str, ...] = ()
         self.applied_batches = 0
+        self._last_snapshot = self.signals.snapshot()
+        self._snapshot_at = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -126,8 +135,20 @@ class KvEventManager:
 
     # -- read-outs (any thread) ------------------------------------------------------------
     def snapshot(self) -> KvSnapshot:
-        with self._lock:
-            return self.signals.snapshot()
+        """The current signals; while the I/O loop holds the index for longer than a moment (a
+        huge batch), the last snapshot taken (at most about a second old), so a render never
+        waits for the index to catch up."""
+        if not self._lock.acquire(timeout=_SNAPSHOT_WAIT_S):
+            return self._last_snapshot
+        try:
+            return self._take_snapshot()
+        finally:
+            self._lock.release()
+
+    def _take_snapshot(self) -> KvSnapshot:
+        snap = self._last_snapshot = self.signals.snapshot()
+        self._snapshot_at = time.monotonic()
+        return snap
 
     def enable_store_curve(self, stream: StoreStream) -> None:
         """Keep the GPU stores for the CPU capacity curve (`agent.kvevents.store_curve`)."""
@@ -173,9 +194,9 @@ class KvEventManager:
         deadlines = [r.deadline for r in (s.replay for s in self._streams.values()) if r is not None]
         if (d := self._merger.next_deadline()) is not None:
             deadlines.append(d)
-        wait = timeout_ms
+        wait = 0 if self._behind else timeout_ms
         if deadlines:
-            wait = max(0, min(timeout_ms, int((min(deadlines) - now) * 1000) + 1))
+            wait = max(0, min(wait, int((min(deadlines) - now) * 1000) + 1))
         events = dict(self._poller.poll(wait)) if self._streams else {}
         if not self._streams:
             time.sleep(wait / 1000)
@@ -217,6 +238,7 @@ class KvEventManager:
                         len(plan.skipped_models), self.settings.limits.max_models, ", ".join(plan.skipped_models[:5]))
         self.skipped_models = plan.skipped_models
         self._pending_cap = plan.pending_bytes
+        self._backlog.share = plan.queue_bytes
         desired, hwm = plan.endpoints, plan.rcvhwm
         for eid in list(self._streams):
             st = self._streams[eid]
@@ -224,6 +246,7 @@ class KvEventManager:
                 self._close(st)
                 del self._streams[eid]
                 self._merger.forget(eid)
+                self._backlog.forget(eid)
                 with self._lock:
                     self.signals.forget(eid)
             elif desired[eid] != (st.endpoint, st.replay_endpoint, st.topic.decode()) or hwm[eid] != st.rcvhwm:
@@ -242,6 +265,7 @@ class KvEventManager:
                 self.signals.set_caps(eid, resident, history)
             self.signals.keep_models(plan.models)
             self.signals.set_shadow_cap(plan.shadow_per_model)
+            self._take_snapshot()  # read-outs see the new streams even while the index is busy
 
     def _open(self, st: _Stream) -> None:
         st.sub, st.monitor = open_sub(self._ctx, st.endpoint, st.rcvhwm, self.settings.max_message_bytes)
@@ -375,13 +399,41 @@ class KvEventManager:
             self._decode_push(st, topic, seq, payload)
 
     def _decode_push(self, st: _Stream, topic: bytes, seq: int, payload: bytes) -> None:
+        """Queue a batch for the index as its wire bytes (decoded when applied), or shed it when
+        the engine's queue holds its share of `queue_bytes`; its sequence number counts as seen
+        either way (a shed batch is counted as shed, not as a gap)."""
+        admitted, change = self._backlog.admit(st.engine, len(payload))
+        if change is not None:
+            self._log_shed(change)
+        if not admitted:
+            with self._lock:
+                self.signals.shed(st.engine, len(payload))
+            return
         try:
-            batch = decode_payload(payload, topic, seq)
+            ts = peek_ts(payload)
         except PayloadError:
+            self._done(st.engine, len(payload))
             with self._lock:
                 self.signals.reject(st.engine, "malformed_payload")
             return
-        self._merger.push(st.engine, batch.ts, ("batch", batch))
+        self._merger.push(st.engine, ts, ("batch", (topic, seq, payload)))
+
+    def _done(self, engine: EngineId, nbytes: int) -> None:
+        change = self._backlog.done(engine, nbytes)
+        if change is not None:
+            self._log_shed(change)
+
+    @staticmethod
+    def _log_shed(change: ShedChange) -> None:
+        eng = change.engine
+        name = f"{eng.pod} ({eng.model}, dp {eng.dp_rank})" if isinstance(eng, EngineId) else str(eng)
+        if change.started:
+            log.warning("kv-events: %s: %.1f MiB of batches wait for the index (its share of "
+                        "kv_events.queue_bytes); shedding new batches until it catches up",
+                        name, change.share / 2**20)
+        else:
+            log.warning("kv-events: %s: the index caught up; %d batch(es) (%.1f MiB) were shed",
+                        name, change.messages, change.nbytes / 2**20)
 
     # -- replay ----------------------------------------------------------------------------
     def _start_replay(self, st: _Stream, start: int, topic: bytes, seq: int, payload: bytes,
@@ -431,18 +483,41 @@ class KvEventManager:
 
     # -- applying --------------------------------------------------------------------------
     def _release(self) -> int:
-        ready = self._merger.pop_ready()
-        for stream, item in ready:
-            self._apply(stream, item)  # type: ignore[arg-type]
-        return len(ready)
+        """Apply the batches that are due, for at most `_APPLY_BUDGET_S` (then the sockets are
+        read again, so libzmq's queue stays short while the index catches up)."""
+        end = time.monotonic() + _APPLY_BUDGET_S
+        n = 0
+        ready: list = []
+        while True:
+            ready = self._merger.pop_ready(limit=8)
+            for stream, item in ready:
+                self._apply(stream, item)  # type: ignore[arg-type]
+            n += len(ready)
+            if not ready or time.monotonic() >= end:
+                break
+        self._behind = bool(ready)
+        if n and time.monotonic() - self._snapshot_at >= _SNAPSHOT_REFRESH_S:
+            with self._lock:
+                self._take_snapshot()
+        return n
 
     def _apply(self, engine: EngineId, item: tuple[str, object]) -> None:
         kind, value = item
+        if kind == "batch":  # decoded outside the lock: read-outs do not wait for it
+            topic, seq, payload = value  # type: ignore[misc]
+            self._done(engine, len(payload))
+            try:
+                batch = decode_payload(payload, topic, seq)
+            except PayloadError:
+                with self._lock:
+                    self.signals.reject(engine, "malformed_payload")
+                return
+            with self._lock:
+                self.signals.apply(engine, batch)
+                self.applied_batches += 1
+            return
         with self._lock:
             if kind == "restart":
                 self.signals.restart(engine, value)  # type: ignore[arg-type]
-            elif kind == "resync":
-                self.signals.resync(engine, value)  # type: ignore[arg-type]
             else:
-                self.signals.apply(engine, value)  # type: ignore[arg-type]
-                self.applied_batches += 1
+                self.signals.resync(engine, value)  # type: ignore[arg-type]

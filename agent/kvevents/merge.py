@@ -40,19 +40,20 @@ class EventTimeMerger:
         active = [k for s, k in self._last_key.items() if now - self._last_arrival[s] <= ACTIVE_S]
         return min(active) if active else float("inf")
 
-    def pop_ready(self, flush: bool = False) -> list[tuple[Hashable, Any]]:
-        """Items that may be applied now, in order. `flush` releases everything."""
+    def pop_ready(self, flush: bool = False, limit: int | None = None) -> list[tuple[Hashable, Any]]:
+        """Items that may be applied now, in order (at most `limit`). `flush` releases everything."""
         out: list[tuple[Hashable, Any]] = []
         if not self._heap:
             return out
         now = self.clock()
+        room = len(self._heap) if limit is None else limit
         if flush or self.hold_s <= 0:
-            while self._heap:
+            while self._heap and len(out) < room:
                 _, _, _, stream, item = heapq.heappop(self._heap)
                 out.append((stream, item))
             return out
         mark = self._watermark(now)
-        while self._heap:
+        while self._heap and len(out) < room:
             key, _, arrival, stream, item = self._heap[0]
             if key <= mark or now - arrival >= self.hold_s:
                 heapq.heappop(self._heap)

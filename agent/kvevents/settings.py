@@ -171,6 +171,9 @@ class KvEventsSettings(BaseModel):
                                    description="a forward jump beyond this is a broken stream, not a gap")
     replay_pending_bytes: int = Field(64 * 2**20, ge=2**20, le=2**30,
                                       description="live bytes queued behind replays, whole fleet")
+    queue_bytes: int = Field(128 * 2**20, ge=2**20, le=4 * 2**30,
+                             description="wire bytes of received batches waiting for the index, whole fleet; "
+                                         "beyond it new batches are shed (counted)")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "<settings>") -> KvEventsSettings:

@@ -52,6 +52,8 @@ class StreamStats:
     unbuffered_messages: int = 0  # before a late join, older than the engine's replay buffer
     restarts: int = 0
     reconnects: int = 0  # publisher disconnected (a frame over max_message_bytes, or the pod left)
+    shed_messages: int = 0  # received but dropped: the queue to the index held queue_bytes
+    shed_bytes: int = 0
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)
     last_seq: int | None = None
     last_event_ts: float | None = None
@@ -179,6 +181,11 @@ class KvSignals:
         if not math.isfinite(ts):
             ts = st.last_event_ts if st.last_event_ts is not None else 0.0
         self.index(engine.model).clear_engine(engine.key, ts)
+
+    def shed(self, engine: EngineId, nbytes: int) -> None:
+        st = self.stream(engine)
+        st.shed_messages += 1
+        st.shed_bytes += nbytes
 
     def reconnected(self, engine: EngineId) -> None:
         self.stream(engine).reconnects += 1

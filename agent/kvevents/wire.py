@@ -341,6 +341,20 @@ def _decode_slow(payload: bytes, topic: bytes, seq: int) -> Batch:
 
 
 # -- entry points --------------------------------------------------------------------------------
+def peek_ts(payload: bytes) -> float:
+    """The batch's `ts` without decoding its events (they stay raw slices of `payload`), so a
+    queued message costs its wire bytes, not the several times more its decoded hash lists take.
+    Raises PayloadError when the payload is not a batch."""
+    for decoder in (_RAW_DECODER, _RAW_MAP_DECODER):
+        try:
+            return float(decoder.decode(payload).ts)
+        except msgspec.ValidationError:
+            continue
+        except msgspec.DecodeError as exc:
+            raise PayloadError(str(exc)) from exc
+    raise PayloadError("not a [ts, events, data_parallel_rank] batch")
+
+
 def decode_payload(payload: bytes, topic: bytes = b"", seq: int = 0) -> Batch:
     """Decode one batch payload in either encoding. Raises PayloadError if the batch itself is
     unusable; unknown or malformed events inside a usable batch are counted in `rejected`."""

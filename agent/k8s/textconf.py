@@ -71,19 +71,56 @@ def _yaml_find(lines: list[str], key: str) -> int | None:
     return found[0] if found else None
 
 
+_ABSENT = object()
+
+
+def _yaml_data(text: str) -> dict:
+    _check_yaml(text)
+    return (yaml.safe_load(text) if text.strip() else None) or {}
+
+
+def _key_line(text: str, key: str) -> int:
+    """1-based line where top-level `key` is written (quoted, tagged, or a merge key), else 1."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if line[:1] not in ("", " ", "\t", "#") and (key in line or line.startswith("<<")):
+            return n
+    return 1
+
+
+def _agrees(text: str, key: str, tok: str | None) -> None:
+    """What the line scan found for `key` must be what yaml.safe_load (LMCache's loader) reads:
+    a quoted key, an alias, a merge key or a block scalar the scan cannot see or edit is refused
+    with its line, never reported as absent or as the alias text."""
+    real = _yaml_data(text).get(key, _ABSENT)
+    if tok is None and real is _ABSENT:
+        return
+    if tok is not None and tok != "" and real is not _ABSENT:
+        try:
+            if yaml_value(tok) == real:
+                return
+        except yaml.YAMLError:
+            pass
+    raise ConfigTextError(f"YAML key {key!r} (line {_key_line(text, key)}) is written in a form the editor does "
+                          f"not edit (quoted key, alias, merge key or multi-line value): yaml.safe_load reads "
+                          f"{'nothing' if real is _ABSENT else repr(real)}; write it as one `{key}: value` line")
+
+
 def yaml_get(text: str, key: str) -> str | None:
     lines = _yaml_lines(text)
     i = _yaml_find(lines, key)
-    if i is None:
-        return None
-    tok = _YAML_LINE.match(lines[i].rstrip("\r\n")).group("tok")  # type: ignore[union-attr]
-    if tok == "":
-        raise ConfigTextError(f"YAML key {key!r} is not a scalar on one line")
+    tok = None
+    if i is not None:
+        tok = _YAML_LINE.match(lines[i].rstrip("\r\n")).group("tok")  # type: ignore[union-attr]
+        if tok == "":
+            raise ConfigTextError(f"YAML key {key!r} (line {i + 1}) is not a scalar on one line")
+    _agrees(text, key, tok)
     return tok
 
 
 def yaml_set(text: str, updates: Mapping[str, str | None]) -> str:
-    _check_yaml(text)
+    before = _yaml_data(text)
+    for key in updates:
+        yaml_get(text, key)  # refuses a key the loader reads differently from the line scan
     lines = _yaml_lines(text)
     for key, tok in updates.items():
         i = _yaml_find(lines, key)
@@ -102,7 +139,24 @@ def yaml_set(text: str, updates: Mapping[str, str | None]) -> str:
             _append_line(lines, f"{key}: {tok}")
     out = "".join(lines)
     _check_yaml(out)
+    _same_meaning(before, _yaml_data(out), {k: _ABSENT if t is None else yaml_value(t) for k, t in updates.items()},
+                  out, "yaml.safe_load")
     return out
+
+
+def _same_meaning(before: dict, after: dict, intended: Mapping[str, Any], out: str, loader: str) -> None:
+    """After an edit the loader must read exactly the intended values and every other key as
+    before; otherwise the edit is refused (ConfigTextError naming the first differing key)."""
+    want = dict(before)
+    for k, v in intended.items():
+        if v is _ABSENT:
+            want.pop(k, None)
+        else:
+            want[k] = v
+    if after != want:
+        bad = next(k for k in sorted({*want, *after}, key=str) if want.get(k, _ABSENT) != after.get(k, _ABSENT))
+        raise ConfigTextError(f"editing would change what {loader} reads for {bad!r} (line "
+                              f"{_key_line(out, str(bad))}): the agent will not apply it")
 
 
 def _check_yaml(text: str) -> None:

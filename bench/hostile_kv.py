@@ -13,6 +13,11 @@ Attacks (the figures issue 18 reported before the fix in brackets):
   oversized       20 messages of ~12 MB, over the 8 MiB max_message_bytes, then a normal one
   media           20,000 distinct `medium` strings [20k series]
   jump_and_topic  a sequence jump to 2^64-1 and 1,000 messages on a wrong topic [1.8e19 gaps]
+  flood_5mb       100 messages of ~5.4 MB of hashes (600k each), sent as fast as the socket takes
+                  them [30: 1.07 GB; 100: killed at 1.5 GiB in 6 s; /metrics render up to 24 s]
+
+The subscriber runs its I/O thread (`start()`) while the main thread renders the KV collector's
+/metrics text every 50 ms: the render latency (median, max) is printed next to the peak RSS.
 
 Run: .venv/bin/python bench/hostile_kv.py [--quick] [--only NAME]
 """
@@ -30,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.prometheus import free_port_range
 
 LIMIT = 2**30  # the Deployment's memory limit (deploy/)
-ATTACKS = ("dp16_flood", "big_messages", "oversized", "media", "jump_and_topic")
+ATTACKS = ("dp16_flood", "big_messages", "oversized", "media", "jump_and_topic", "flood_5mb")
 
 
 def _status(field: str) -> int:
@@ -46,30 +51,45 @@ def _ranks(attack: str) -> int:
 
 
 # -- the subscriber process ----------------------------------------------------------------------
-def subscriber(attack: str, base: int, ready: Any, done: Any, out: Any) -> None:
+def subscriber(attack: str, base: int, ready: Any, done: Any, finished: Any, out: Any) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.kvevents.collector import KvEventsCollector
     from agent.kvevents.manager import KvEventManager
     from agent.kvevents.settings import EndpointSpec, KvEventsSettings
 
     spec = EndpointSpec(pod="hostile", model="m", endpoint=f"tcp://127.0.0.1:{base}", dp_size=_ranks(attack),
                         topic="kv@hostile@m")
     mgr = KvEventManager(KvEventsSettings(endpoints=(spec,)))
-    mgr.run_once(10)
+    registry = CollectorRegistry()
+    registry.register(KvEventsCollector(mgr.snapshot))
+    mgr.start()
     time.sleep(0.5)
-    mgr.run_once(10)
     rss0 = _status("VmRSS")
     ready.set()
     t0 = time.perf_counter()
-    quiet = None
+    quiet, seen, renders = None, -1, []
+
+    def progress() -> int:
+        snap = mgr.snapshot()
+        return sum(e.stream.messages + e.stream.shed_messages + sum(e.stream.rejected.values()) for e in snap.engines)
+
     while True:
-        got = mgr.run_once(50)
+        r0 = time.perf_counter()
+        generate_latest(registry)
+        renders.append(time.perf_counter() - r0)
+        time.sleep(0.05)
         if done.is_set():
-            if got:
-                quiet = None
+            now = progress()
+            if now != seen or mgr._behind:
+                seen, quiet = now, None
             elif quiet is None:
                 quiet = time.monotonic()
-            elif time.monotonic() - quiet > 1.5:
+            elif time.monotonic() - quiet > 6.0:  # longer than one huge apply (the snapshot is kept meanwhile)
                 break
     elapsed = time.perf_counter() - t0
+    finished.set()
+    mgr.stop()
     snap = mgr.snapshot()
     streams = [e.stream for e in snap.engines]
     out.put({
@@ -79,12 +99,13 @@ def subscriber(attack: str, base: int, ready: Any, done: Any, out: Any) -> None:
         "rejected": {k: sum(s.rejected.get(k, 0) for s in streams) for k in {k for s in streams for k in s.rejected}},
         "resident": sum(sum(e.resident_blocks.values()) for e in snap.engines),
         "media": sorted({m for e in snap.engines for m in (*e.stored_blocks, *e.removed_blocks)}),
+        "shed": sum(s.shed_messages for s in streams),
+        "render_p50": sorted(renders)[len(renders) // 2], "render_max": max(renders),
     })
-    mgr.stop()
 
 
 # -- the publisher process -----------------------------------------------------------------------
-def publisher(attack: str, base: int, quick: bool, ready: Any, done: Any) -> None:
+def publisher(attack: str, base: int, quick: bool, ready: Any, done: Any, finished: Any) -> None:
     import msgspec
 
     from emulator.cluster.kv_publisher import KvEventPublisher
@@ -125,6 +146,13 @@ def publisher(attack: str, base: int, quick: bool, ready: Any, done: Any) -> Non
         for i in range(int(20_000 * scale)):
             pubs[0].publish([f.stored([(i * mix) & (2**64 - 1)], None, 16, medium=f"tier-{i}", token_ids=[]),
                              f.removed([(i * mix) & (2**64 - 1)], medium=f"evil-{i}")], ts=float(i))
+    elif attack == "flood_5mb":  # encoded first, then sent as fast as the socket takes them
+        payloads = []
+        for i in range(int(100 * scale) or 1):
+            hashes = [((i * 10**7 + b) * mix) & (2**64 - 1) for b in range(600_000)]
+            payloads.append(msgspec.msgpack.encode(f.batch(float(i), [f.stored(hashes, None, 16, token_ids=[])], 0)))
+        for seq, payload in enumerate(payloads):
+            pubs[0].send_raw([b"kv@hostile@m", seq.to_bytes(8, "big"), payload])
     elif attack == "jump_and_topic":
         pubs[0].publish([f.stored([1], None, 16)], ts=1.0)
         payload = msgspec.msgpack.encode(f.batch(2.0, [f.stored([2], None, 16)], 0))
@@ -135,17 +163,17 @@ def publisher(attack: str, base: int, quick: bool, ready: Any, done: Any) -> Non
         p.flush(300)
     time.sleep(1.0)
     done.set()
-    time.sleep(3.0)
+    finished.wait(600)  # closing drops what TCP back-pressure still holds in the PUB's queue
     for p in pubs:
         p.close()
 
 
 def run(attack: str, quick: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
-    ready, done, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    ready, done, finished, out = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
     base = free_port_range(_ranks(attack))
-    sub = ctx.Process(target=subscriber, args=(attack, base, ready, done, out))
-    pub = ctx.Process(target=publisher, args=(attack, base, quick, ready, done))
+    sub = ctx.Process(target=subscriber, args=(attack, base, ready, done, finished, out))
+    pub = ctx.Process(target=publisher, args=(attack, base, quick, ready, done, finished))
     sub.start()
     pub.start()
     result = out.get(timeout=1800)
@@ -168,7 +196,8 @@ def main() -> None:
         print(f"  {attack:<15} peak RSS {r['peak'] / 2**20:7.1f} MiB = {r['peak'] / LIMIT:.2f} x limit "
               f"(idle before {r['rss0'] / 2**20:.1f} MiB) in {r['elapsed']:.1f} s; applied {r['messages']:,}, "
               f"resident {r['resident']:,}, missed {r['missed']:,} (lost {r['lost']:,}), reconnects "
-              f"{r['reconnects']}, rejected {r['rejected'] or '{}'}, media {r['media']}")
+              f"{r['reconnects']}, rejected {r['rejected'] or '{}'}, shed {r['shed']:,}, media {r['media']}; "
+              f"/metrics render median {r['render_p50'] * 1000:.1f} ms, max {r['render_max'] * 1000:.1f} ms")
     print(f"worst peak: {worst:.2f} x the 1 GiB limit (target < 1)")
 
 

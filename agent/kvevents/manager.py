@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 END_SEQ = END_SEQ_BYTES
 _DRAIN = 256  # messages read from one socket before looking at the others
 _APPLY_BUDGET_S = 0.05  # applying queued batches yields to the sockets after this long
-_SNAPSHOT_WAIT_S = 0.05  # a read-out waits this long for the index, then serves the last snapshot
+_SNAPSHOT_WAIT_S = 0.01  # a read-out waits this long for the index, then serves the last snapshot
 _SNAPSHOT_REFRESH_S = 1.0  # the I/O loop refreshes that last snapshot this often while busy
 log = logging.getLogger(__name__)
 

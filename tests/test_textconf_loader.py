@@ -53,3 +53,45 @@ def test_an_edit_that_would_change_another_key_is_refused() -> None:
     text = "chunk_size: 256\n...\n"  # document end: an appended key would start a second document
     with pytest.raises(ConfigTextError):
         yaml_set(text, {"local_cpu": "true"})
+
+
+TOML_CASES = [
+    ("[cache]\nsize = 1\nname = \"a\"\n", "cache.size", "2"),
+    ("top = 1\n[cache]\nsize = 1\n", "cache.size", "3"),
+    ("[cache]\nname = \"a\"\n", "cache.size", "4"),  # absent: added to its section
+    ("top = 1\n", "eviction.policy", '"lru"'),  # a new section
+]
+
+
+@pytest.mark.parametrize(("text", "key", "tok"), TOML_CASES)
+def test_toml_edits_are_read_by_tomllib_as_intended(text: str, key: str, tok: str) -> None:
+    import tomllib
+
+    from agent.k8s.textconf import _toml_flat, toml_set, toml_value
+
+    before = _toml_flat(tomllib.loads(text))
+    after = _toml_flat(tomllib.loads(toml_set(text, {key: tok})))
+    assert after.pop(key) == toml_value(tok)
+    before.pop(key, None)
+    assert after == before
+
+
+def test_toml_key_set_by_a_dotted_key_elsewhere_is_refused() -> None:
+    from agent.k8s.textconf import toml_set
+
+    text = 'cache.size = 1\n[other]\nx = 1\n'  # tomllib reads cache.size; the section scan does not
+    with pytest.raises(ConfigTextError, match="line"):
+        toml_set(text, {"cache.size": "2"})
+
+
+@pytest.mark.parametrize("text", ['{"a": 1, "routing_logic": "roundrobin"}', '{\n  "routing_logic": "x"\n}', "{}"])
+def test_json_edits_are_read_by_json_as_intended(text: str) -> None:
+    import json
+
+    from agent.k8s.textconf import json_set
+
+    out = json_set(text, {"routing_logic": '"session"'})
+    after, before = json.loads(out), json.loads(text)
+    assert after.pop("routing_logic") == "session"
+    before.pop("routing_logic", None)
+    assert after == before

@@ -230,8 +230,20 @@ def toml_get(text: str, dotted: str) -> str | None:
     return _TOML_LINE.match(lines[i].rstrip("\r\n")).group("tok")  # type: ignore[union-attr]
 
 
+def _toml_flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Tables flattened to dotted keys (`[cache] size = 1` -> {"cache.size": 1})."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(_toml_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def toml_set(text: str, updates: Mapping[str, str | None]) -> str:
     _check_toml(text)
+    before = _toml_flat(tomllib.loads(text))
     lines = text.splitlines(keepends=True)
     for dotted, tok in updates.items():
         section, key = _split_dotted(dotted)
@@ -258,6 +270,8 @@ def toml_set(text: str, updates: Mapping[str, str | None]) -> str:
                     lines.insert(at, f"{key} = {tok}\n")
     out = "".join(lines)
     _check_toml(out)
+    _same_meaning(before, _toml_flat(tomllib.loads(out)),
+                  {k: _ABSENT if t is None else toml_value(t) for k, t in updates.items()}, out, "tomllib")
     return out
 
 
@@ -341,6 +355,7 @@ def json_get(text: str, key: str) -> str | None:
 
 
 def json_set(text: str, updates: Mapping[str, str | None]) -> str:
+    original = text
     for key, tok in updates.items():
         open_at, close_at, members = _json_members(text)
         idx = _json_unique(text, members, key)
@@ -363,6 +378,8 @@ def json_set(text: str, updates: Mapping[str, str | None]) -> str:
             else:
                 text = text[: open_at + 1] + member + text[open_at + 1:]
     _json_members(text)
+    _same_meaning(json.loads(original), json.loads(text),
+                  {k: _ABSENT if t is None else json_value(t) for k, t in updates.items()}, text, "json.load")
     return text
 
 

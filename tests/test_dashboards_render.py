@@ -27,7 +27,7 @@ from dashboards.source import Series, SourceError
 PNG = b"\x89PNG\r\n\x1a\n"
 LABEL_VALUES = {"tier": ("gpu", "cpu", "l2"), "quantile": ("0.5", "0.95", "0.99"), "op": ("read", "write"),
                 "pod": ("vllm-0", "vllm-1"), "model": ("llama-3.1-8b",),
-                "cause": ("cold", "capacity", "routing")}
+                "cause": ("cold", "capacity", "routing"), "source": ("curvine_fuse", "lmcache_inprocess")}
 
 
 class FakeSource:

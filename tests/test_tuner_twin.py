@@ -62,7 +62,8 @@ def test_tune_cli_writes_yaml_and_plots_and_resumes(tmp_path: Path, traces_dir: 
     assert "study now holds 6 trials" in res.output
     best = Knobs.from_yaml_file(tmp_path / "best.yaml")  # what `tierpilot replay --config` reads
     assert best.cpu_gib <= 8
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["history.png", "importances.png"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["capacity_curves.png", "history.png",
+                                                                        "importances.png"]
     assert (tmp_path / "plots" / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = CliRunner().invoke(tune, args)  # same study again: resumed, not replaced
     assert res.exit_code == 0, res.output
@@ -74,4 +75,5 @@ def test_tune_cli_errors_are_clear(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "exactly one of --trace PATH or --workload NAME" in res.output
     res = CliRunner().invoke(tune, ["--workload", "nope", "--trials", "2", "--storage",
                                     f"sqlite:///{tmp_path / 'x.db'}"])
-    assert res.exit_code != 0 and "unknown preset 'nope'; valid choices:" in res.output
+    assert res.exit_code != 0 and "'nope' is not one of" in res.output
+    assert all(f"'{name}'" in res.output for name in ("rag", "sessions", "shift", "short"))

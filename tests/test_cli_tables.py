@@ -2,6 +2,7 @@
 (never `mo…`), counts are abbreviated, and every line fits: scrape-once, kv-events, replay, tune."""
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -112,3 +113,14 @@ def test_replay_and_tune_tables_fit_80_columns(tmp_path):
         next(x for x in tune.output.splitlines() if x.startswith("best configuration"))):]
     assert max(map(len, table_lines)) <= 80, tune.output
     assert "…" not in tune.output
+
+
+def test_tune_in_process_leaves_the_callers_logging_as_it_was(tmp_path):
+    import optuna
+
+    tuner_log = logging.getLogger("tierpilot.tuner")
+    before = tuner_log.level, optuna.logging.get_verbosity()
+    tune = CliRunner().invoke(main, ["tune", "--workload", "short", "--duration", "30", "--pods", "2", "--trials", "1",
+                                     "-q", "--storage", f"sqlite:///{tmp_path}/s.db"])
+    assert tune.exit_code == 0, tune.output
+    assert (tuner_log.level, optuna.logging.get_verbosity()) == before  # a later caller still sees INFO events

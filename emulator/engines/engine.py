@@ -5,7 +5,7 @@ is the thin shell that starts it through an injected launcher (subprocess.Popen 
 for `/health` on an injected clock, and stops exactly the process group it started.
 
     spec = EngineSpec(model=tiny_model_dir(), port=free_port(), kv_events_port=free_port(),
-                      replay_port=free_port(), kv_cache_bytes=24 << 20, cpu_bind="0")
+                      replay_port=free_port(), cpu_bind="0")   # 6,144 tokens of KV cache
     with EngineProcess(spec, scratch=tmp_path) as engine:
         engine.wait_healthy()
         ... engine.base_url, engine.metrics_url, engine.kv_events_url, engine.replay_url
@@ -17,6 +17,10 @@ Facts this follows (../shared/reference/real-components.md, kv-events.md):
 - `--kv-cache-memory-bytes` sizes the KV cache, unless `VLLM_CPU_KVCACHE_SPACE` is set, which
   overrides it, so it is removed from the child's environment;
 - `VLLM_CPU_OMP_THREADS_BIND` pins the engine's compute threads (two engines fit on two cores);
+- bf16 is fast only where the processor has it natively (AVX-512 BF16 or AMX); elsewhere (AVX2) the
+  CPU kernels emulate it and a prefill is about 4x slower than in float32, so the dtype follows the
+  processor (`engine_dtype`). The KV cache is sized in tokens (`kv_cache_tokens`), converted to the
+  bytes vLLM takes at that dtype, so every machine holds the same blocks;
 - a KV-event endpoint `tcp://*:PORT` makes the engine bind its PUB socket; the replay ROUTER
   socket is always bound;
 - scratch directories keep its caches out of /tmp and ~/.cache.
@@ -40,6 +44,32 @@ ENGINE_VENV_ENV = "TIERPILOT_ENGINE_VENV"
 MODEL_DIR_NAME = "models/tiny-llama"
 SERVED_MODEL = "tiny-llama"
 DEFAULT_BLOCK_SIZE = 32
+DEFAULT_KV_TOKENS = 6144  # 192 blocks of 32: small enough that the tests' workloads evict
+BF16_KV_BYTES_PER_TOKEN = 4096  # tiny-llama: 2 (K, V) x 4 layers x 4 KV heads x 64 x 2 bytes
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def engine_dtype(cpuinfo: str | None = None) -> str:
+    """bfloat16 where the processor computes it natively (a flag of NATIVE_BF16_FLAGS in
+    /proc/cpuinfo), else float32. `cpuinfo`: the file's text (read when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "float32"
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+            break
+    return "bfloat16" if flags & NATIVE_BF16_FLAGS else "float32"
+
+
+def kv_bytes_per_token(dtype: str) -> int:
+    """KV bytes one token of tiny-llama takes at `dtype`."""
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise EngineError(f"dtype {dtype!r}: the engine runs bfloat16, float16 or float32")
+    return BF16_KV_BYTES_PER_TOKEN * (2 if dtype == "float32" else 1)
 
 
 class EngineError(RuntimeError):
@@ -75,7 +105,7 @@ def engine_available(venv: Path | None = None) -> str | None:
 class EngineSpec:
     model: Path
     port: int
-    kv_cache_bytes: int = 24 << 20
+    kv_cache_tokens: int = DEFAULT_KV_TOKENS
     block_size: int = DEFAULT_BLOCK_SIZE
     max_model_len: int = 2048
     kv_events_port: int | None = None
@@ -86,8 +116,18 @@ class EngineSpec:
     prefix_caching: bool = True
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    dtype: str = field(default_factory=engine_dtype)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """`--kv-cache-memory-bytes`: the tokens at this dtype."""
+        return self.kv_cache_tokens * kv_bytes_per_token(self.dtype)
 
     def __post_init__(self) -> None:
+        kv_bytes_per_token(self.dtype)  # a dtype the engine runs
+        if self.kv_cache_tokens < self.max_model_len:
+            raise EngineError(f"kv_cache_tokens {self.kv_cache_tokens}: must hold one {self.max_model_len}-token "
+                              "sequence")
         if self.block_size % 32:
             raise EngineError(f"block_size {self.block_size}: the vLLM CPU backend needs a multiple of 32")
         if self.replay_port is not None and self.kv_events_port is None:
@@ -109,7 +149,7 @@ def engine_command(spec: EngineSpec, python: Path) -> list[str]:
     cmd = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(spec.model),
            "--host", "127.0.0.1", "--port", str(spec.port),
            "--served-model-name", spec.served_model,
-           "--enforce-eager", "--dtype", "bfloat16",
+           "--enforce-eager", "--dtype", spec.dtype,
            "--block-size", str(spec.block_size),
            "--max-model-len", str(spec.max_model_len),
            "--kv-cache-memory-bytes", str(spec.kv_cache_bytes),

@@ -16,7 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Self
 
-from emulator.engines.engine import EngineError, EngineProcess, EngineSpec, Launcher, tiny_model_dir
+from emulator.engines.engine import (
+    DEFAULT_KV_TOKENS,
+    EngineError,
+    EngineProcess,
+    EngineSpec,
+    Launcher,
+    tiny_model_dir,
+)
 from emulator.engines.router import RouterProcess, RouterSpec, router_policy
 
 
@@ -31,7 +38,7 @@ def topic_of(name: str, model: str) -> str:
 
 
 class EngineFleet:
-    def __init__(self, scratch: Path, *, engines: int = 2, kv_cache_bytes: int = 24 << 20, router: str = "roundrobin",
+    def __init__(self, scratch: Path, *, engines: int = 2, kv_cache_tokens: int = DEFAULT_KV_TOKENS, router: str = "roundrobin",
                  venv: Path | None = None, launcher: Launcher = subprocess.Popen,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  port: Callable[[], int] = free_port, cores: int | None = None,
@@ -42,7 +49,7 @@ class EngineFleet:
         model = tiny_model_dir(venv)
         self.engines: list[EngineProcess] = []
         for i, name in enumerate(self.names):
-            spec = EngineSpec(model=model, port=port(), kv_cache_bytes=kv_cache_bytes, kv_events_port=port(),
+            spec = EngineSpec(model=model, port=port(), kv_cache_tokens=kv_cache_tokens, kv_events_port=port(),
                               replay_port=port(), topic=topic_of(name, "tiny-llama"), cpu_bind=str(i % cores),
                               extra_args=("--enable-prompt-tokens-details",))
             self.engines.append(EngineProcess(spec, self.scratch / name, venv=venv, launcher=launcher, clock=clock,

@@ -10,7 +10,7 @@ What each change restarts, on this deployment:
 * the engines' KV cache size (`--kv-cache-memory-bytes`, the one cache knob the CPU backend
   has): a rolling restart, one engine at a time, each until `/health` answers again (25-30 s
   each on an idle machine), with a cold prefix cache. `Knobs` carries no field for it, so it is
-  reached through `resize_engines(bytes)`, not through `apply`;
+  reached through `resize_engines(tokens)`, not through `apply`;
 * everything else in `Knobs` (LMCache chunk size, CPU buffer and eviction, the L2 settings, the
   kv_aware credits) has no counterpart on the CPU engine (no LMCache, no offload, no L2 on this
   backend): `RefusedConfigError` before anything is touched, so the guardrails reject the
@@ -37,7 +37,7 @@ from emulator.engines.router import router_policy
 log = logging.getLogger("tierpilot.process_actuator")
 
 HOT_ROUTER_KNOBS = frozenset({"router"})
-MIN_KV_BYTES = 8 << 20  # the cache must hold one max_model_len sequence (2,048 tokens x 4 KiB)
+MIN_KV_TOKENS = 2048  # the cache must hold one max_model_len sequence
 
 
 class Restartable(Protocol):
@@ -101,18 +101,19 @@ class ProcessActuator:
             return self._apply(self._last_good, dry_run=self._dry_run, message="rollback")
 
     # -- the engines' KV cache -----------------------------------------------------------------
-    def kv_cache_bytes(self) -> list[int]:
-        return [int(e.spec.kv_cache_bytes) for e in self.engines]
+    def kv_cache_tokens(self) -> list[int]:
+        return [int(e.spec.kv_cache_tokens) for e in self.engines]
 
-    def resize_engines(self, kv_cache_bytes: int, *, dry_run: bool = False) -> ApplyResult:
-        """Rolling restart of every engine whose KV cache is not `kv_cache_bytes` yet."""
-        if not isinstance(kv_cache_bytes, int) or kv_cache_bytes < MIN_KV_BYTES:
-            raise RefusedConfigError(f"kv_cache_bytes: must be an integer >= {MIN_KV_BYTES} (one 2,048-token "
-                                     f"sequence), got {kv_cache_bytes!r}")
+    def resize_engines(self, kv_cache_tokens: int, *, dry_run: bool = False) -> ApplyResult:
+        """Rolling restart of every engine whose KV cache does not hold `kv_cache_tokens` yet (the
+        engine turns tokens into `--kv-cache-memory-bytes` at its dtype)."""
+        if not isinstance(kv_cache_tokens, int) or kv_cache_tokens < MIN_KV_TOKENS:
+            raise RefusedConfigError(f"kv_cache_tokens: must be an integer >= {MIN_KV_TOKENS} (one 2,048-token "
+                                     f"sequence), got {kv_cache_tokens!r}")
         with self._lock:
-            todo = [i for i, e in enumerate(self.engines) if e.spec.kv_cache_bytes != kv_cache_bytes]
+            todo = [i for i, e in enumerate(self.engines) if e.spec.kv_cache_tokens != kv_cache_tokens]
             names = tuple(self.names[i] for i in todo)
-            changed = {f"{self.names[i]}.kv_cache_bytes": (self.engines[i].spec.kv_cache_bytes, kv_cache_bytes)
+            changed = {f"{self.names[i]}.kv_cache_tokens": (self.engines[i].spec.kv_cache_tokens, kv_cache_tokens)
                        for i in todo}
             if not todo or dry_run or self._dry_run:
                 result = ApplyResult(self._current, applied=False, dry_run=dry_run or self._dry_run, changed=changed,
@@ -120,10 +121,10 @@ class ProcessActuator:
                                      message="resize: " + ("dry run, nothing applied" if todo else "no change"))
             else:
                 for i in todo:
-                    spec = dataclasses.replace(self.engines[i].spec, kv_cache_bytes=kv_cache_bytes)
-                    self._restart(self.names[i], self.engines[i], spec, f"kv_cache_bytes -> {kv_cache_bytes}")
+                    spec = dataclasses.replace(self.engines[i].spec, kv_cache_tokens=kv_cache_tokens)
+                    self._restart(self.names[i], self.engines[i], spec, f"kv_cache_tokens -> {kv_cache_tokens}")
                 result = ApplyResult(self._current, applied=True, changed=changed, restarted=names,
-                                     message=f"resize: KV cache {kv_cache_bytes >> 20} MiB on {', '.join(names)}")
+                                     message=f"resize: KV cache {kv_cache_tokens:,} tokens on {', '.join(names)}")
             self.history.append(result)
             return result
 
@@ -178,4 +179,4 @@ class ProcessActuator:
             self._on_restart(rec)
 
 
-__all__ = ["MIN_KV_BYTES", "ProcessActuator", "Restart"]
+__all__ = ["MIN_KV_TOKENS", "ProcessActuator", "Restart"]

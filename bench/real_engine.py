@@ -233,6 +233,7 @@ host_memory_gib: 1.0         # no CPU offload tier on this backend
 l2_pool_gib: 1.0             # no L2 on this backend
 latency:
   request_overhead_s: {fit.overhead_s:.6g}     # HTTP, API server, scheduling, the first token's decode
+  overhead_busy_share: 1.0      # the API server and the engine core share the one core: the next request waits
   prefill_s_per_token: {fit.prefill_s_per_token:.6g}   # uncached prompt tokens on one core
   attention_s_per_token2: {fit.attention_s_per_token2:.6g}   # per computed token x token it attends to
   decode_s_per_token: {decode:.6g}

@@ -103,7 +103,7 @@ def run(
     choose = router.choose
     # latency constants
     prefill_s, overhead_s, decode_s = twin._prefill_s, twin._overhead_s, twin._decode_s
-    attention_s = twin._attention_s
+    attention_s, overhead_busy_s = twin._attention_s, twin._overhead_busy_s
     load_delay_s = twin._load_delay_s
     cpu_chunk_s, l2_chunk_s, l2_retrieve_s = twin._cpu_chunk_s, twin._l2_chunk_s, twin._l2_retrieve_s
     w_chunk_s, w_byte_s, chunk_bytes = twin._w_chunk_s, twin._w_byte_s, twin._chunk_bytes
@@ -366,7 +366,7 @@ def run(
                 write_time += l2_write_s
         # -- latency -------------------------------------------------------------------------------
         computed_tokens = prompt - k * c
-        busy = (computed_tokens if computed_tokens > 0 else 1) * prefill_s
+        busy = (computed_tokens if computed_tokens > 0 else 1) * prefill_s + overhead_busy_s
         if attention_s:
             busy += max(computed_tokens, 1) * (k * c + 0.5 * max(computed_tokens, 1)) * attention_s
         extra = overhead_s

@@ -17,6 +17,12 @@ large model on a GPU (0 in the GPU profiles, and optional in a profile file) but
 model on a CPU (the `cpu-tiny-llama` profile, fitted on the real engine by bench/real_engine.py).
 
 L2 writes are asynchronous: their latency is observed but never added to TTFT.
+
+`overhead_busy_share` (optional, 0 to 1, default 0) is the part of `request_overhead` that holds
+the pod: on a GPU the API server's work (HTTP, tokenisation, scheduling) runs on host cores beside
+the GPU's compute, so a queued request does not wait for it (0); a CPU engine whose API server and
+engine core share one core spends the overhead on the core that prefills, so the next request
+waits for it too (1).
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ import yaml
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "g6e-l40s"
-OPTIONAL_LATENCY = ("attention_s_per_token2",)  # may be left out of a profile file (default 0)
+OPTIONAL_LATENCY = ("attention_s_per_token2", "overhead_busy_share")  # may be left out of a profile file (default 0)
+SHARES = ("overhead_busy_share",)  # optional keys that are fractions (0 to 1)
 
 
 class ProfileError(ValueError):
@@ -50,6 +57,17 @@ class LatencyModel:
     l2_write_chunk_s: float
     l2_write_bytes_per_s: float
     attention_s_per_token2: float = 0.0  # optional: s per (computed token x token attended to)
+    overhead_busy_share: float = 0.0  # optional: the part of request_overhead_s that holds the pod
+
+    @property
+    def overhead_busy_s(self) -> float:
+        """The request overhead a queued request waits for (it holds the pod)."""
+        return self.request_overhead_s * self.overhead_busy_share
+
+    @property
+    def overhead_free_s(self) -> float:
+        """The request overhead that adds to the request's own TTFT only."""
+        return self.request_overhead_s - self.overhead_busy_s
 
     def prefill_s(self, computed_tokens: int, cached_tokens: int = 0) -> float:
         """GPU time to prefill the uncached tokens (vLLM always computes at least one token),
@@ -115,6 +133,8 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> HardwarePro
         v = lat[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
             raise ProfileError(f"{source}: latency.{k}: must be a finite number >= 0, got {v!r}")
+        if k in SHARES and v > 1:
+            raise ProfileError(f"{source}: latency.{k}: must be between 0 and 1, got {v!r}")
         values[k] = float(v)
     latency = LatencyModel(**values)
     from simulator.models import ModelError, get_model

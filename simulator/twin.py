@@ -120,7 +120,8 @@ class Twin:
         cb = self._chunk_bytes
         self._prefill_s = lat.prefill_s_per_token
         self._attention_s = lat.attention_s_per_token2
-        self._overhead_s = lat.request_overhead_s
+        self._overhead_s = lat.overhead_free_s  # the pod does not wait for it
+        self._overhead_busy_s = lat.overhead_busy_s  # it does (one core serves both)
         self._load_delay_s = float(self.cluster.load_delay_s)
         self._decode_s = lat.decode_s_per_token
         self._cpu_chunk_s = lat.cpu_load_chunk_s + cb / lat.pcie_bytes_per_s  # one chunk CPU -> GPU
@@ -262,8 +263,9 @@ class Twin:
         """(GPU-busy service time, L2 read time, extra non-busy latency) of one prefill."""
         lat, cb = self._lat, self._chunk_bytes
         l2_read = lat.l2_read_s(l2_chunks, l2_chunks * cb)
-        busy = lat.cpu_load_s(cpu_chunks, cpu_chunks * cb) + l2_read + lat.prefill_s(computed_tokens, cached_tokens)
-        extra = lat.request_overhead_s + (lat.l2_retrieve_overhead_s if l2_chunks else 0.0)
+        busy = (lat.cpu_load_s(cpu_chunks, cpu_chunks * cb) + l2_read + lat.prefill_s(computed_tokens, cached_tokens)
+                + lat.overhead_busy_s)
+        extra = lat.overhead_free_s + (lat.l2_retrieve_overhead_s if l2_chunks else 0.0)
         return busy, l2_read, extra
 
     def _estimate(self, chunks: list[int], prompt: int, now: float) -> Callable[[int], float]:
@@ -407,7 +409,7 @@ class Twin:
                 t.store_requests += 1
 
         # -- latency -------------------------------------------------------------------------------
-        busy = (computed_tokens if computed_tokens > 0 else 1) * self._prefill_s
+        busy = (computed_tokens if computed_tokens > 0 else 1) * self._prefill_s + self._overhead_busy_s
         if self._attention_s:
             busy += max(computed_tokens, 1) * (hit + 0.5 * max(computed_tokens, 1)) * self._attention_s
         extra = self._overhead_s

@@ -41,6 +41,33 @@ def test_attention_term_is_paid_per_computed_token_times_its_context_in_both_rep
     assert get_profile("g6e-l40s").latency.attention_s_per_token2 == 0.0
 
 
+def test_a_busy_overhead_holds_the_pod_and_a_free_one_does_not_in_both_replay_paths():
+    knobs = Knobs(chunk_tokens=64, cpu_gib=0.0)
+    reqs = [req(0, [1, 2]), req(1, [3, 4])]  # 1 ms apart: the second queues behind the first
+    service = 1024 * 3e-5 + 1024 * 512 * 2e-8
+    for share, wait in ((1.0, 0.05 + service), (0.0, service), (0.4, 0.02 + service)):
+        prof = _profile(overhead=0.05)
+        prof = dataclasses.replace(prof, latency=dataclasses.replace(prof.latency, overhead_busy_share=share))
+        cluster = ClusterSpec(pods=1, gpu_tokens=6144, cpu_tokens=0, l2_tokens=0, profile=prof)
+        twin = Twin(cluster, knobs)
+        first, second = twin.submit(reqs[0]), twin.submit(reqs[1])
+        assert first.ttft_s == pytest.approx(0.05 + service)  # alone, the overhead is paid either way
+        assert second.ttft_s == pytest.approx(wait - 0.001 + 0.05 + service)
+        batch = replay(frame(reqs), cluster, knobs).requests["ttft_s"].to_list()
+        assert batch == pytest.approx([first.ttft_s, second.ttft_s])
+    assert CPU.latency.overhead_busy_share == 1.0  # the one-core engine: API server and engine share it
+    assert get_profile("g6e-l40s").latency.overhead_busy_share == 0.0
+
+
+def test_overhead_busy_share_is_a_fraction(tmp_path):
+    text = (PROFILE_DIR / "cpu-tiny-llama.yaml").read_text()
+    key = next(line for line in text.splitlines() if line.startswith("  overhead_busy_share:"))
+    bad = tmp_path / "p.yaml"
+    bad.write_text(text.replace(key, "  overhead_busy_share: 1.5"))
+    with pytest.raises(ProfileError, match=r"latency\.overhead_busy_share: must be between 0 and 1"):
+        get_profile(str(bad))
+
+
 def test_attention_key_is_optional_and_refuses_negative_values(tmp_path):
     text = (PROFILE_DIR / "cpu-tiny-llama.yaml").read_text()
     bad = tmp_path / "p.yaml"

@@ -15,6 +15,7 @@ from contracts.tier_model import Target
 from tests.support.kube import NS, FakeTime, deployment
 from tests.support.postgres import postgres_url  # noqa: F401  (fixture)
 from tests.test_runtime_tuning import kube, targets_file, traffic, vllm  # noqa: F401  (fixtures)
+from tuners.plan_runner import InlineExecutor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +29,7 @@ def runtime(kube, vllm, tmp_path, fake, storage: str, identity: str):  # noqa: F
                   "warm_start": {"trials": 0}, "drift": {"enabled": False},
                   "planner": {"enabled": False}},  # the live search (the planner: test_runtime_tuning.py)
         actuation={"targets_file": str(targets_file(tmp_path)), "identity": identity}, export={"fleet": "leader"})
-    return build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
+    return build_runtime(settings, plan_executor=InlineExecutor(), api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
                          sleep=fake.sleep, now=fake.now, env={},
                          targets=StaticTargets([Target(srv.url("/metrics"), "vllm", "vllm-0", namespace=NS)]))
 

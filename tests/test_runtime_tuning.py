@@ -20,6 +20,7 @@ from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 from tests.support.kube import NS, FakeTime, configmap, deployment, serve
 from tests.support.runtime_fakes import FakeVllm
+from tuners.plan_runner import InlineExecutor
 
 pytestmark = pytest.mark.timeout(60)
 ENV_NAMES = {"chunk_tokens": "LMCACHE_CHUNK_SIZE", "cpu_gib": "LMCACHE_MAX_LOCAL_CPU_SIZE",
@@ -60,7 +61,7 @@ def runtime_for(kube, vllm, tmp_path, fake: FakeTime, *, identity: str = "agent-
                   "planner": {"enabled": False}},  # these tests drive the live search (the planner's tests below)
         "actuation": {"targets_file": str(targets_file(tmp_path)), "identity": identity},
         **overrides})
-    return build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
+    return build_runtime(settings, plan_executor=InlineExecutor(), api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
                          sleep=fake.sleep, now=fake.now, env={},
                          targets=StaticTargets([Target(srv.url("/metrics"), "vllm", "vllm-0")]))
 
@@ -267,6 +268,42 @@ def test_each_leader_term_warm_starts_from_the_twin_on_the_fitted_workload(kube,
     study = rt.tuning.controller.tuner.study
     assert [t.user_attrs.get("source") for t in study.trials if t.state.name == "WAITING"] == ["twin"] * len(
         warm["candidates"])
+
+
+def test_the_runtime_prices_plans_on_a_thread_of_their_own_by_default(kube, vllm, tmp_path, caplog):
+    """Without an injected executor (production), the warm start runs on the plan thread: the step
+    that starts it returns at once, a later step takes its candidates."""
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
+    fake = FakeTime()
+    settings = load_settings(
+        env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5},
+        tuner={"enabled": True, "storage": f"sqlite:///{tmp_path}/bg.db", "seed": 1, "limits": {"pods": 2},
+               "warm_start": {"trials": 2, "top_k": 2, "max_requests": 20, "duration_s": 30},
+               "drift": {"enabled": False}, "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
+               "planner": {"enabled": False}},
+        actuation={"targets_file": str(targets_file(tmp_path)), "identity": "agent-a"})
+    _fake, srv = vllm
+    rt = build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
+                       sleep=fake.sleep, now=fake.now, env={},
+                       targets=StaticTargets([Target(srv.url("/metrics"), "vllm", "vllm-0")]))
+    try:
+        assert rt.plan_executor is not None and not isinstance(rt.plan_executor, InlineExecutor)
+        rt.elector.try_acquire_or_renew()
+        traffic(rt, vllm, fake, 10, prompt=3000)
+        with caplog.at_level(logging.INFO, logger="tierpilot.tuner"):
+            assert rt.tuning.step().state in ("baseline", "planning")
+            deadline = time.monotonic() + 60
+            while rt.tuning.controller.plans.running:
+                assert time.monotonic() < deadline, "the plan never finished"
+                time.sleep(0.05)
+            rt.tuning.step()  # takes the finished plan
+        warm = [r for r in caplog.records if r.name == "tierpilot.tuner" and '"warm_start"' in r.getMessage()]
+        assert [r.threadName for r in warm] == ["tierpilot-plan_0"]
+        study = rt.tuning.controller.tuner.study
+        assert [t.user_attrs.get("source") for t in study.trials if t.state.name == "WAITING"] == ["twin"] * len(
+            json.loads(warm[0].getMessage())["candidates"])
+    finally:
+        rt.plan_executor.shutdown(wait=True)
 
 
 # -- the paying tuner (tuner.planner, on by default): planner, transition cost, counterfactual ----

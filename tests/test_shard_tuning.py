@@ -23,6 +23,7 @@ from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 from tests.support.kube import NS, FakeTime, deployment, serve
 from tests.support.runtime_fakes import FakeVllm
+from tuners.plan_runner import InlineExecutor
 
 pytestmark = pytest.mark.timeout(90)
 PODS = ("vllm-0", "vllm-4")  # one pod per shard of two
@@ -78,7 +79,7 @@ def test_sharded_leader_measures_the_fleet_and_skips_a_cycle_when_a_shard_is_not
                        "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
                        "warm_start": {"trials": 0}, "drift": {"enabled": False}, "planner": {"enabled": False}},
                 actuation={"targets_file": str(targets_file), "identity": "agent-0"})
-            rt = build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
+            rt = build_runtime(settings, plan_executor=InlineExecutor(), api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
                                sleep=fake.sleep, now=fake.now, env={}, targets=targets)
             assert isinstance(rt.fleet_store, FleetStore) and rt.fleet_store.strict
             assert rt.elector.try_acquire_or_renew() is True

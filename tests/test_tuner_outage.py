@@ -20,6 +20,7 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.test_runtime_tuning import kube, run_to_trial, targets_file, traffic, value, vllm  # noqa: F401
 from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.metrics import TunerMetrics
+from tuners.plan_runner import InlineExecutor
 from tuners.space import DeploymentLimits, SearchSpace
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,7 +37,7 @@ def runtime(kube, vllm, tmp_path, fake: FakeTime, storage: str, study: str):  # 
     settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0},
                              scrape={"interval_s": 60, "timeout_s": 5}, tuner=tuner,
                              actuation={"targets_file": str(targets_file(tmp_path)), "identity": "agent-a"})
-    return build_runtime(settings, api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
+    return build_runtime(settings, plan_executor=InlineExecutor(), api_client=kube.api_client(), clock=fake.clock, monotonic=fake.clock,
                          sleep=fake.sleep, now=fake.now, env={},
                          targets=StaticTargets([Target(srv.url("/metrics"), "vllm", "vllm-0")]))
 

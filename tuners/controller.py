@@ -23,6 +23,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from typing import Protocol
 
 import optuna
@@ -39,6 +40,7 @@ from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec, TtftObservations
 from tuners.optuna_tuner import OptunaTuner
 from tuners.payoff import TtftSummary
+from tuners.plan_runner import PlanRunner
 from tuners.space import CandidateError, SearchSpace
 from tuners.stats import scale_observations
 from tuners.warmstart import WarmStart
@@ -104,7 +106,7 @@ class TuningController:
                  guardrails: Guardrails, evaluator: LiveEvaluator, metrics: TunerMetrics,
                  settings: ControllerSettings = ControllerSettings(), warm_start: WarmStart | None = None,
                  drift: DriftDetector | None = None, counterfactual: WindowPredictor | None = None,
-                 horizon: RegimeHorizon | None = None) -> None:
+                 horizon: RegimeHorizon | None = None, plan_executor: Executor | None = None) -> None:
         self.space = space
         base = objective or ObjectiveSpec()
         self.objective = ObjectiveSpec(metric=base.metric, memory_ms_per_gib=base.memory_ms_per_gib)
@@ -126,6 +128,7 @@ class TuningController:
         self.horizon = horizon
         self.prediction_errors: list[tuple[float, float]] = []  # (window end, error ratio)
         self._plan_pending = False
+        self.plans = PlanRunner(plan_executor)  # the warm start / plan, off the tick when given a thread
         self._planned = 0
         self._now = 0.0
         self._drift_quiet_until = -math.inf
@@ -172,6 +175,9 @@ class TuningController:
             return StepReport(now, self.phase, "drift", message=f"{event.signal} {event.direction}", drift=event)
         if self.stopped:
             return StepReport(now, self.phase, "stopped", message=self.stopped)
+        if self.plans.running:
+            return StepReport(now, self.phase, "planning", message="the twin is pricing candidates")
+        self._take_plan()
         if self.evaluator.pending is not None:
             return self._poll(now)
         if self.baseline is None:
@@ -345,6 +351,8 @@ class TuningController:
             self._rollback(self.candidate.number, "workload drift during evaluation")
             self._finish(self.candidate)
         self._retry = None
+        if self.plans.discard():
+            log_event("plan_discarded", phase=self.phase, reason=f"workload drift ({event.signal})")
         if self.horizon is not None:
             self.horizon.start(now)
         self._open_phase(self.phase + 1, now, reason=f"drift:{event.signal}", fresh=True)
@@ -372,17 +380,32 @@ class TuningController:
         log_event("phase", phase=phase, reason=reason, study=self.tuner.study_name)
 
     def _enqueue_warm_start(self) -> None:
+        """Start the warm start / plan (on the plan executor); its candidates are enqueued when
+        it finishes (at once with the inline executor)."""
         assert self.tuner is not None
         if self.warm_start is None or self.settings.warm_start_k <= 0:
             return
-        for knobs in self.warm_start.candidates(self.settings.warm_start_k):
+        warm, k = self.warm_start, self.settings.warm_start_k
+        self.plans.start(lambda: warm.candidates(k), self._now)
+        self._take_plan()
+
+    def _take_plan(self) -> None:
+        outcome = self.plans.take()
+        if outcome is None or self.tuner is None:
+            return
+        if outcome.error is not None:  # the step fails as if the plan had run on it (TuningLoop reports it)
+            raise outcome.error
+        if outcome.seconds > 1.0:
+            log_event("plan_priced", phase=self.phase, started_at=outcome.started, wall_s=round(outcome.seconds, 2),
+                      candidates=len(outcome.candidates))
+        for knobs in outcome.candidates:
             try:
                 self.tuner.enqueue(knobs, source="twin")
                 self._planned += 1
             except CandidateError as exc:
                 log_event("warm_start_skipped", error=str(exc))
         if self.horizon is not None:
-            self.horizon.planned(self._now)
+            self.horizon.planned(outcome.started)
 
     def _phase_done(self) -> bool:
         assert self.tuner is not None

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,7 @@ class Runtime:
     fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
     fleet_overlap: Any = None  # sharded: the KV-event overlap merged from every shard (FleetOverlap)
     shard_peers: tuple[str, ...] = ()  # shard.peers without this replica's own URL
+    plan_executor: Any = None  # where the tuner's plans run (a thread of their own by default)
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -106,6 +108,8 @@ class Runtime:
                 self._started.append(self._stop_elector_thread)
             if self.tuning is not None:  # runs after agent.stop (no more steps), before the actuator stops
                 self._started.append(self.tuning.shutdown)
+                if self.plan_executor is not None:  # a plan being priced is dropped, not waited for
+                    self._started.append(lambda: self.plan_executor.shutdown(wait=False, cancel_futures=True))
             self.agent.start()
             self._started.append(self.agent.stop)
         except BaseException:
@@ -143,10 +147,12 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
                   monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                   now: Callable[[], datetime.datetime] = _utcnow, targets: TargetSource | None = None,
                   pod_api: PodApi | None = None, kv_context: Any = None,
-                  env: Mapping[str, str] | None = None) -> Runtime:
+                  env: Mapping[str, str] | None = None, plan_executor: Executor | None = None) -> Runtime:
     """Compose the runtime from `settings` (see the module docstring). Raises RuntimeConfigError
     (or the subsystem's own error, naming the file and key) before anything starts. `clock` is the
-    data clock (default: wall time that advances with `monotonic`, agent/runtime/clock.py)."""
+    data clock (default: wall time that advances with `monotonic`, agent/runtime/clock.py).
+    `plan_executor`: where the tuner's plans (twin warm start, transition planner) run; default a
+    thread of their own, so a tuning step never waits on one (tests pass an inline executor)."""
     env = os.environ if env is None else env
     clock = clock if clock is not None else SteadyWallClock(time.time, monotonic)
     act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
@@ -177,7 +183,8 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     if settings.kv_events.enabled:
         _add_kv_events(rt, settings, pod_api, clock, kv_context)
     if settings.tuner.enabled:
-        _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now)
+        _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now,
+                    plan_executor=plan_executor)
     if settings.export.fleet == "leader":
         _export_on_lease(rt, settings, api_client, monotonic=monotonic, now=now)
     return rt
@@ -349,7 +356,7 @@ def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
 
 def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any, *,
                 clock: Callable[[], float], monotonic: Callable[[], float], sleep: Callable[[float], None],
-                now: Callable[[], datetime.datetime]) -> None:
+                now: Callable[[], datetime.datetime], plan_executor: Executor | None) -> None:
     import optuna
 
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
@@ -365,6 +372,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from tuners.metrics import TunerMetrics
     from tuners.objective import ObjectiveSpec
     from tuners.optuna_tuner import open_storage
+    from tuners.plan_runner import background_executor
     from tuners.space import DeploymentLimits, SearchSpace
     from tuners.stats import RegressionSettings
 
@@ -437,6 +445,9 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
         paying = {"plan_after_baseline": True, "live_search": False, "drift_quiet_s": quiet,
                   "config_dependent": ("hit_ratio", "reuse_ratio")}
 
+    plans = plan_executor or background_executor()  # one plan thread across leader terms
+    rt.plan_executor = plans
+
     def make_controller() -> TuningController:
         return TuningController(
             space=space, objective=objective, storage=storage, guardrails=guardrails,
@@ -444,7 +455,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                 settle_s=live.settle_s, window_s=live.window_s, min_requests=live.min_requests,
                 max_extensions=live.max_extensions)),
             metrics=rt.tuner_metrics, warm_start=warm, drift=drift, counterfactual=counterfactual,
-            horizon=horizon,
+            horizon=horizon, plan_executor=plans,
             settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=act.identity,
                                         trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
                                         min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries,

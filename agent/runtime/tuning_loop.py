@@ -39,7 +39,7 @@ from tuners.guardrails import Guardrails
 from tuners.storage_errors import is_storage_error, one_line
 
 log = logging.getLogger("tierpilot.runtime")
-QUIET_STATES = frozenset({"measuring", "holding", "blocked", "baseline", "retry"})
+QUIET_STATES = frozenset({"measuring", "holding", "blocked", "baseline", "retry", "planning"})
 
 
 class TuningLoop:

@@ -54,6 +54,7 @@ from tuners.evaluators import TwinEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.objective import Evaluation
 from tuners.payoff import PhaseScore, scorecard_lines
+from tuners.plan_runner import background_executor
 from tuners.warmstart import WarmStart
 
 log = logging.getLogger("tierpilot.demo")
@@ -180,6 +181,7 @@ class Demo:
         self.actuator = LocalActuator(self.cluster, reconfigure=self._reconfigure, dry_run=s.dry_run,
                                       state_file=s.report_dir / "last-good.yaml")
         self.tuner_metrics = TunerMetrics(target="demo")
+        self.plan_executor = background_executor()  # plans priced beside the control loop, never in its tick
         targets = [Target(url=t["url"], role=t["role"], pod=t["pod"]) for t in self.cluster.targets()]
         kv_endpoints = [EndpointSpec(pod=n, model=MODEL_NAME, endpoint=p.endpoint, replay_endpoint=p.replay_endpoint,
                                      topic=f"kv@{n}@") for n, p in self.publishers.items()]
@@ -191,7 +193,8 @@ class Demo:
             twin_cluster=self.twin_cluster, history=self.workload.recent, metrics=self.tuner_metrics, seed=s.seed,
             dry_run=s.dry_run, restart_downtime_s=s.restart_downtime_s * self.scale, wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
             wrap_warm_start=lambda warm: _InjectingWarmStart(
-                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study))
+                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study),
+            plan_executor=self.plan_executor)
         self.space = tuning.space
         self.guardrails = tuning.guardrails
         self.controller = tuning.controller
@@ -386,6 +389,7 @@ class Demo:
             self._stop.wait(VIEW_TICK_S)
 
     def _shutdown(self) -> None:
+        self.plan_executor.shutdown(wait=False, cancel_futures=True)
         self.driver.stop()
         for stop in (self.agent.stop, self.cluster.stop):
             try:

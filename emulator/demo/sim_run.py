@@ -135,7 +135,7 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
         rep = ctl.step(t, signals[-1][1])
         if rep.state == "drift":
             alarms.append(t)
-        if rep.state not in ("measuring", "holding", "blocked", "baseline", "retry"):
+        if rep.state not in ("measuring", "holding", "blocked", "baseline", "retry", "planning"):
             states.append((t, rep.state, rep.message))
         t += CONTROL_TICK_S
         fleet.advance(t)

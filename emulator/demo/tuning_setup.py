@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import optuna
@@ -148,7 +149,10 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                  dry_run: bool = False, restart_downtime_s: float = 6.0,
                  latency_points: Callable[[float, float], Sequence[LatencyPoint]] | None = None, wrap_evaluator: Callable[[Any], Any] | None = None,
                  wrap_warm_start: Callable[[WarmStart], WarmStart] | None = None,
-                 deployment: Deployment | None = None, capacity: CapacitySource | None = None) -> Tuning:
+                 deployment: Deployment | None = None, capacity: CapacitySource | None = None,
+                 plan_executor: Executor | None = None) -> Tuning:
+    """`plan_executor`: where plans run (a thread in the live demo, so a tick never waits on the
+    twin; inline on the simulated clock, where a plan costs no cluster time)."""
     deployment = deployment or demo_deployment(twin_cluster.pods)
     limits = deployment.limits
     space = deployment.space()
@@ -187,7 +191,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                                     drift_quiet_s=restart_downtime_s * twin_cluster.pods + 10.0,
                                     config_dependent=("hit_ratio", "reuse_ratio")),
         warm_start=warm, drift=DriftDetector(DRIFT, signals=DRIFT_SIGNALS),
-        counterfactual=paying.counterfactual, horizon=horizon)
+        counterfactual=paying.counterfactual, horizon=horizon, plan_executor=plan_executor)
     return Tuning(controller, guardrails, space, limits, paying.fits, paying.planner)
 
 

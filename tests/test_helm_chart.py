@@ -137,12 +137,20 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
         env = {e["name"]: e for e in c["env"]}
         storage = env.get("TIERPILOT_TUNER__STORAGE")
+        if name in ("single-replica-pvc", "default"):  # the SQLite study on the state volume
+            assert storage == {"name": "TIERPILOT_TUNER__STORAGE", "value": "sqlite:////var/lib/tierpilot/tierpilot.db"}
+            with_env = load_agent_settings(path=tmp_path / "agent.yaml", env={storage["name"]: storage["value"]})
+            assert with_env.tuner.storage == storage["value"]
+            assert {"name": "state", "mountPath": "/var/lib/tierpilot"} in c["volumeMounts"]
+            state = next(v for v in pod["volumes"] if v["name"] == "state")
         if name == "single-replica-pvc":
-            assert storage is None and agent.tuner.storage == "sqlite:////var/lib/tierpilot/tierpilot.db"
-            claim = next(v for v in pod["volumes"] if v["name"] == "state")["persistentVolumeClaim"]["claimName"]
-            _one(docs, "PersistentVolumeClaim", claim)
+            _one(docs, "PersistentVolumeClaim", state["persistentVolumeClaim"]["claimName"])
             assert dep["spec"]["replicas"] == 1 and agent.export.fleet == "all"
             assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+        elif name == "default":  # ephemeral: a fresh study per pod, nothing to create first
+            assert state == {"name": "state", "emptyDir": {"sizeLimit": "256Mi"}}
+            assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 2 and agent.export.fleet == "leader"
+            _one(docs, "PodDisruptionBudget", "tierpilot")
         else:
             ref = storage["valueFrom"]["secretKeyRef"]
             if name == "bundled-postgresql":
@@ -156,7 +164,8 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
             else:
                 assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 2 and agent.export.fleet == "leader"
             _one(docs, "PodDisruptionBudget", "tierpilot")
-        assert env["TIERPILOT_DRY_RUN"]["value"] == ("true" if name == "dry-run" else "false")
+        live = name in ("single-replica-pvc", *(o for o in OVERLAYS if o != "dry-run"))
+        assert env["TIERPILOT_DRY_RUN"]["value"] == ("false" if live else "true"), name
 
 
 def test_monitors_rules_and_dashboards(rendered):
@@ -220,7 +229,7 @@ def test_observe_only_grants_discovery_and_the_lease_and_nothing_else(rendered):
 
 def test_bad_values_fail_with_a_clear_message():
     for args, message in (
-        (["--set", "tuner.storage.existingSecret="], "needs tuner.storage.existingSecret"),
+        (["--set", "tuner.storage.type=postgresql"], "needs tuner.storage.existingSecret"),
         (["--set", "tuner.storage.type=sqlite"], "set replicaCount: 1"),
         (["--set", "podAntiAffinity=sometimes"], '"sometimes" is not soft, hard or empty'),
         (["--set", "actuation.leaderElection=false"], "export.fleet=leader needs actuation.leaderElection=true"),

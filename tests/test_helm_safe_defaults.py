@@ -9,11 +9,10 @@ import pytest
 
 from agent.runtime.assembly import actuation_settings
 from agent.settings import load_settings as load_agent_settings
-from tests.test_helm_chart import CHART, RELEASE, _one, helm, template
+from tests.test_helm_chart import CHART, MONITORING, OPERATOR_CRDS, RELEASE, _one, helm, template
 from tests.test_k8s_deploy import workload
 
-MONITORING = {"serviceMonitor": "ServiceMonitor", "podMonitor": "PodMonitor", "prometheusRule": "PrometheusRule"}
-CRDS = [arg for kind in MONITORING.values() for arg in ("--api-versions", f"monitoring.coreos.com/v1/{kind}")]
+CRDS = OPERATOR_CRDS
 POSTGRESQL = ["--set", "tuner.storage.type=postgresql", "--set", "tuner.storage.existingSecret=study-dsn"]
 STUDY = "sqlite:////var/lib/tierpilot/tierpilot.db"
 
@@ -132,6 +131,9 @@ def test_live_tuning_with_a_persistent_study(tmp_path, args, storage):
     (["--set", "tuner.storage.type=pvc"], 'tuner.storage.type: "pvc" is not ephemeral, sqlite or postgresql'),
     (["--set", "postgresql.enabled=true"],
      "postgresql.enabled=true holds the study only with tuner.storage.type=postgresql"),
+    (["--set", "serviceMonitor.enabled=yes"], 'serviceMonitor.enabled: "yes" is not auto, true or false'),
+    (["--set", "podMonitor.enabled=on"], 'podMonitor.enabled: "on" is not auto, true or false'),
+    (["--set", "prometheusRule.enabled=crds"], 'prometheusRule.enabled: "crds" is not auto, true or false'),
 ])
 def test_unsafe_or_unknown_values_fail_with_one_line(args, message):
     proc = helm("template", RELEASE, str(CHART), *args)
@@ -143,3 +145,26 @@ def test_tuning_off_needs_no_study():
     pod = workload(docs)["spec"]["template"]["spec"]
     assert {v["name"] for v in pod["volumes"]} == {"config", "tmp"}
     assert "TIERPILOT_TUNER__STORAGE" not in {e["name"] for e in pod["containers"][0]["env"]}
+
+
+# -- the Prometheus Operator objects --------------------------------------------------------------
+def monitoring_kinds(docs: list[dict]) -> set[str]:
+    return {d["kind"] for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")}
+
+
+def test_no_prometheus_operator_object_without_its_crd():
+    assert monitoring_kinds(template()) == set()
+
+
+@pytest.mark.parametrize("kind", MONITORING.values())
+def test_auto_renders_exactly_the_kinds_the_cluster_serves(kind):
+    assert monitoring_kinds(template("--api-versions", f"monitoring.coreos.com/v1/{kind}")) == {kind}
+    assert monitoring_kinds(template(*CRDS)) == set(MONITORING.values())
+
+
+@pytest.mark.parametrize("key", MONITORING)
+def test_true_forces_and_false_refuses(key):
+    assert monitoring_kinds(template("--set", f"{key}.enabled=true")) == {MONITORING[key]}
+    assert monitoring_kinds(template("--set", f"{key}.enabled=auto")) == set()
+    assert monitoring_kinds(template(*CRDS, "--set", f"{key}.enabled=false")) == set(MONITORING.values()) - {
+        MONITORING[key]}

@@ -5,7 +5,10 @@ persistent study, the Prometheus Operator objects are rendered only when the clu
 CRDs (or the values ask), and NOTES.txt says all of that at install time."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
+import yaml
 
 from agent.runtime.assembly import actuation_settings
 from agent.settings import load_settings as load_agent_settings
@@ -62,6 +65,21 @@ def unresolved_references(docs: list[dict]) -> list[tuple[str, str]]:
             if "persistentVolumeClaim" in v:
                 refs.add(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]))
     return sorted(refs - created)
+
+
+def notes(tmp_path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it: `helm template` skips NOTES.txt, so a copy of the chart
+    renders the same text through a define into a manifest (the same values, the same Capabilities)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_under_test.tpl").write_text(
+        '{{- define "notes-under-test" -}}\n' + text + "\n{{- end -}}\n")
+    (chart / "templates" / "notes-under-test.yaml").write_text('notes: {{ include "notes-under-test" . | toJson }}\n')
+    proc = helm("template", RELEASE, str(chart), "--namespace", "llm", "--show-only",
+                "templates/notes-under-test.yaml", *args)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)["notes"]
 
 
 # -- the tuner ------------------------------------------------------------------------------------
@@ -168,3 +186,29 @@ def test_true_forces_and_false_refuses(key):
     assert monitoring_kinds(template("--set", f"{key}.enabled=auto")) == set()
     assert monitoring_kinds(template(*CRDS, "--set", f"{key}.enabled=false")) == set(MONITORING.values()) - {
         MONITORING[key]}
+
+
+# -- NOTES.txt ------------------------------------------------------------------------------------
+def test_notes_say_dry_run_and_how_to_go_live(tmp_path):
+    text = notes(tmp_path)
+    assert "DRY-RUN (nothing is changed)" in text
+    assert "--set tuner.dryRun=false" in text and "tuner.storage.type=postgresql" in text
+    assert "deployment-env vllm" in text  # what it would change
+    live = notes(tmp_path / "live", "--set", "tuner.dryRun=false", *POSTGRESQL)
+    assert "LIVE" in live and "DRY-RUN" not in live and "study in postgresql" in live
+    assert "Tuning: off" in notes(tmp_path / "off", "--set", "tuner.enabled=false")
+
+
+def test_notes_say_which_monitoring_objects_were_rendered_and_why_not(tmp_path):
+    text = notes(tmp_path)
+    for key, kind in MONITORING.items():
+        line = next(line for line in text.splitlines() if line.strip().startswith(kind))
+        assert "not rendered" in line and f"monitoring.coreos.com/v1/{kind}" in line, line
+        assert f"--set {key}.enabled=true" in line, line
+    assert "Prometheus Operator" in text
+    text = notes(tmp_path / "crds", *CRDS, "--set", "prometheusRule.enabled=false")
+    lines = {kind: next(line for line in text.splitlines() if line.strip().startswith(kind))
+             for kind in MONITORING.values()}
+    assert "not rendered" not in lines["ServiceMonitor"] and "rendered" in lines["ServiceMonitor"]
+    assert "rendered" in lines["PodMonitor"] and "not rendered" not in lines["PodMonitor"]
+    assert "prometheusRule.enabled=false" in lines["PrometheusRule"] and "off" in lines["PrometheusRule"]

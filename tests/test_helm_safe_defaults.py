@@ -15,7 +15,6 @@ from agent.settings import load_settings as load_agent_settings
 from tests.test_helm_chart import CHART, MONITORING, OPERATOR_CRDS, RELEASE, _one, helm, template
 from tests.test_k8s_deploy import workload
 
-CRDS = OPERATOR_CRDS
 POSTGRESQL = ["--set", "tuner.storage.type=postgresql", "--set", "tuner.storage.existingSecret=study-dsn"]
 STUDY = "sqlite:////var/lib/tierpilot/tierpilot.db"
 
@@ -112,7 +111,7 @@ def test_the_default_study_is_ephemeral_and_needs_nothing(tmp_path):
     ["--set", "replicaCount=1", "--set", "tuner.storage.type=sqlite", "--set", "export.fleet=all"],
     ["--set", "tuner.storage.type=postgresql", "--set", "postgresql.enabled=true"],
     ["--set", "tuner.dryRun=false", "--set", "tuner.storage.type=postgresql", "--set", "postgresql.enabled=true"],
-    CRDS,
+    OPERATOR_CRDS,
 ], ids=["default", "tuner-off", "sharded", "sqlite", "bundled-postgresql", "live-bundled-postgresql", "crds"])
 def test_the_pods_reference_only_what_the_release_creates(args):
     assert unresolved_references(template(*args)) == []
@@ -177,14 +176,14 @@ def test_no_prometheus_operator_object_without_its_crd():
 @pytest.mark.parametrize("kind", MONITORING.values())
 def test_auto_renders_exactly_the_kinds_the_cluster_serves(kind):
     assert monitoring_kinds(template("--api-versions", f"monitoring.coreos.com/v1/{kind}")) == {kind}
-    assert monitoring_kinds(template(*CRDS)) == set(MONITORING.values())
+    assert monitoring_kinds(template(*OPERATOR_CRDS)) == set(MONITORING.values())
 
 
 @pytest.mark.parametrize("key", MONITORING)
 def test_true_forces_and_false_refuses(key):
     assert monitoring_kinds(template("--set", f"{key}.enabled=true")) == {MONITORING[key]}
     assert monitoring_kinds(template("--set", f"{key}.enabled=auto")) == set()
-    assert monitoring_kinds(template(*CRDS, "--set", f"{key}.enabled=false")) == set(MONITORING.values()) - {
+    assert monitoring_kinds(template(*OPERATOR_CRDS, "--set", f"{key}.enabled=false")) == set(MONITORING.values()) - {
         MONITORING[key]}
 
 
@@ -195,7 +194,7 @@ def test_notes_say_dry_run_and_how_to_go_live(tmp_path):
     assert "--set tuner.dryRun=false" in text and "tuner.storage.type=postgresql" in text
     assert "deployment-env vllm" in text  # what it would change
     live = notes(tmp_path / "live", "--set", "tuner.dryRun=false", *POSTGRESQL)
-    assert "LIVE" in live and "DRY-RUN" not in live and "study in postgresql" in live
+    assert "LIVE" in live and "DRY-RUN" not in live and "Study: postgresql" in live
     assert "Tuning: off" in notes(tmp_path / "off", "--set", "tuner.enabled=false")
 
 
@@ -206,7 +205,7 @@ def test_notes_say_which_monitoring_objects_were_rendered_and_why_not(tmp_path):
         assert "not rendered" in line and f"monitoring.coreos.com/v1/{kind}" in line, line
         assert f"--set {key}.enabled=true" in line, line
     assert "Prometheus Operator" in text
-    text = notes(tmp_path / "crds", *CRDS, "--set", "prometheusRule.enabled=false")
+    text = notes(tmp_path / "crds", *OPERATOR_CRDS, "--set", "prometheusRule.enabled=false")
     lines = {kind: next(line for line in text.splitlines() if line.strip().startswith(kind))
              for kind in MONITORING.values()}
     assert "not rendered" not in lines["ServiceMonitor"] and "rendered" in lines["ServiceMonitor"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,13 +25,24 @@ from dashboards import build
 from dashboards.settings import BuildSettings
 from tests.conftest import REPO_ROOT
 from tests.support.kube import kubectl_path
-from tests.test_k8s_deploy import CUSTOM_KINDS, OVERLAYS, assert_sharded_wiring, rbac_problems, workload
+from tests.test_k8s_deploy import (
+    CUSTOM_KINDS,
+    LIVE_TUNING,
+    OVERLAYS,
+    assert_sharded_wiring,
+    rbac_problems,
+    workload,
+)
 
 CHART = REPO_ROOT / "deploy" / "helm" / "tierpilot"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RELEASE, NAMESPACE = "tierpilot", "llm"
 OVERLAY_NAMESPACE = {"hyperpod": "ns-team-a"}
 OVERLAY_ONLY = {("ConfigMap", "llama-8b-lmcache")}  # the workload's own LMCache file, not the agent's
+# The Prometheus Operator objects (values key: kind) and a cluster that serves their CRDs.
+MONITORING = {"serviceMonitor": "ServiceMonitor", "podMonitor": "PodMonitor", "prometheusRule": "PrometheusRule"}
+OPERATOR_CRDS = [a for kind in MONITORING.values() for a in ("--api-versions", f"monitoring.coreos.com/v1/{kind}")]
+CLUSTER = {"bundled-postgresql": OPERATOR_CRDS}  # ci values rendered for a cluster with the operator
 
 
 def helm_path() -> str:
@@ -58,10 +70,11 @@ def _one(docs, kind, name=None):
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    out = {"default": template()}
+    out = {"default": template(), "default-with-operator": template(*OPERATOR_CRDS)}
     for values in CI_VALUES:
         name = values.name.removesuffix("-values.yaml")
-        out[name] = template("-f", str(values), namespace=OVERLAY_NAMESPACE.get(name, NAMESPACE))
+        out[name] = template("-f", str(values), *CLUSTER.get(name, ()),
+                             namespace=OVERLAY_NAMESPACE.get(name, NAMESPACE))
     return out
 
 
@@ -136,14 +149,9 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
         assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
         env = {e["name"]: e for e in c["env"]}
-        storage = env.get("TIERPILOT_TUNER__STORAGE")
-        if name == "single-replica-pvc":
-            assert storage is None and agent.tuner.storage == "sqlite:////var/lib/tierpilot/tierpilot.db"
-            claim = next(v for v in pod["volumes"] if v["name"] == "state")["persistentVolumeClaim"]["claimName"]
-            _one(docs, "PersistentVolumeClaim", claim)
-            assert dep["spec"]["replicas"] == 1 and agent.export.fleet == "all"
-            assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
-        else:
+        storage = env["TIERPILOT_TUNER__STORAGE"]
+        assert ("valueFrom" in storage) is (name in ("bundled-postgresql", "live")), name
+        if "valueFrom" in storage:  # the study shared in PostgreSQL
             ref = storage["valueFrom"]["secretKeyRef"]
             if name == "bundled-postgresql":
                 secret = _one(docs, "Secret", ref["name"])
@@ -151,12 +159,27 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
                 _one(docs, "StatefulSet", ref["name"])
             else:
                 assert ref == {"name": "tierpilot-study-storage", "key": "dsn"}
+        else:  # the SQLite study on the state volume: a PVC (one replica) or an emptyDir (ephemeral)
+            assert storage == {"name": "TIERPILOT_TUNER__STORAGE", "value": "sqlite:////var/lib/tierpilot/tierpilot.db"}
+            with_env = load_agent_settings(path=tmp_path / "agent.yaml", env={storage["name"]: storage["value"]})
+            assert with_env.tuner.storage == storage["value"]
+            assert {"name": "state", "mountPath": "/var/lib/tierpilot"} in c["volumeMounts"]
+            state = next(v for v in pod["volumes"] if v["name"] == "state")
+            if name == "single-replica-pvc":
+                _one(docs, "PersistentVolumeClaim", state["persistentVolumeClaim"]["claimName"])
+            else:
+                assert state == {"name": "state", "emptyDir": {"sizeLimit": "256Mi"}}
+        if name == "single-replica-pvc":
+            assert dep["spec"]["replicas"] == 1 and agent.export.fleet == "all"
+            assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+        else:
             if name == "sharded":
                 assert_sharded_wiring(docs, agent, dep)
             else:
                 assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 2 and agent.export.fleet == "leader"
             _one(docs, "PodDisruptionBudget", "tierpilot")
-        assert env["TIERPILOT_DRY_RUN"]["value"] == ("true" if name == "dry-run" else "false")
+        live = name in ("single-replica-pvc", "live")
+        assert env["TIERPILOT_DRY_RUN"]["value"] == ("false" if live else "true"), name
 
 
 def test_monitors_rules_and_dashboards(rendered):
@@ -175,7 +198,10 @@ def test_monitors_rules_and_dashboards(rendered):
     pm = _one(rendered["production-stack"], "PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == {"release": "vllm", "environment": "test"}
     egress = _one(rendered["production-stack"], "NetworkPolicy")["spec"]["egress"]
-    assert {p["port"] for rule in egress for p in rule["ports"]} >= {8000, 8001, 9001, 9002, 5557, 5558, 5432, 443}
+    assert {p["port"] for rule in egress for p in rule["ports"]} >= {8000, 8001, 9001, 9002, 5557, 5558, 443}
+    for name in ("default", *OVERLAYS, "bundled-postgresql", "single-replica-pvc"):  # PostgreSQL: its study's
+        egress = _one(rendered[name], "NetworkPolicy")["spec"]["egress"]
+        assert (5432 in {p["port"] for r in egress for p in r["ports"]}) is (name in ("live", "bundled-postgresql"))
 
 
 def test_the_alert_rules_pass_promtool(rendered, tmp_path):
@@ -183,7 +209,7 @@ def test_the_alert_rules_pass_promtool(rendered, tmp_path):
     if promtool is None:
         pytest.fail("promtool not found (make setup installs Debian's prometheus)")
     rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump(_one(rendered["default"], "PrometheusRule")["spec"]))
+    rules.write_text(yaml.safe_dump(_one(rendered["default-with-operator"], "PrometheusRule")["spec"]))
     proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -220,7 +246,7 @@ def test_observe_only_grants_discovery_and_the_lease_and_nothing_else(rendered):
 
 def test_bad_values_fail_with_a_clear_message():
     for args, message in (
-        (["--set", "tuner.storage.existingSecret="], "needs tuner.storage.existingSecret"),
+        (["--set", "tuner.storage.type=postgresql"], "needs tuner.storage.existingSecret"),
         (["--set", "tuner.storage.type=sqlite"], "set replicaCount: 1"),
         (["--set", "podAntiAffinity=sometimes"], '"sometimes" is not soft, hard or empty'),
         (["--set", "actuation.leaderElection=false"], "export.fleet=leader needs actuation.leaderElection=true"),
@@ -268,17 +294,36 @@ def normalise(doc: dict) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_renders_the_same_objects_as_the_chart(rendered, overlay):
-    proc = subprocess.run([kubectl_path(), "kustomize", str(REPO_ROOT / "deploy" / "overlays" / overlay)],
+def assert_same_objects(kustomization: Path, chart_docs: list[dict]) -> None:
+    proc = subprocess.run([kubectl_path(), "kustomize", str(kustomization)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     kust = {(d["kind"], CONFIG_HASH.sub(r"\1", d["metadata"]["name"])): normalise(d)
             for d in yaml.safe_load_all(proc.stdout) if d}
-    chart = {(d["kind"], d["metadata"]["name"]): normalise(d) for d in rendered[overlay]}
+    chart = {(d["kind"], d["metadata"]["name"]): normalise(d) for d in chart_docs}
     assert set(kust) - OVERLAY_ONLY == set(chart)
     for key, doc in chart.items():
         assert kust[key] == doc, key
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_the_same_objects_as_the_chart(rendered, overlay):
+    assert_same_objects(REPO_ROOT / "deploy" / "overlays" / overlay, rendered[overlay])
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "live"])
+def test_the_live_tuning_component_turns_every_overlay_live(overlay, tmp_path):
+    """deploy/components/live-tuning on any style = the chart with that style's values and
+    tuner.dryRun=false, the study in PostgreSQL from the Secret tierpilot-study-storage."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(REPO_ROOT / "deploy" / "overlays" / overlay, tmp_path)],  # kustomize:
+        "components": [os.path.relpath(LIVE_TUNING, tmp_path)]}))                             # no absolute
+    live = template("-f", str(CHART / "ci" / f"{overlay}-values.yaml"), "--set", "tuner.dryRun=false",
+                    "--set", "tuner.storage.type=postgresql",
+                    "--set", "tuner.storage.existingSecret=tierpilot-study-storage",
+                    namespace=OVERLAY_NAMESPACE.get(overlay, NAMESPACE))
+    assert_same_objects(tmp_path, live)
 
 
 def test_sharded_install_generates_the_peer_token_once_and_keeps_it():

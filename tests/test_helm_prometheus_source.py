@@ -111,7 +111,7 @@ def test_without_credentials_nothing_is_mounted(tmp_path):
     assert agent.prometheus.bearer_token_file is None and agent.prometheus.basic_auth is None
     assert agent.prometheus.tls.ca_file is None
     pod = workload(docs)["spec"]["template"]["spec"]
-    assert {v["name"] for v in pod["volumes"]} == {"config", "tmp"}
+    assert {v["name"] for v in pod["volumes"]} == {"config", "state", "tmp"}  # state: the tuner's study
 
 
 def _pod_rules(docs: list[dict]) -> list[dict]:
@@ -126,7 +126,8 @@ def test_nothing_of_direct_scraping_is_rendered(tmp_path, kv_events, tuner):
     roles = {"vllm": {"selector": "app=vllm", "port": 8000}, "router": {"selector": "app=router", "port": 8001},
              "curvine-master": {"selector": "app=cm", "port": 9001}}
     args = ["--set", f"kvEvents.enabled={str(kv_events).lower()}", "--set", f"tuner.enabled={str(tuner).lower()}",
-            "--set-json", f"discovery.kubernetes.roles={json.dumps(roles)}"]
+            "--set-json", f"discovery.kubernetes.roles={json.dumps(roles)}",
+            "--set", "tuner.storage.type=postgresql", "--set", "tuner.storage.existingSecret=study"]
     docs = render({"source": {"type": "prometheus", "prometheus": {"url": "http://prom.monitoring:9090"}}}, *args)
     agent, data = agent_settings(docs, tmp_path)
     ports = egress_ports(docs)

@@ -18,7 +18,8 @@ from tests.conftest import REPO_ROOT
 from tests.support.kube import kubectl_path
 
 DEPLOY = REPO_ROOT / "deploy"
-OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "dry-run", "sharded", "prometheus-source")
+OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "live", "sharded", "prometheus-source")
+LIVE_TUNING = DEPLOY / "components" / "live-tuning"  # turns any overlay live (the PostgreSQL study)
 CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # Prometheus Operator: no schema offline
 
 
@@ -137,7 +138,7 @@ def test_agent_deployment_is_locked_down_and_wired(rendered, overlay, tmp_path):
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"  # 503 when the scheduler is stuck
     port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["TIERPILOT_DRY_RUN"] == ("true" if overlay == "dry-run" else "false")
+    assert env["TIERPILOT_DRY_RUN"] == ("false" if overlay == "live" else "true")  # observe only unless live
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert mounts["/etc/tierpilot"] == "config"
     config_volume = next(v for v in pod["volumes"] if v["name"] == "config")

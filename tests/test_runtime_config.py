@@ -72,13 +72,14 @@ def test_every_shipped_agent_config_loads_and_tunes_its_targets(overlay):
     base = REPO_ROOT / "deploy" / "overlays" / overlay
     settings = load_settings(base / "agent.yaml", env={})
     assert settings.tuner.enabled and settings.kv_events.enabled
-    # the study is shared: the Deployment sets $TIERPILOT_TUNER__STORAGE from the Secret (deploy/base)
+    # the Deployment sets the study's $TIERPILOT_TUNER__STORAGE (deploy/base: SQLite on an emptyDir;
+    # deploy/components/live-tuning: the PostgreSQL DSN from a Secret)
     dsn = "postgresql+psycopg2://tierpilot@pg:5432/tierpilot"
     assert load_settings(base / "agent.yaml", env={"TIERPILOT_TUNER__STORAGE": dsn}).tuner.storage == dsn
     assert settings.export.fleet == "leader" and settings.actuation.lease_name == "tierpilot-leader"
     act = actuation_settings(settings, {"TIERPILOT_K8S_TARGETS": str(base / "targets.yaml")})
     assert act.namespace == settings.targets.kubernetes.namespace and act.lease.enabled and not act.dry_run
-    dry = load_settings(base / "agent.yaml", env={"TIERPILOT_DRY_RUN": "true"})  # the dry-run overlay's env
+    dry = load_settings(base / "agent.yaml", env={"TIERPILOT_DRY_RUN": "true"})  # the base Deployment's env
     assert dry.dry_run and actuation_settings(dry, {"TIERPILOT_K8S_TARGETS": str(base / "targets.yaml")}).dry_run
 
 

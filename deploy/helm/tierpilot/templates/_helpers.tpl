@@ -70,19 +70,6 @@ app.kubernetes.io/component: agent
 {{- default (printf "%s-peer-token" (include "tierpilot.fullname" .)) .Values.shard.tokenSecret.name -}}
 {{- end -}}
 
-{{/* Secret name and key holding the study storage DSN ("" when the study is on a PVC). */}}
-{{- define "tierpilot.storageSecret" -}}
-{{- if and .Values.tuner.enabled (eq .Values.tuner.storage.type "postgresql") -}}
-{{- if .Values.postgresql.enabled -}}
-{{- printf "%s-postgresql" (include "tierpilot.fullname" .) -}}
-{{- else if .Values.tuner.storage.existingSecret -}}
-{{- .Values.tuner.storage.existingSecret -}}
-{{- else -}}
-{{- fail "tuner.storage.type=postgresql needs tuner.storage.existingSecret (a Secret with the DSN) or postgresql.enabled=true; or use tuner.storage.type=sqlite with replicaCount: 1" -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-
 {{/*
 The Role rules over the actuation targets, derived as agent/k8s/rbac.py does: get/patch/watch on
 each target by name, get/patch on each workload a change restarts. tests/test_helm_chart.py compares

@@ -30,7 +30,7 @@ M = "meta-llama/Llama-3.1-8B-Instruct"
 def sub(text: str, name: str, value: str, engine: str = r"\d", extra: str = "") -> str:
     """Set `name`'s value on the lines of `engine` (a regex) that also match `extra`."""
     pattern = rf'^({re.escape(name)}\{{[^}}]*engine="{engine}"[^}}]*{extra}[^}}]*\}}) \S+$'
-    out, n = re.subn(pattern, rf"\g<1> {value}", text, flags=re.M)
+    out, n = re.subn(pattern, rf"\g<1> {value}", text, flags=re.MULTILINE)
     assert n, (name, engine, extra)
     return out
 

@@ -13,6 +13,7 @@ from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftSettings, SignalDetector
 from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings
 from tuners.metrics import TunerMetrics
 from tuners.objective import TtftObservations
@@ -137,6 +138,36 @@ def test_planner_holds_when_nothing_pays() -> None:
                                 search=ListSearch([DEFAULT.replace(chunk_tokens=512)]))
     assert planner.candidates(3) == []
     assert all(not d.accepted for d in planner.decisions)
+
+
+def test_restarts_wait_until_a_regime_that_began_with_a_drift_fills_the_twins_window() -> None:
+    """After a drift the twin's 150 s window still holds the old regime's requests: a restart
+    priced on it would be priced on the wrong workload. The hot router is decided anyway; restart
+    moves are priced at a later plan, once the regime is older than the window. The first regime
+    (no drift before it) has nothing to mix with."""
+    twin = ScriptedTwin({DEFAULT: 1.0, KV: 0.9, DEFAULT.replace(router="session"): 1.1,
+                         DEFAULT.replace(router="prefixaware"): 0.95, BIG: 0.5}, restart_ttft=0.85)
+    horizon = RegimeHorizon(HorizonSettings(floor_s=300.0))
+    now = [0.0]
+    horizon.start(0.0)
+    horizon.start(1000.0)  # a drift at 1,000 s
+    planner = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts,
+                                routers=("roundrobin", "session", "prefixaware", "kvaware"),
+                                search=ListSearch([DEFAULT.replace(chunk_tokens=512)]),
+                                horizon=lambda: horizon.estimate(now[0]), clock=lambda: now[0])
+    now[0] = 1100.0  # 100 s into the new regime
+    assert planner.candidates(3) == [KV]  # the hot change only
+    assert "100 s old" in planner.last_plan["restarts_deferred"]
+    assert all(not d.restart for d in planner.decisions)
+    now[0] = 1200.0  # 200 s: its own requests fill the window
+    assert planner.candidates(3) == [KV, BIG]
+    assert "restarts_deferred" not in planner.last_plan
+    first = RegimeHorizon(HorizonSettings(floor_s=300.0))
+    first.start(0.0)
+    young = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts, routers=("roundrobin", "kvaware"),
+                              search=ListSearch([DEFAULT.replace(chunk_tokens=512)]),
+                              horizon=lambda: first.estimate(90.0))
+    assert young.candidates(3) == [KV, BIG]  # the first regime, 90 s old: nothing before it to mix with
 
 
 # -- judging against the twin's counterfactual ----------------------------------------------------

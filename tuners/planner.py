@@ -244,7 +244,10 @@ class TransitionPlanner:
         base = hot[0].knobs if hot and hot[0].accepted else now
         plan = [base] if base != now else []
         cold: list[Decision] = []
-        if self.search is not None and s.search_k > 0 and k > len(plan):
+        deferred = self._too_young(est, twin.transition_s)
+        if deferred:
+            log_event("restart_deferred", reason=deferred)
+        if self.search is not None and s.search_k > 0 and k > len(plan) and not deferred:
             sizes = [float(g) for g in self.capacity.cpu_candidates(base)] if self.capacity is not None else []
             if hasattr(self.search, "include"):  # seed the twin search with the capacity candidates
                 self.search.include = tuple(base.replace(cpu_gib=g) for g in sizes)
@@ -263,12 +266,24 @@ class TransitionPlanner:
         priced = [{"knobs": now.diff(d.knobs), **d.to_dict()} for d in self.decisions]
         self.last_plan = {"at": self.clock() if self.clock else None, "current": now.to_dict(),
                           "horizon": est.to_dict() if est is not None else {"horizon_s": horizon_s, "basis": "configured"},
-                          "plan": [p.to_dict() for p in plan], "priced": priced}
+                          "plan": [p.to_dict() for p in plan], "priced": priced,
+                          **({"restarts_deferred": deferred} if deferred else {})}
         self.history.append(self.last_plan)
         log_event("plan", current=now.to_dict(), plan=[p.to_dict() for p in plan],
                   horizon=self.last_plan["horizon"],
                   priced=[{"knobs": now.diff(d.knobs), "decision": d.describe()} for d in self.decisions])
         return plan[:k]
+
+    @staticmethod
+    def _too_young(est: Any, window_s: float) -> str:
+        """Why restart-requiring moves wait ("" if they need not): a regime that began with a
+        drift and is younger than the twin's evaluation window would be priced on a window that
+        mixes it with the regime before. A hot change is cheap to undo and is decided anyway; a
+        restart waits for the replan, once the regime's own requests fill the window."""
+        if est is None or est.typical_s is None or est.age_s >= window_s:
+            return ""
+        return (f"the regime is {est.age_s:,.0f} s old: the twin's {window_s:,.0f} s window would mix it with the "
+                "one before; restart-requiring moves are priced once it fills the window")
 
 
 __all__ = ["CapacitySource", "Decision", "PlanSettings", "PlanningTwin", "TransitionPlanner", "decide", "horizon_outcome",

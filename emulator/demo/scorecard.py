@@ -103,6 +103,8 @@ def plan_lines(plans: Sequence[dict]) -> list[str]:
         h = plan["horizon"]
         at = plan.get("at")
         out.append(f"- plan at {_num(at, ',.0f')} s: horizon {h['horizon_s']:,.0f} s ({h.get('basis', 'configured')})")
+        if plan.get("restarts_deferred"):
+            out.append(f"  - restarts not priced: {plan['restarts_deferred']}")
         for d in plan["priced"]:
             knobs = ", ".join(f"{k} {b}" for k, (_a, b) in d["knobs"].items())
             g95 = "n/a" if d["gain_p95"] is None else f"{d['gain_p95'] * 100:+.1f}%"

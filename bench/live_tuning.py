@@ -18,13 +18,15 @@ uses a small grid instead (8 configurations, CPU buffer at 5 GiB), labelled as s
 Workloads: `demo`, `shift`, `mooncake` (emulator.demo.sim_run) and the restart scenarios of
 emulator.demo.scenarios (`cpu_hot`, `cpu_hot_nol2`, `chunk`, `l2_evict`, `short`).
 
-    TIERPILOT_SHARED=../shared .venv/bin/python bench/live_tuning.py [--seeds 5] [--workloads demo,cpu_hot]
+    TIERPILOT_SHARED=../shared .venv/bin/python bench/live_tuning.py [--seeds 5] [--workloads demo,cpu_hot] [--jobs 2]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
+import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
@@ -64,6 +66,59 @@ def describe(k, start) -> str:
     return ", ".join(f"{n} {b}" for n, (_a, b) in start.diff(k).items()) or "the start"
 
 
+@dataclasses.dataclass
+class Outcome:
+    """One (workload, seed): what it printed and the figures the summary needs."""
+
+    name: str
+    seed: int
+    text: str
+    scores: list
+    restarts: int
+    false_alarms_held: int
+
+
+def run_one(name: str, seed: int, quick: bool, plans: bool) -> Outcome:
+    logging.disable(logging.WARNING)
+    t0 = time.perf_counter()
+    sc = load(name, seed)
+    wl, cluster, dep = sc.workload, sc.cluster, sc.deployment
+    held = held_ttfts(wl, cluster, dep.start)
+    run = run_live(wl, cluster, seed, deployment=dep)
+    _h_alarms, h_counts, _h_delays = held_alarms(wl, run)
+    if quick:
+        q = hindsight(wl, cluster, hindsight_grid(cluster.pods, small=True), extra=run.end_knobs, start=dep.start)
+        ceilings = [("quick grid of 8 (CPU 5 GiB), TTFT p95", q, q.best)]
+    else:
+        priced, free = ceiling(wl, cluster, dep.space(), [dep.start, *run.end_knobs],
+                               memory_ms_per_gib=dep.memory_ms_per_gib)
+        ceilings = [(f"memory at {dep.memory_ms_per_gib:g} ms/GiB", priced, priced.best),
+                    ("memory at 0", free, free.best)]
+    scores = score_run(wl, held, run, ceilings[0][1])
+    head = (f"\n### {name}, seed {seed}: {wl.frame.height} requests, {cluster.pods} pods, start "
+            f"{dep.start.router}/chunk {dep.start.chunk_tokens}/cpu {dep.start.cpu_gib:g} GiB "
+            f"({time.perf_counter() - t0:.0f} s)")
+    out = [head, *scorecard_lines(scores)]
+    for label, c, best in ceilings:
+        extra = f"; {c.label}, {c.replays} replays" if hasattr(c, "label") else ""
+        out.append(f"ceiling ({label}{extra}): " + "; ".join(
+            f"phase {p + 1}: {describe(k, dep.start)} (p95 {speedup(float(np.quantile(held[p], .95)), float(np.quantile(c.ttft[p], .95))):.2f}x, "
+            f"mean {speedup(float(held[p].mean()), float(c.ttft[p].mean())):.2f}x vs held)"
+            for p, k in sorted(best.items())))
+    applied = [t for t, st, _m in run.states if st == "trial_started"]
+    out.append(f"tuned: ended phases on {[describe(k, dep.start) for k in run.end_knobs]}; "
+               f"{len(run.plans)} plans, trials started at {[round(t) for t in applied]} s, restart-requiring "
+               f"changes applied at {[round(t) for t in run.restarts_applied]} s")
+    if plans:
+        out += plan_lines(run.plans)
+    return Outcome(name, seed, "\n".join(out), scores, len(run.restarts_applied),
+                   sum(a.false_alarms for a in h_counts.values()))
+
+
+def _job(args: tuple[str, int, bool, bool]) -> Outcome:
+    return run_one(*args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -71,12 +126,15 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(ALL))
     ap.add_argument("--quick", action="store_true", help="quick mode: the ceiling from 8 static configurations")
     ap.add_argument("--plans", action="store_true", help="print every priced candidate of every plan")
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (each is one core) [1]")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     names = [w for w in args.workloads.split(",") if w]
     for w in names:
         if w not in ALL:
             ap.error(f"--workloads: unknown {w!r}; valid: {', '.join(ALL)}")
+    if args.jobs < 1:
+        ap.error("--jobs: must be >= 1")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     ratios: dict[str, list[float]] = {"p95": [], "mean": [], "phase": []}
     worst: dict[str, tuple[float, str]] = {}
@@ -84,61 +142,38 @@ def main() -> None:
     restarts: dict[str, list[int]] = {}
     alarms_held = 0
     t_all = time.perf_counter()
-    for name in names:
-        for seed in seeds:
-            t0 = time.perf_counter()
-            sc = load(name, seed)
-            wl, cluster, dep = sc.workload, sc.cluster, sc.deployment
-            held = held_ttfts(wl, cluster, dep.start)
-            run = run_live(wl, cluster, seed, deployment=dep)
-            _h_alarms, h_counts, _h_delays = held_alarms(wl, run)
-            if args.quick:
-                quick = hindsight(wl, cluster, hindsight_grid(cluster.pods, small=True), extra=run.end_knobs,
-                                  start=dep.start)
-                ceilings = [("quick grid of 8 (CPU 5 GiB), TTFT p95", quick, quick.best)]
+    jobs = [(name, seed, args.quick, args.plans) for name in names for seed in seeds]
+    if args.jobs > 1:
+        pool = mp.get_context("spawn").Pool(args.jobs)
+        results = pool.imap(_job, jobs)
+    else:
+        pool, results = None, map(_job, jobs)
+    for o in results:
+        print(o.text, flush=True)
+        name, seed, scores = o.name, o.seed, o.scores
+        alarms_held += o.false_alarms_held
+        restarts.setdefault(name, []).append(o.restarts)
+        for s in scores:
+            if s.label == WHOLE_RUN:
+                ratios["p95"].append(s.speedup_p95)
+                ratios["mean"].append(s.speedup_mean)
+                for stat, v in (("p95", s.speedup_p95), ("mean", s.speedup_mean)):
+                    if v < worst.get(stat, (math.inf, ""))[0]:
+                        worst[stat] = (v, f"{name} seed {seed}")
             else:
-                priced, free = ceiling(wl, cluster, dep.space(), [dep.start, *run.end_knobs],
-                                       memory_ms_per_gib=dep.memory_ms_per_gib)
-                ceilings = [(f"memory at {dep.memory_ms_per_gib:g} ms/GiB", priced, priced.best),
-                            ("memory at 0", free, free.best)]
-            hind0 = ceilings[0][1]
-            scores = score_run(wl, held, run, hind0)
-            print(f"\n### {name}, seed {seed}: {wl.frame.height} requests, {cluster.pods} pods, start "
-                  f"{dep.start.router}/chunk {dep.start.chunk_tokens}/cpu {dep.start.cpu_gib:g} GiB "
-                  f"({time.perf_counter() - t0:.0f} s)")
-            print("\n".join(scorecard_lines(scores)))
-            for label, c, best in ceilings:
-                extra = f"; {c.label}, {c.replays} replays" if hasattr(c, "label") else ""
-                print(f"ceiling ({label}{extra}): " + "; ".join(
-                    f"phase {p + 1}: {describe(k, dep.start)} (p95 {speedup(float(np.quantile(held[p], .95)), float(np.quantile(c.ttft[p], .95))):.2f}x, "
-                    f"mean {speedup(float(held[p].mean()), float(c.ttft[p].mean())):.2f}x vs held)"
-                    for p, k in sorted(best.items())))
-            applied = [(t, m) for t, st, m in run.states if st in ("trial_started",)]
-            print(f"tuned: ended phases on {[describe(k, dep.start) for k in run.end_knobs]}; "
-                  f"{len(run.plans)} plans, trials started at {[round(t) for t, _m in applied]} s, restart-requiring "
-                  f"changes applied at {[round(t) for t in run.restarts_applied]} s")
-            if args.plans:
-                print("\n".join(plan_lines(run.plans)))
-            alarms_held += sum(a.false_alarms for a in h_counts.values())
-            restarts.setdefault(name, []).append(len(run.restarts_applied))
-            for s in scores:
-                if s.label == WHOLE_RUN:
-                    ratios["p95"].append(s.speedup_p95)
-                    ratios["mean"].append(s.speedup_mean)
-                    for stat, v in (("p95", s.speedup_p95), ("mean", s.speedup_mean)):
-                        if v < worst.get(stat, (math.inf, ""))[0]:
-                            worst[stat] = (v, f"{name} seed {seed}")
-                else:
-                    ratios["phase"] += [s.speedup_p95, s.speedup_mean]
-                    v = min(s.speedup_p95, s.speedup_mean)
-                    if v < worst.get("phase", (math.inf, ""))[0]:
-                        worst["phase"] = (v, f"{name} seed {seed} {s.label}")
-                if len(scores) == 2 and s.label == WHOLE_RUN:
-                    continue  # one phase: the whole run is the same requests
-                if s.hindsight_speedup_p95 >= ROOM:
-                    gains.setdefault(f"{name} / {s.label} (p95)", []).append(s.gain_p95)
-                if s.hindsight_speedup_mean >= ROOM:
-                    gains.setdefault(f"{name} / {s.label} (mean)", []).append(s.gain_mean)
+                ratios["phase"] += [s.speedup_p95, s.speedup_mean]
+                v = min(s.speedup_p95, s.speedup_mean)
+                if v < worst.get("phase", (math.inf, ""))[0]:
+                    worst["phase"] = (v, f"{name} seed {seed} {s.label}")
+            if len(scores) == 2 and s.label == WHOLE_RUN:
+                continue  # one phase: the whole run is the same requests
+            if s.hindsight_speedup_p95 >= ROOM:
+                gains.setdefault(f"{name} / {s.label} (p95)", []).append(s.gain_p95)
+            if s.hindsight_speedup_mean >= ROOM:
+                gains.setdefault(f"{name} / {s.label} (mean)", []).append(s.gain_mean)
+    if pool is not None:
+        pool.close()
+        pool.join()
     print(f"\n## Targets ({time.perf_counter() - t_all:.0f} s; ceiling: "
           f"{'quick grid, labelled' if args.quick else 'full space under the objective'})")
     print(f"- whole run tuned/held: p95 worst {worst['p95'][0]:.3f}x ({worst['p95'][1]}), mean worst "

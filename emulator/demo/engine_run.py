@@ -31,6 +31,7 @@ import polars as pl
 from agent.kvevents import EndpointSpec
 from contracts.tier_model import Target
 from emulator.demo.agent_stack import DemoAgent
+from emulator.demo.engine_pace import Sample, paced_rate, scaled_profile, speed_factor
 from emulator.demo.engine_report import RunRecord, write_engine_report
 from emulator.demo.engine_tuning import (
     DEFAULT_TIMING,
@@ -46,6 +47,7 @@ from emulator.engines.fleet import EngineFleet
 from emulator.engines.process_actuator import ProcessActuator, Restart
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
+from simulator.profile import HardwareProfile, get_profile
 from simulator.synthetic import Phase, generate
 from tuners.metrics import TunerMetrics
 
@@ -58,10 +60,13 @@ CONTROL_TICK_S = 0.5
 @dataclasses.dataclass(frozen=True)
 class EngineDemoSettings:
     """stream_s: seconds of each pass's request stream (two passes run). rate_rps: arrivals per
-    second. kv_cache_tokens: each engine's KV cache. agent_port: the agent's /metrics."""
+    second (None: paced, so each core is busy `utilisation` of the time at the speed measured in the
+    warm-up; emulator/demo/engine_pace.py). kv_cache_tokens: each engine's KV cache. agent_port: the
+    agent's /metrics."""
 
-    stream_s: float = 100.0
-    rate_rps: float = 4.0
+    stream_s: float = 150.0
+    rate_rps: float | None = None
+    utilisation: float = 0.5
     seed: int = 7
     report_dir: Path = Path("demo-report")
     kv_cache_tokens: int = DEFAULT_KV_TOKENS
@@ -72,8 +77,10 @@ class EngineDemoSettings:
     def __post_init__(self) -> None:
         if not 20 <= self.stream_s <= 1800:
             raise ValueError(f"--duration: with --engine vllm, each pass's stream must be 20..1800 s, got {self.stream_s:g}")
-        if not 0.2 <= self.rate_rps <= 20:
+        if self.rate_rps is not None and not 0.2 <= self.rate_rps <= 20:
             raise ValueError(f"--rate: must be 0.2..20 requests/s, got {self.rate_rps:g}")
+        if not 0.05 <= self.utilisation <= 0.9:
+            raise ValueError(f"utilisation: must be 0.05..0.9, got {self.utilisation:g}")
         if not 2048 <= self.kv_cache_tokens <= 262144:
             raise ValueError(f"kv_cache_tokens: must be 2,048..262,144 (one 2,048-token sequence at least), "
                              f"got {self.kv_cache_tokens}")
@@ -97,8 +104,10 @@ class EnginePass:
 
     def __init__(self, name: str, fleet: EngineFleet, actuator: ProcessActuator, workload: DemoWorkload,
                  settings: EngineDemoSettings, *, salt: int, tuning: bool, progress: Callable[[str], None],
-                 timing: EngineTiming = DEFAULT_TIMING, wall: Callable[[], float] = time.monotonic) -> None:
+                 timing: EngineTiming = DEFAULT_TIMING, wall: Callable[[], float] = time.monotonic,
+                 profile: HardwareProfile | str = "cpu-tiny-llama") -> None:
         self.name, self.fleet, self.actuator, self.workload, self.s = name, fleet, actuator, workload, settings
+        self.profile = profile  # the twin the planner prices on: the CPU profile at the speed measured here
         self.salt, self.tuning, self.progress, self.timing, self.wall = salt, tuning, progress, timing, wall
         self.t0 = wall()
         self.record = RunRecord(name)
@@ -121,7 +130,7 @@ class EnginePass:
         tuning = None
         if self.tuning:
             twin = TwinClusterSpec(pods=len(self.fleet.engines), gpu_tokens=self._capacity(), cpu_tokens=0,
-                                   l2_tokens=0, profile="cpu-tiny-llama", pod_names=tuple(self.fleet.names))
+                                   l2_tokens=0, profile=self.profile, pod_names=tuple(self.fleet.names))
             tuning = build_engine_tuning(actuator=self.actuator, window_source=agent.window_source, clock=self.now,
                                          twin_cluster=twin, history=self.history, metrics=TunerMetrics(target="engine-demo"),
                                          seed=self.s.seed, timing=self.timing, dry_run=self.s.dry_run)
@@ -208,14 +217,15 @@ def _engine_counters(fleet: EngineFleet) -> dict[str, tuple[float, float]]:
     return out
 
 
-def warm_up(fleet: EngineFleet, requests: int = 12) -> float:
-    """A few requests of unrelated content through the router (first requests of a fresh engine are
-    slow); seconds taken."""
+def warm_up(fleet: EngineFleet, requests: int = 12) -> tuple[float, list[Sample]]:
+    """A few requests of unrelated content through the router, one at a time (the first requests of
+    a fresh engine are slow); seconds taken, and the later half as speed samples for pacing."""
     b = PromptBuilder(salt=10_000)
     sender = StreamSender(fleet.url, model="tiny-llama", retry_for_s=10.0)
     t0 = time.monotonic()
-    sender.send_closed_loop([b.prompt([i, i + 1], 900) for i in range(0, 2 * requests, 2)])
-    return time.monotonic() - t0
+    done = sender.send_closed_loop([b.prompt([i, i + 1], 300 + 100 * (i % 12)) for i in range(0, 2 * requests, 2)])
+    samples = [Sample(c.latency_s, c.prompt_tokens, c.cached_tokens or 0) for c in done[requests // 2:] if c.ok]
+    return time.monotonic() - t0, samples
 
 
 def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None] = print,
@@ -231,10 +241,8 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
     if why:
         raise RuntimeError(why)
     t_start = wall()
-    workload = engine_workload(settings.stream_s, settings.seed, settings.rate_rps)
-    progress(f"tierpilot demo --engine vllm: 2 fleets of {settings.engines} real vLLM CPU engines behind "
-             f"vllm-router; {workload.frame.height} requests over {settings.stream_s:g} s, sent to both at once "
-             "(one tuned, one held)")
+    progress(f"tierpilot demo --engine vllm: 2 fleets of {settings.engines} real vLLM CPU engines ({engine_dtype()}) "
+             f"behind vllm-router; a {settings.stream_s:g} s stream sent to both at once (one tuned, one held)")
     restarts: list[Restart] = []
     passes: list[EnginePass] = []
     with tempfile.TemporaryDirectory(prefix="tierpilot-engine-demo-") as scratch:
@@ -249,9 +257,13 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
             boot_s = wall() - t_start
             with ThreadPoolExecutor(2) as pool:
                 warm = [pool.submit(warm_up, f) for f in fleets.values()]
-                warm_s = [w.result() for w in warm]
+                warmed = [w.result() for w in warm]
+            warm_s = [w[0] for w in warmed]
             progress(f"fleets up after {boot_s:.0f} s, warmed up in {max(warm_s):.0f} s: routers "
                      + ", ".join(f"{n} {f.url}" for n, f in fleets.items()))
+            pace = pace_stream(settings, [s for w in warmed for s in w[1]], fleets=len(fleets))
+            workload = engine_workload(settings.stream_s, settings.seed, pace.rate_rps)
+            progress(pace.text + f"; {workload.frame.height} requests")
             for name, fleet in fleets.items():
                 actuator = ProcessActuator(fleet.router, fleet.engines, initial=ENGINE_KNOBS, engine_names=fleet.names,
                                            on_restart=restarts.append, router_port=free_port)
@@ -259,7 +271,7 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
                 passes.append(EnginePass(name, fleet, actuator, workload,
                                          dataclasses.replace(settings, agent_port=agent_port),
                                          salt=1 if name == "tuned" else 2, tuning=name == "tuned",
-                                         progress=progress, wall=wall))
+                                         progress=progress, wall=wall, profile=pace.profile))
             with ThreadPoolExecutor(2) as pool:
                 futures = [pool.submit(p.run) for p in passes]
                 try:
@@ -276,8 +288,9 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
                         f"{settings.kv_cache_tokens:,} tokens of KV cache each ({engine_dtype()}); engine i of each fleet pinned "
                         "to core i",
              "router": "vllm-router 0.1.17, one per fleet",
-             "stream": f"{workload.frame.height} requests over {settings.stream_s:g} s at {settings.rate_rps:g} req/s, "
+             "stream": f"{workload.frame.height} requests over {settings.stream_s:g} s at {pace.rate_rps:.2f} req/s, "
                        f"seed {settings.seed}, sent to both fleets at the same time",
+             "pacing": pace.text,
              "fleet start": f"{boot_s:.0f} s", "wall clock": f"{wall() - t_start:.0f} s",
              "load average at the end": "{:.1f} / {:.1f} / {:.1f}".format(*__import__("os").getloadavg()),
              "dry run": str(settings.dry_run)}
@@ -288,4 +301,31 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
     return path
 
 
-__all__ = ["EngineDemoSettings", "EnginePass", "engine_workload", "run_engine_demo", "warm_up"]
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    rate_rps: float
+    profile: HardwareProfile | str
+    text: str
+
+
+def pace_stream(settings: EngineDemoSettings, samples: list[Sample], *, fleets: int) -> Pace:
+    """The stream's rate (settings.rate_rps, or paced to the speed the warm-up measured) and the
+    twin profile at that speed."""
+    base = get_profile("cpu-tiny-llama")
+    try:
+        factor = speed_factor(samples, base)
+    except ValueError:
+        factor = 1.0
+    profile = scaled_profile(base, factor)
+    if settings.rate_rps is not None:
+        return Pace(settings.rate_rps, profile, f"stream at {settings.rate_rps:g} req/s (given); engines at "
+                                                f"{factor:.2f}x the profile's service times")
+    rate, service = paced_rate(lambda r: engine_workload(settings.stream_s, settings.seed, r).frame, profile,
+                               engines=settings.engines, fleets=fleets, kv_tokens=settings.kv_cache_tokens,
+                               knobs=ENGINE_KNOBS, utilisation=settings.utilisation)
+    return Pace(rate, profile, f"engines at {factor:.2f}x the cpu-tiny-llama profile's service times (mean "
+                               f"{service * 1e3:.0f} ms a request here): {rate:.2f} req/s per fleet keeps each core "
+                               f"{settings.utilisation:.0%} busy")
+
+
+__all__ = ["EngineDemoSettings", "EnginePass", "Pace", "engine_workload", "pace_stream", "run_engine_demo", "warm_up"]

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="example: .venv/bin/python bench/real_engine.py --repeats 3")
     ap.add_argument("--repeats", type=int, default=3, help="calibrate + hold out this many times [3]")
     ap.add_argument("--calibration", type=int, default=160, help="calibration requests per repeat [160]")
-    ap.add_argument("--held-out", type=int, default=240, help="held-out requests per repeat [240]")
+    ap.add_argument("--held-out", type=int, default=480, help="held-out requests per repeat [480]")
     ap.add_argument("--utilisation", type=float, default=0.5,
                     help="held-out load: arrival rate x the calibration's mean service time [0.5]")
     ap.add_argument("--rate", type=float, default=None, help="held-out arrival rate, requests/s (instead of --utilisation)")

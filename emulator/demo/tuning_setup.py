@@ -42,7 +42,7 @@ WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
 WARM_START_TRIALS = 16  # twin trials searching restart-requiring knobs (the router is decided on its own)
 PLAN_WARM_S = 1200.0  # history replayed before the recent window when pricing a move (capacity needs it)
 HOT_MARGIN = 0.03  # a router switch must buy 3%: regimes flip, and a marginal switch costs the next one
-HORIZON = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.5)
+HORIZON = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.25)
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
 DRIFT_SIGNALS_WINDOW_S = 60.0

@@ -10,12 +10,7 @@ VLLM_CPU_OMP_THREADS_BIND=0); this process sends from the other core. Each repea
    Fitted (the twin's model, simulator/profile.py): TTFT = overhead + n x prefill s/token +
    n x (cached + n/2) x attention s/token^2, n = computed tokens; and, to show what the attention
    term is worth, the same without it;
-2. load calibration: another seed of the calibration stream, sent open loop at the held-out's
-   rate. Served beside others, a request's service time scatters more than alone (another
-   request's HTTP and tokenisation share the core; the engine's own stalls): the quantiles of
-   measured / predicted TTFT of the requests the twin serves without queueing become the profile's
-   `service_noise` (simulator/noise.py), which lets the twin build the queues that tail builds;
-3. held-out: a different seed and shape (multi-turn sessions over shared system prompts), sent
+2. held-out: a different seed and shape (multi-turn sessions over shared system prompts), sent
    open-loop at its arrival times (Poisson), so requests queue as they would, below saturation:
    the rate is `--utilisation` (0.5) over the mean service time of the repeat's first calibration
    half (or `--rate`). Engines differ by an order of magnitude between processors (AVX2 vs
@@ -59,7 +54,6 @@ from emulator.engines.client import Completion, StreamSender
 from emulator.engines.engine import EngineProcess, EngineSpec, engine_available, engine_dtype, tiny_model_dir
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
 from simulator.cluster import ClusterSpec
-from simulator.noise import fit_noise_quantiles
 from simulator.profile import get_profile
 from simulator.profile_fit import FitError, ServiceFit, fit_service_latency, with_service_fit
 from simulator.replay import replay
@@ -203,35 +197,17 @@ class HeldOut:
         return abs(self.hit_err) <= HIT_TARGET and abs(self.p50_err) <= TTFT_TARGET and abs(self.p95_err) <= TTFT_TARGET
 
 
-def twin_requests(frame: pl.DataFrame, done: list[Completion], fit: ServiceFit, capacity: int, decode: float,
-                  noise: tuple[float, ...] = ()) -> pl.DataFrame:
-    """The twin's replay of exactly what was sent (the actual send times), with the fit (and noise)."""
+def twin_on(frame: pl.DataFrame, done: list[Completion], fit: ServiceFit, capacity: int, decode: float):
     sent = pl.Series("timestamp_ms", [int(c.sent_s * 1000) for c in done], dtype=pl.Int64)
     frame = frame.with_columns(sent)
     profile = with_service_fit(get_profile(PROFILE), fit, decode_s_per_token=decode)
-    profile = dataclasses.replace(profile, latency=dataclasses.replace(profile.latency, service_noise=noise))
     cluster = ClusterSpec(pods=1, gpu_tokens=capacity, cpu_tokens=0, l2_tokens=0, profile=profile)
-    return replay(frame, cluster, Knobs(chunk_tokens=TWIN_CHUNK, cpu_gib=0.0)).requests
-
-
-def twin_on(frame: pl.DataFrame, done: list[Completion], fit: ServiceFit, capacity: int, decode: float,
-            noise: tuple[float, ...] = ()):
-    r = twin_requests(frame, done, fit, capacity, decode, noise)
+    result = replay(frame, cluster, Knobs(chunk_tokens=TWIN_CHUNK, cpu_gib=0.0))
+    r = result.requests
     return float(r["gpu_hit_tokens"].sum() / r["prompt_tokens"].sum()), r["ttft_s"].to_list()
 
 
-def noise_under_load(frame: pl.DataFrame, done: list[Completion], fit: ServiceFit, capacity: int,
-                     decode: float) -> tuple[float, ...]:
-    """The service-noise quantiles of an open-loop calibration stream: measured / predicted TTFT of
-    the requests the twin (without noise) serves without queueing."""
-    r = twin_requests(frame, done, fit, capacity, decode)
-    ratios = [c.latency_s / t for c, t, q in zip(done, r["ttft_s"].to_list(), r["queue_delay_s"].to_list(), strict=True)
-              if q <= 1e-9 and t > 0]
-    return fit_noise_quantiles(ratios)
-
-
-def profile_text(fit: ServiceFit, decode: float, capacity: int, fits: list[ServiceFit], loads: list[Load],
-                 noise: tuple[float, ...]) -> str:
+def profile_text(fit: ServiceFit, decode: float, capacity: int, fits: list[ServiceFit], loads: list[Load]) -> str:
     o = [f.overhead_s for f in fits]
     p = [f.prefill_s_per_token for f in fits]
     a = [f.attention_s_per_token2 for f in fits]
@@ -261,8 +237,6 @@ latency:
   prefill_s_per_token: {fit.prefill_s_per_token:.6g}   # uncached prompt tokens on one core
   attention_s_per_token2: {fit.attention_s_per_token2:.6g}   # per computed token x token it attends to
   decode_s_per_token: {decode:.6g}
-  # busy-time factor under load, quantiles at 0, 5%, ..., 100% (median of the repeats' open-loop calibrations)
-  service_noise: [{", ".join(f"{q:g}" for q in noise)}]
   pcie_bytes_per_s: 1.0e+12
   cpu_load_chunk_s: 1.0e-09
   l2_read_chunk_s: 1.0e-09
@@ -287,14 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--utilisation", type=float, default=0.5,
                     help="held-out load: arrival rate x the calibration's mean service time [0.5]")
     ap.add_argument("--rate", type=float, default=None, help="held-out arrival rate, requests/s (instead of --utilisation)")
-    ap.add_argument("--load-calibration", type=int, default=240,
-                    help="open-loop calibration requests per repeat, for the service noise [240]")
     ap.add_argument("--small", action="store_true", help="1 repeat of 60 + 80 requests (development)")
     ap.add_argument("--write-profile", type=Path, default=None, help="write the fitted profile YAML here")
     ap.add_argument("--samples", type=Path, default=None, help="write every request's figures here (CSV)")
     args = ap.parse_args(argv)
     if args.small:
-        args.repeats, args.calibration, args.held_out, args.load_calibration = 1, 60, 80, 60
+        args.repeats, args.calibration, args.held_out = 1, 60, 80
     why = engine_available()
     if why:
         print(f"real_engine: {why}", file=sys.stderr)
@@ -308,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
           + (f"{args.rate:g} req/s" if args.rate else f"utilisation {args.utilisation:g}"))
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; engine dtype {engine_dtype()}")
     helds: list[pl.DataFrame] = []
-    noises: list[tuple[float, ...]] = []
 
     def pinned(cmd, **kw):
         return subprocess.Popen(["taskset", "-c", "0", *cmd], **kw)
@@ -346,10 +317,6 @@ def main(argv: list[str] | None = None) -> int:
                 cal = sender.send_closed_loop(cal_prompts[:half])
                 load_c = meter.done()
                 rate = args.rate or args.utilisation / statistics.mean(c.latency_s for c in cal)
-                # the service times' scatter under load: an open-loop calibration stream (its own seed)
-                load_cal = stream(CALIBRATION, 31, args.load_calibration, rate)
-                load_done = sender.send_open_loop(list(prompts(load_cal, PromptBuilder(salt=3 * rep + 3))),
-                                                  [t / 1000 for t in load_cal["timestamp_ms"].to_list()])
                 held = stream(HELD_OUT, 23, args.held_out, rate)
                 helds.append(held)
                 before = scrape(engine)
@@ -393,21 +360,11 @@ def main(argv: list[str] | None = None) -> int:
                     with open(args.samples, "a") as f:
                         f.writelines(f"held,{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
                                      f"{c.latency_s:.6f}\n" for c in done)
-                # the engine's own TTFT (from its API server's receipt of a request): the client's
-                # latency less what the client's side (its threads, the loopback) adds
-                e_ttft = ((metric(after, "vllm:time_to_first_token_seconds_sum")
-                           - metric(before, "vllm:time_to_first_token_seconds_sum"))
-                          / max(metric(after, "vllm:time_to_first_token_seconds_count")
-                                - metric(before, "vllm:time_to_first_token_seconds_count"), 1.0))
                 q = metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total")
                 h = metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total")
-                noise = noise_under_load(load_cal, sorted(load_done, key=lambda c: c.index), fit, capacity, decode)
-                noises.append(noise)
-                _hit0, plain_ttft = twin_on(held, done, fit, capacity, decode)
-                twin_hit, twin_ttft = twin_on(held, done, fit, capacity, decode, noise)
+                twin_hit, twin_ttft = twin_on(held, done, fit, capacity, decode)
                 e50, e95 = quantiles([c.latency_s for c in done])
                 t50, t95 = quantiles(twin_ttft)
-                p50, p95 = quantiles(plain_ttft)
                 res = HeldOut(sum(c.cached_tokens or 0 for c in done) / sum(c.prompt_tokens for c in done), h / q,
                               twin_hit, e50, e95, t50, t95, len(done))
                 results.append(res)
@@ -420,13 +377,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  held-out ({load_h.text()}), {res.requests} requests at {rate:.2f} req/s:")
                 print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
                       f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")
-                c_mean = statistics.mean(c.latency_s for c in done)
-                print(f"    TTFT mean: client {c_mean * 1e3:.2f} ms, the engine's own histogram {e_ttft * 1e3:.2f} ms "
-                      f"(the client's side adds {(c_mean - e_ttft) * 1e3:+.2f} ms), twin {statistics.mean(twin_ttft) * 1e3:.2f} ms")
-                print(f"    service noise under load ({len(load_done)} open-loop calibration requests): factor quantiles "
-                      f"5/50/95/100% {noise[1]:.2f} / {noise[10]:.2f} / {noise[19]:.2f} / {noise[20]:.2f}")
-                print(f"    without the noise term: TTFT p50 {p50 * 1e3:.2f} ms ({p50 / e50 - 1:+.1%}), "
-                      f"p95 {p95 * 1e3:.2f} ms ({p95 / e95 - 1:+.1%})")
                 print(f"    TTFT p50: engine {e50 * 1e3:.2f} ms, twin {t50 * 1e3:.2f} ms, error {res.p50_err:+.1%}")
                 print(f"    TTFT p95: engine {e95 * 1e3:.2f} ms, twin {t95 * 1e3:.2f} ms, error {res.p95_err:+.1%}"
                       f"   -> {'within' if res.ok() else 'OUTSIDE'} the targets")
@@ -438,9 +388,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{pooled.prefill_s_per_token * 1e6:.2f} us/token, attention {pooled.attention_s_per_token2 * 1e9:.2f} "
           f"ns/token^2, decode {decode * 1e3:.2f} ms/token")
     cross = []
-    pooled_noise = tuple(round(statistics.median(q[i] for q in noises), 4) for i in range(len(noises[0])))
     for (_cal, done, rep), res, held in zip(rounds, results, helds, strict=True):
-        twin_hit, twin_ttft = twin_on(held, done, pooled, capacity, decode, pooled_noise)
+        twin_hit, twin_ttft = twin_on(held, done, pooled, capacity, decode)
         t50, t95 = quantiles(twin_ttft)
         cross.append(HeldOut(res.engine_hit, res.engine_counter_hit, twin_hit, res.engine_p50, res.engine_p95,
                              t50, t95, res.requests))
@@ -455,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  within targets    {sum(r.ok() for r in results)}/{len(results)} repeats "
           f"(with the median profile: {sum(r.ok() for r in cross)}/{len(cross)})")
     if args.write_profile:
-        args.write_profile.write_text(profile_text(pooled, decode, capacity, fits, loads, pooled_noise))
+        args.write_profile.write_text(profile_text(pooled, decode, capacity, fits, loads))
         print(f"wrote {args.write_profile}")
     return 0
 

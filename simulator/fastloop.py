@@ -104,7 +104,6 @@ def run(
     # latency constants
     prefill_s, overhead_s, decode_s = twin._prefill_s, twin._overhead_s, twin._decode_s
     attention_s, overhead_busy_s = twin._attention_s, twin._overhead_busy_s
-    noise = twin._noise.next if twin._noise.active else None
     load_delay_s = twin._load_delay_s
     cpu_chunk_s, l2_chunk_s, l2_retrieve_s = twin._cpu_chunk_s, twin._l2_chunk_s, twin._l2_retrieve_s
     w_chunk_s, w_byte_s, chunk_bytes = twin._w_chunk_s, twin._w_byte_s, twin._chunk_bytes
@@ -381,8 +380,6 @@ def run(
             read_bytes += n_l2 * chunk_bytes
             read_chunks += n_l2
             read_time += l2_read_s
-        if noise is not None:
-            busy *= noise()
         fa = free_at[idx]
         start = now if now >= fa else fa  # noqa: FURB136 (max() is a call; this is the hot loop)
         free_at[idx] = start + busy

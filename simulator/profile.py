@@ -37,7 +37,6 @@ import yaml
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "g6e-l40s"
 OPTIONAL_LATENCY = ("attention_s_per_token2", "overhead_busy_share")  # may be left out of a profile file (default 0)
-OPTIONAL_LISTS = ("service_noise",)  # optional lists of numbers (default: empty)
 SHARES = ("overhead_busy_share",)  # optional keys that are fractions (0 to 1)
 
 
@@ -59,7 +58,6 @@ class LatencyModel:
     l2_write_bytes_per_s: float
     attention_s_per_token2: float = 0.0  # optional: s per (computed token x token attended to)
     overhead_busy_share: float = 0.0  # optional: the part of request_overhead_s that holds the pod
-    service_noise: tuple[float, ...] = ()  # optional: quantiles of the busy-time factor (simulator/noise.py)
 
     @property
     def overhead_busy_s(self) -> float:
@@ -106,22 +104,13 @@ def _positive(source: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def _quantiles(source: str, key: str, value: Any) -> tuple[float, ...]:
-    if not isinstance(value, list) or len(value) < 2 or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf") for v in value):
-        raise ProfileError(f"{source}: {key}: must be a list of at least 2 positive numbers, got {value!r}")
-    if any(b < a for a, b in zip(value, value[1:])):
-        raise ProfileError(f"{source}: {key}: quantiles must not decrease, got {value!r}")
-    return tuple(float(v) for v in value)
-
-
 def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> HardwareProfile:
     """Validate a parsed profile document."""
     if not isinstance(data, Mapping):
         raise ProfileError(f"{source}: expected a mapping, got {type(data).__name__}")
     top = {f.name for f in dataclasses.fields(HardwareProfile)}
     lat_keys = {f.name for f in dataclasses.fields(LatencyModel)}
-    optional = {k for k in (*OPTIONAL_LATENCY, *OPTIONAL_LISTS) if k in lat_keys}
+    optional = {k for k in OPTIONAL_LATENCY if k in lat_keys}
     unknown = sorted(set(data) - top)
     missing = sorted(top - set(data))
     if unknown or missing:
@@ -140,9 +129,7 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> HardwarePro
             f"valid keys: {', '.join(sorted(lat_keys))}"
         )
     values = {k: _positive(source, f"latency.{k}", lat[k]) for k in sorted(lat_keys - optional)}
-    for k in sorted(set(OPTIONAL_LISTS) & set(lat)):
-        values[k] = _quantiles(source, f"latency.{k}", lat[k])
-    for k in sorted((optional - set(OPTIONAL_LISTS)) & set(lat)):
+    for k in sorted(optional & set(lat)):
         v = lat[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
             raise ProfileError(f"{source}: latency.{k}: must be a finite number >= 0, got {v!r}")

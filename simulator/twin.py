@@ -19,7 +19,6 @@ from contracts.knobs import Knobs
 from simulator.chunking import BLOCK_TOKENS, chunk_hashes
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import L2Totals, MissTotals, PodTotals, l2_metrics, pod_metrics
-from simulator.noise import ServiceNoise
 from simulator.policies import LRU, Policy, make_policy
 from simulator.profile import HardwareProfile, get_profile
 from simulator.records import Request, WorkloadError
@@ -97,7 +96,6 @@ class Twin:
         self.cluster = cluster
         self.profile: HardwareProfile = cluster.hardware if profile is None else get_profile(profile)
         self._sink = event_sink
-        self._noise = ServiceNoise(self.profile.latency.service_noise)  # kept across reconfigurations
         self._pods = [_Pod(name) for name in cluster.names]
         self._index = {name: i for i, name in enumerate(cluster.names)}
         self._l2: Policy | None = None
@@ -422,8 +420,6 @@ class Twin:
             l2_read_s = n_l2 * self._l2_chunk_s
             busy += l2_read_s
             extra += self._l2_retrieve_s
-        if self._noise.active:
-            busy *= self._noise.next()
         free_at = pod.free_at
         start = max(now, free_at)
         pod.free_at = start + busy

@@ -68,44 +68,6 @@ def test_overhead_busy_share_is_a_fraction(tmp_path):
         get_profile(str(bad))
 
 
-def test_service_noise_scales_busy_times_identically_in_both_replay_paths():
-    from simulator.noise import ServiceNoise, fit_noise_quantiles
-
-    knobs = Knobs(chunk_tokens=64, cpu_gib=0.0)
-    reqs = [req(i * 50, [1000 + 3 * i, 1001 + 3 * i]) for i in range(200)]  # cold prompts 50 ms apart: queues
-    base = _profile()
-    quiet = ClusterSpec(pods=1, gpu_tokens=6144, cpu_tokens=0, l2_tokens=0, profile=base)
-    noisy_prof = dataclasses.replace(base, latency=dataclasses.replace(
-        base.latency, service_noise=(0.8, 0.9, 1.0, 1.2, 2.0)))
-    noisy = dataclasses.replace(quiet, profile=noisy_prof)
-    twin = Twin(noisy, knobs)
-    one_by_one = [twin.submit(r).ttft_s for r in reqs]
-    batch = replay(frame(reqs), noisy, knobs).requests["ttft_s"].to_list()  # the fast loop
-    assert batch == pytest.approx(one_by_one)  # the same factors, drawn in arrival order
-    assert replay(frame(reqs), noisy, knobs).requests["ttft_s"].to_list() == batch  # seeded: deterministic
-    plain = replay(frame(reqs), quiet, knobs).requests["ttft_s"].to_numpy()
-    assert np.quantile(batch, 0.95) > np.quantile(plain, 0.95)  # a tail of slow services builds queues
-    draws = [ServiceNoise((0.8, 0.9, 1.0, 1.2, 2.0), seed=3).next() for _ in range(1)]
-    assert 0.8 <= draws[0] <= 2.0 and ServiceNoise(()).next() == 1.0
-    q = fit_noise_quantiles(list(np.linspace(0.5, 2.0, 101)))
-    assert len(q) == 21 and q[0] == 0.5 and q[-1] == 2.0 and list(q) == sorted(q)
-    with pytest.raises(ValueError, match="at least 20"):
-        fit_noise_quantiles([1.0] * 5)
-
-
-def test_service_noise_key_is_a_non_decreasing_list_of_positive_numbers(tmp_path):
-    text = (PROFILE_DIR / "cpu-tiny-llama.yaml").read_text()
-    key = next(line for line in text.splitlines() if line.startswith("  decode_s_per_token:"))
-    good = tmp_path / "good.yaml"
-    good.write_text(text.replace(key, key + "\n  service_noise: [0.9, 1.0, 1.4]"))
-    assert get_profile(str(good)).latency.service_noise == (0.9, 1.0, 1.4)
-    for bad_value, why in (("[1.2, 1.0]", "must not decrease"), ("[0, 1.0]", "positive numbers"), ("1.0", "a list")):
-        bad = tmp_path / "bad.yaml"
-        bad.write_text(text.replace(key, key + f"\n  service_noise: {bad_value}"))
-        with pytest.raises(ProfileError, match=why):
-            get_profile(str(bad))
-
-
 def test_attention_key_is_optional_and_refuses_negative_values(tmp_path):
     text = (PROFILE_DIR / "cpu-tiny-llama.yaml").read_text()
     bad = tmp_path / "p.yaml"

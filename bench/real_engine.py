@@ -360,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
                     with open(args.samples, "a") as f:
                         f.writelines(f"held,{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
                                      f"{c.latency_s:.6f}\n" for c in done)
+                # the engine's own TTFT (from its API server's receipt of a request): the client's
+                # latency less what the client's side (its threads, the loopback) adds
+                e_ttft = ((metric(after, "vllm:time_to_first_token_seconds_sum")
+                           - metric(before, "vllm:time_to_first_token_seconds_sum"))
+                          / max(metric(after, "vllm:time_to_first_token_seconds_count")
+                                - metric(before, "vllm:time_to_first_token_seconds_count"), 1.0))
                 q = metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total")
                 h = metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total")
                 twin_hit, twin_ttft = twin_on(held, done, fit, capacity, decode)
@@ -377,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  held-out ({load_h.text()}), {res.requests} requests at {rate:.2f} req/s:")
                 print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
                       f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")
+                c_mean = statistics.mean(c.latency_s for c in done)
+                print(f"    TTFT mean: client {c_mean * 1e3:.2f} ms, the engine's own histogram {e_ttft * 1e3:.2f} ms "
+                      f"(the client's side adds {(c_mean - e_ttft) * 1e3:+.2f} ms), twin {statistics.mean(twin_ttft) * 1e3:.2f} ms")
                 print(f"    TTFT p50: engine {e50 * 1e3:.2f} ms, twin {t50 * 1e3:.2f} ms, error {res.p50_err:+.1%}")
                 print(f"    TTFT p95: engine {e95 * 1e3:.2f} ms, twin {t95 * 1e3:.2f} ms, error {res.p95_err:+.1%}"
                       f"   -> {'within' if res.ok() else 'OUTSIDE'} the targets")

@@ -104,9 +104,9 @@ def test_router_replace_keeps_the_old_router_until_the_new_one_is_healthy(tmp_pa
                          probe=probe)
     proc.start().wait_healthy()
     stopped = []
-    import emulator.engines.router as router_mod
+    import emulator.engines.child as child_mod  # the process-group shell RouterProcess stops through
 
-    monkeypatch.setattr(router_mod.os, "killpg",
+    monkeypatch.setattr(child_mod.os, "killpg",
                         lambda pid, sig: (stopped.append(pid), setattr(procs[pid - 5000], "code", 0)))
     healthy |= {"8100", "8101"}
     proc.replace(dataclasses.replace(spec, port=8100, metrics_port=8101, policy="cache_aware"), grace_s=2.0)

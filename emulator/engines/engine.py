@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
+
+from emulator.engines.child import ChildProcess, Launcher, http_status
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV_ENV = "TIERPILOT_ENGINE_VENV"
@@ -181,33 +180,17 @@ def engine_environment(spec: EngineSpec, scratch: Path, base: Mapping[str, str] 
     return env
 
 
-Launcher = Callable[..., Any]  # subprocess.Popen's signature
-
-
-def _http_status(url: str, timeout: float) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
-
-
-class EngineProcess:
+class EngineProcess(ChildProcess):
     """One engine process: start, wait for `/health`, stop (its whole process group)."""
 
     def __init__(self, spec: EngineSpec, scratch: Path, *, venv: Path | None = None,
                  launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = _http_status,
+                 sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = http_status,
                  log: IO[bytes] | None = None) -> None:
-        self.spec, self.scratch = spec, Path(scratch)
+        super().__init__(scratch, f"engine-{spec.port}.log", launcher=launcher, clock=clock, sleep=sleep,
+                         probe=probe, log=log)
+        self.spec = spec
         self.venv = venv or engine_venv()
-        self.launcher, self.clock, self.sleep, self.probe = launcher, clock, sleep, probe
-        self.proc: Any = None
-        self.log_path = self.scratch / f"engine-{spec.port}.log"
-        self._log = log
-        self.starts = 0
 
     @property
     def base_url(self) -> str:
@@ -230,11 +213,7 @@ class EngineProcess:
             raise EngineError(f"engine on port {self.spec.port} is already running (pid {self.proc.pid})")
         for sub in ("vllm-cache", "inductor", "tmp", "hf"):
             (self.scratch / sub).mkdir(parents=True, exist_ok=True)
-        log = self._log if self._log is not None else open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = self.launcher(engine_command(self.spec, engine_python(self.venv)),
-                                  env=engine_environment(self.spec, self.scratch), stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.starts += 1
+        self._launch(engine_command(self.spec, engine_python(self.venv)), engine_environment(self.spec, self.scratch))
         return self
 
     def wait_healthy(self, timeout: float = 180.0) -> float:
@@ -253,41 +232,3 @@ class EngineProcess:
                 raise EngineError(f"engine on port {self.spec.port} not healthy after {timeout:.0f} s "
                                   f"(log: {self.log_path})")
             self.sleep(0.5)
-
-    def log_tail(self, lines: int = 1) -> str:
-        try:
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            return ""
-        return " | ".join(line.strip() for line in tail)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the engine's process group, SIGKILL after `timeout`; safe to call twice."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=5)
-
-    def restart(self, spec: EngineSpec | None = None, timeout: float = 180.0) -> float:
-        """Stop, optionally change the spec (e.g. the KV cache size), start, wait; seconds to healthy."""
-        self.stop()
-        if spec is not None:
-            self.spec = spec
-        return self.start().wait_healthy(timeout)
-
-    def __enter__(self) -> Self:
-        return self if self.proc is not None else self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -16,18 +16,17 @@ with a load-balance override).
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Self
 
-from emulator.engines.engine import EngineError, Launcher, _http_status
+from emulator.engines.child import ChildProcess, Launcher, http_status
+from emulator.engines.engine import EngineError
 
 POLICY = {"roundrobin": "round_robin", "prefixaware": "cache_aware", "cache_aware": "cache_aware",
           "kvaware": "kv_aware", "random": "random", "power_of_two": "power_of_two",
@@ -68,20 +67,20 @@ def router_command(spec: RouterSpec, binary: str) -> list[str]:
             "--worker-startup-check-interval", "1", "--log-level", "warning", *spec.extra_args]
 
 
-class RouterProcess:
+class RouterProcess(ChildProcess):
     """One router process: start, wait for `/health` and `/metrics`, stop (its process group)."""
+
+    stop_timeout_s = 10.0
+    healthy_timeout_s = 60.0
 
     def __init__(self, spec: RouterSpec, scratch: Path, *, binary: str | None = None,
                  launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = _http_status,
+                 sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = http_status,
                  log: IO[bytes] | None = None) -> None:
-        self.spec, self.scratch = spec, Path(scratch)
+        super().__init__(scratch, f"router-{spec.port}.log", launcher=launcher, clock=clock, sleep=sleep,
+                         probe=probe, log=log)
+        self.spec = spec
         self.binary = binary or router_binary()
-        self.launcher, self.clock, self.sleep, self.probe = launcher, clock, sleep, probe
-        self.proc: Any = None
-        self.log_path = self.scratch / f"router-{spec.port}.log"
-        self._log = log
-        self.starts = 0
 
     @property
     def base_url(self) -> str:
@@ -97,10 +96,7 @@ class RouterProcess:
         if self.proc is not None and self.proc.poll() is None:
             raise EngineError(f"router on port {self.spec.port} is already running (pid {self.proc.pid})")
         self.scratch.mkdir(parents=True, exist_ok=True)
-        log = self._log if self._log is not None else open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = self.launcher(router_command(self.spec, self.binary), stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        self.starts += 1
+        self._launch(router_command(self.spec, self.binary))
         return self
 
     def wait_healthy(self, timeout: float = 60.0) -> float:
@@ -117,29 +113,6 @@ class RouterProcess:
                 raise EngineError(f"router on port {self.spec.port} not healthy after {timeout:.0f} s "
                                   f"(log: {self.log_path})")
             self.sleep(0.2)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=5)
-
-    def restart(self, spec: RouterSpec | None = None, timeout: float = 60.0) -> float:
-        self.stop()
-        if spec is not None:
-            self.spec = spec
-        return self.start().wait_healthy(timeout)
 
     def replace(self, spec: RouterSpec, *, grace_s: float = 3.0, timeout: float = 60.0) -> float:
         """Surge rollout: start `spec` (new ports) beside the running router, wait until it is
@@ -159,12 +132,6 @@ class RouterProcess:
         self.sleep(grace_s)
         old.stop()
         return seconds
-
-    def __enter__(self) -> Self:
-        return self if self.proc is not None else self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def workers_of(urls: Sequence[str]) -> tuple[str, ...]:

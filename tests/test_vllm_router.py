@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
-from typing import Self
 
 import pytest
 
@@ -21,12 +16,11 @@ from agent.k8s.mapping import load_mappings
 from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import AUTO_ROLE, Target
-from tests.support.prometheus import free_port
+from tests.support.real_engine import ROUTER_BINARY, Router
 from tests.support.vllm_api import VllmApiPod
 
-BINARY = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
 pytestmark = pytest.mark.skipif(
-    BINARY is None, reason="vllm-router is not installed (pip install vllm-router==0.1.17, a dev dependency)")
+    ROUTER_BINARY is None, reason="vllm-router is not installed (pip install vllm-router==0.1.17, a dev dependency)")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -46,48 +40,6 @@ def _complete(base: str, prompt: str) -> dict:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
-
-
-class Router:
-    """The real binary as a child process; stopped (by its own PID) on exit."""
-
-    def __init__(self, workers: list[str], policy: str, *extra: str) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        self.args = [BINARY, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *workers,
-                     "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                     str(self.metrics_port), "--worker-startup-check-interval", "1", "--log-level", "warning",
-                     *extra]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
-
-    def __enter__(self) -> Self:
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
-                raise AssertionError(f"vllm-router exited {self.proc.returncode}: {out[-2000:]}")
-            if _get(f"{self.url}/health")[0] == 200 and _get(self.metrics_url)[0] == 200:
-                return self
-            time.sleep(0.2)
-        raise AssertionError("vllm-router did not become ready in 60 s")
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def test_the_real_router_routes_round_robin_and_its_metrics_are_mapped():
@@ -115,7 +67,7 @@ def test_kv_aware_starts_with_its_own_knobs():
 
 
 def test_the_actuator_spells_policies_and_flags_as_the_binary_accepts():
-    out = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run([ROUTER_BINARY, "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
     choices = set(re.search(r"--policy \{([a-z_,]+)\}", out).group(1).split(","))
     kind = load_mappings()["vllm-router-args"]
     policy = kind.setting("router")

@@ -34,7 +34,7 @@ from exporters.fleet import FleetExport, is_fleet_family
 from tests.conftest import REPO_ROOT
 from tests.support.kube import NS, FakeTime, serve
 from tests.support.prometheus import start_prometheus
-from tests.test_helm_chart import CHART, helm_path
+from tests.test_helm_chart import CHART, OPERATOR_CRDS, helm_path
 
 AGENT_NS = "monitoring"  # the agent runs in another namespace than the vLLM pods (NS)
 FLEET = '{__name__=~"tierpilot_(kv|ttft|requests|prompt|l2|target|scrape_samples).*", job="%s"}'
@@ -77,7 +77,8 @@ def operator_scrape_config(monitor: dict, job: str, targets: list[tuple[str, str
 
 
 def _rendered_monitor() -> dict:
-    proc = subprocess.run([helm_path(), "template", "tierpilot", str(CHART), "-n", AGENT_NS,
+    # rendered for a cluster that serves the Prometheus Operator's CRDs (the chart's default is `auto`)
+    proc = subprocess.run([helm_path(), "template", "tierpilot", str(CHART), "-n", AGENT_NS, *OPERATOR_CRDS,
                            "--show-only", "templates/servicemonitor.yaml"],
                           capture_output=True, text=True, timeout=60, check=True)
     return yaml.safe_load(proc.stdout)

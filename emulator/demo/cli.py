@@ -16,7 +16,7 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
                    "(needs `make engine`; see docs/demo.md).")
 @click.option("--duration", type=float, default=None,
               help="Wall-clock seconds to run; the two-phase workload is paced to fill it (>= 20) [default: 180]. "
-                   "With --engine vllm: seconds of the request stream sent to both fleets [default: 100].")
+                   "With --engine vllm: seconds of the request stream sent to both fleets [default: 150].")
 @click.option("--pods", type=int, default=4, show_default=True, help="Emulated vLLM pods (1-16).")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A Mooncake JSONL trace to use as the shifted second phase [default: built-in "
@@ -91,8 +91,9 @@ def _engine_demo(duration: float | None, seed: int, report_dir: Path, dry_run: b
     from emulator.demo.engine_run import EngineDemoSettings, run_engine_demo
 
     try:
-        settings = EngineDemoSettings(stream_s=100.0 if duration is None else duration, seed=seed,
-                                      report_dir=report_dir, dry_run=dry_run, agent_port=agent_port)
+        stream = {} if duration is None else {"stream_s": duration}
+        settings = EngineDemoSettings(seed=seed, report_dir=report_dir, dry_run=dry_run, agent_port=agent_port,
+                                      **stream)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from contracts.knobs import Knobs
 from emulator.demo.engine_pace import Sample, mean_service_s, paced_rate, scaled_profile, speed_factor
-from emulator.demo.engine_run import EngineDemoSettings, engine_workload, pace_stream
+from emulator.demo.engine_run import EngineDemoSettings, engine_workload, pace_stream, warm_up_prompts
 from simulator.profile import get_profile
 
 CPU = get_profile("cpu-tiny-llama")
@@ -62,3 +62,10 @@ def test_pace_stream_uses_a_given_rate_or_paces_and_always_scales_the_twin():
     assert paced.profile.latency.prefill_s_per_token == pytest.approx(2.0 * CPU.latency.prefill_s_per_token)
     with pytest.raises(ValueError, match="utilisation"):
         EngineDemoSettings(utilisation=0.95)
+
+
+def test_warm_up_prompts_span_300_to_1400_tokens_and_share_nothing():
+    prompts = warm_up_prompts(24)
+    assert sorted({len(p) for p in prompts}) == list(range(300, 1500, 100))
+    firsts = {tuple(p[:8]) for p in prompts}
+    assert len(firsts) == len(prompts)  # no two start with the same block: nothing cached across them

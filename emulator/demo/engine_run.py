@@ -217,13 +217,18 @@ def _engine_counters(fleet: EngineFleet) -> dict[str, tuple[float, float]]:
     return out
 
 
+def warm_up_prompts(requests: int, builder: PromptBuilder | None = None) -> list[list[int]]:
+    """`requests` prompts of 300-1,400 tokens that share nothing (3 block ids of their own each)."""
+    b = builder or PromptBuilder(salt=10_000)
+    return [b.prompt([3 * k, 3 * k + 1, 3 * k + 2], 300 + 100 * (k % 12)) for k in range(requests)]
+
+
 def warm_up(fleet: EngineFleet, requests: int = 12) -> tuple[float, list[Sample]]:
     """A few requests of unrelated content through the router, one at a time (the first requests of
     a fresh engine are slow); seconds taken, and the later half as speed samples for pacing."""
-    b = PromptBuilder(salt=10_000)
     sender = StreamSender(fleet.url, model="tiny-llama", retry_for_s=10.0)
     t0 = time.monotonic()
-    done = sender.send_closed_loop([b.prompt([i, i + 1], 300 + 100 * (i % 12)) for i in range(0, 2 * requests, 2)])
+    done = sender.send_closed_loop(warm_up_prompts(requests))
     samples = [Sample(c.latency_s, c.prompt_tokens, c.cached_tokens or 0) for c in done[requests // 2:] if c.ok]
     return time.monotonic() - t0, samples
 
@@ -328,4 +333,4 @@ def pace_stream(settings: EngineDemoSettings, samples: list[Sample], *, fleets: 
                                f"{settings.utilisation:.0%} busy")
 
 
-__all__ = ["EngineDemoSettings", "EnginePass", "Pace", "engine_workload", "pace_stream", "run_engine_demo", "warm_up"]
+__all__ = ["EngineDemoSettings", "EnginePass", "Pace", "engine_workload", "pace_stream", "run_engine_demo", "warm_up", "warm_up_prompts"]

@@ -14,14 +14,15 @@ The two passes run side by side on a fleet each (engine i of both fleets pinned 
 they share whatever else the machine is doing at that moment: on a shared machine, two passes one
 after the other see different loads, and that difference swamps the one being measured. Each pass
 has its own token content (another salt); the structure of the stream (lengths, sharing, arrival
-times) is identical. Both fleets are warmed up with a few requests before the streams start. The
+times) is identical, and one dispatcher sends request i of both passes at the same moment in an
+order drawn per request (emulator/engines/paired.py), so neither pass is systematically first on
+a shared core. Both fleets are warmed up with a few requests before the streams start. The
 verdict is the emulated demo's scorecard, from the TTFT every request saw at the client.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +42,10 @@ from emulator.demo.engine_tuning import (
     knobs_text,
 )
 from emulator.demo.workload import DemoWorkload
-from emulator.engines.client import Completion, StreamSender
+from emulator.engines.client import StreamSender
 from emulator.engines.engine import DEFAULT_KV_TOKENS, engine_dtype, kv_bytes_per_token
 from emulator.engines.fleet import EngineFleet
+from emulator.engines.paired import PairedSend
 from emulator.engines.process_actuator import ProcessActuator, Restart
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
@@ -105,8 +107,9 @@ class EnginePass:
     def __init__(self, name: str, fleet: EngineFleet, actuator: ProcessActuator, workload: DemoWorkload,
                  settings: EngineDemoSettings, *, salt: int, tuning: bool, progress: Callable[[str], None],
                  timing: EngineTiming = DEFAULT_TIMING, wall: Callable[[], float] = time.monotonic,
-                 profile: HardwareProfile | str = "cpu-tiny-llama") -> None:
+                 profile: HardwareProfile | str = "cpu-tiny-llama", paired: PairedSend | None = None) -> None:
         self.name, self.fleet, self.actuator, self.workload, self.s = name, fleet, actuator, workload, settings
+        self.paired = paired or PairedSend([name], seed=settings.seed)  # shared: the passes' streams go out together
         self.profile = profile  # the twin the planner prices on: the CPU profile at the speed measured here
         self.salt, self.tuning, self.progress, self.timing, self.wall = salt, tuning, progress, timing, wall
         self.t0 = wall()
@@ -124,7 +127,6 @@ class EnginePass:
         offsets = [t / 1000 for t in frame["timestamp_ms"].to_list()]
         agent = self._agent()
         sender = self.sender = StreamSender(lambda: self.fleet.url, model="tiny-llama", retry_for_s=30.0)
-        done: list[Completion] = []
         agent.start()
         self.record.agent_url = agent.url
         tuning = None
@@ -135,10 +137,8 @@ class EnginePass:
                                          twin_cluster=twin, history=self.history, metrics=TunerMetrics(target="engine-demo"),
                                          seed=self.s.seed, timing=self.timing, dry_run=self.s.dry_run)
         time.sleep(0.5)  # ZMQ slow joiner: let the KV-event subscribers connect
+        thread = self.paired.join(self.name, sender, ids, offsets)  # waits for the other pass
         self.t0 = self.wall()
-        thread = threading.Thread(target=lambda: done.extend(sender.send_open_loop(ids, offsets, workers=24)),
-                                  name=f"stream-{self.name}", daemon=True)
-        thread.start()
         last_note = -10.0
         try:
             while thread.is_alive():
@@ -161,7 +161,7 @@ class EnginePass:
             raise
         finally:
             thread.join(timeout=60)
-            self.record.completions = sorted(done, key=lambda c: c.index)
+            self.record.completions = sorted(self.paired.done[self.name], key=lambda c: c.index)
             self.record.final_knobs = self.actuator.current()
             self.record.kv = agent.kv.snapshot() if agent.kv is not None else None
             self.record.agent_hit_ratio = _agent_hit_ratio(agent)
@@ -269,6 +269,7 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
             pace = pace_stream(settings, [s for w in warmed for s in w[1]], fleets=len(fleets))
             workload = engine_workload(settings.stream_s, settings.seed, pace.rate_rps)
             progress(pace.text + f"; {workload.frame.height} requests")
+            paired = PairedSend(list(fleets), seed=settings.seed)
             for name, fleet in fleets.items():
                 actuator = ProcessActuator(fleet.router, fleet.engines, initial=ENGINE_KNOBS, engine_names=fleet.names,
                                            on_restart=restarts.append, router_port=free_port)
@@ -276,7 +277,7 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
                 passes.append(EnginePass(name, fleet, actuator, workload,
                                          dataclasses.replace(settings, agent_port=agent_port),
                                          salt=1 if name == "tuned" else 2, tuning=name == "tuned",
-                                         progress=progress, wall=wall, profile=pace.profile))
+                                         progress=progress, wall=wall, profile=pace.profile, paired=paired))
             with ThreadPoolExecutor(2) as pool:
                 futures = [pool.submit(p.run) for p in passes]
                 try:

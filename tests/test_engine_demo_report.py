@@ -31,6 +31,13 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
     assert whole.endswith("| 0 | 1 | 0 | 0 / 0 |")  # one apply (the trial), counted once
     assert f"requests in both passes: {wl.frame.height - 1}" in text and "tuned 1, held 0" in text
     assert "router at 1.0 s (monotonic): policy -> cache_aware, healthy after 1.2 s" in text
+    assert "Every move the planner priced" not in text  # no plan, no section
+    tuned.plans.append({"at": 40.0, "horizon": {"horizon_s": 60.0, "basis": "configured"}, "priced": [
+        {"knobs": {"router": ("roundrobin", "prefixaware")}, "restart": False, "gain_p95": 0.05, "gain_mean": 0.08,
+         "gain_per_hour_s": 120.0, "transition_cost_s": 1.5, "payback_s": 45.0, "verdict": "apply", "reason": ""}]})
+    text = write_engine_report(tmp_path, wl, [tuned, held], [], {"engines": "2 x 2"}).read_text()
+    assert "- plan at 40 s: horizon 60 s (configured)" in text
+    assert "router prefixaware (hot reload): p95 +5.0%, mean +8.0% over the horizon" in text and "**apply**" in text
     line = tuned.summary_lines(held)[0]
     assert "held/tuned = 1.25x" in line and "not worse than held" in line
     assert tuned.hit_ratio() == pytest.approx(0.25)

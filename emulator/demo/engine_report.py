@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from contracts.knobs import Knobs
+from emulator.demo.scorecard import plan_lines
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import Completion
 from emulator.engines.process_actuator import Restart
@@ -34,6 +35,7 @@ class RunRecord:
     engine_counters: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     agent_url: str = ""
     interrupted: bool = False
+    plans: list[dict] = dataclasses.field(default_factory=list)  # every plan the tuner's planner priced
 
     def ok(self) -> list[Completion]:
         return [c for c in self.completions if c.ok]
@@ -138,6 +140,9 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
         lines += [f"Whole run, requests in both passes: {whole.tuned.requests}."]
     lines += ["", "## What the tuner did (tuned pass, seconds from its start)", ""]
     lines += [f"- {t:.1f} s: {m}" for t, m in (tuned.events if tuned else [])] or ["- nothing"]
+    if tuned and tuned.plans:
+        lines += ["", "Every move the planner priced (seconds from the pass's start; gains are the twin's):", "",
+                  *plan_lines(tuned.plans)]
     lines += ["", "## Process restarts", ""]
     lines += [f"- {r.target} at {r.at:.1f} s (monotonic): {r.reason}, healthy after {r.seconds:.1f} s"
               for r in restarts] or ["- none"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -148,6 +149,7 @@ class EnginePass:
                     rep = tuning.controller.step(now)
                     if self.wall() - t_step > 1.0:
                         self._note(f"controller step took {self.wall() - t_step:.1f} s ({rep.state})")
+                    self._note_plans(tuning.planner.history)
                     if rep.state not in ("measuring", "baseline", "holding", "idle", "settling"):
                         self._note(f"tuner: {rep.state}" + (f" (trial {rep.trial})" if rep.trial is not None else "")
                                    + (f": {rep.message}" if rep.message else "") + f"; running {knobs_text(self.actuator.current())}")
@@ -168,6 +170,20 @@ class EnginePass:
             self.record.engine_counters = _engine_counters(self.fleet)
             agent.stop()
         return self.record
+
+    def _note_plans(self, plans: list[dict]) -> None:
+        """Each new plan: one line with its best move and verdict; the whole plan goes to the report."""
+        for plan in plans[len(self.record.plans):]:
+            self.record.plans.append(plan)
+            priced = plan.get("priced") or []
+            best = max(priced, key=lambda d: d.get("gain_per_hour_s") or -math.inf, default=None)
+            if best is None:
+                self._note("planner: nothing to price")
+                continue
+            moves = ", ".join(f"{k} {b}" for k, (_a, b) in best["knobs"].items())
+            mean = "n/a" if best["gain_mean"] is None else f"{best['gain_mean'] * 100:+.1f}%"
+            self._note(f"planner: best move {moves} (mean {mean} on the twin over the horizon): {best['verdict']}"
+                       + (f" ({best['reason']})" if best.get("reason") else ""))
 
     def _note(self, msg: str) -> None:
         self.record.events.append((self.now(), msg))

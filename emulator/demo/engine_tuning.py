@@ -32,7 +32,7 @@ from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec
 from tuners.paying import build_paying
-from tuners.planner import PlanSettings
+from tuners.planner import PlanSettings, TransitionPlanner
 from tuners.space import DeploymentLimits, SearchSpace, TargetAcceptance
 from tuners.warmstart import TwinWarmStart
 
@@ -66,6 +66,7 @@ class EngineTuning:
     controller: TuningController
     guardrails: Guardrails
     space: SearchSpace
+    planner: TransitionPlanner  # .history: every plan it priced
 
 
 def engine_space(pods: int) -> SearchSpace:
@@ -103,7 +104,7 @@ def build_engine_tuning(*, actuator: Actuator, window_source: WindowSource, cloc
                                     min_improvement=0.02, plan_after_baseline=True, live_search=False,
                                     drift_quiet_s=timing.settle_s),
         warm_start=paying.planner, drift=None, counterfactual=paying.counterfactual)
-    return EngineTuning(controller, guardrails, space)
+    return EngineTuning(controller, guardrails, space, paying.planner)
 
 
 def knobs_text(knobs: Knobs) -> str:

@@ -201,3 +201,39 @@ def test_sender_paces_an_open_loop_and_reads_the_cached_tokens() -> None:
     assert out[0].latency_s == pytest.approx(0.01)
     assert parse_usage(503, b"overloaded")[2] == "HTTP 503: overloaded"
     assert dataclasses.asdict(out[0])["index"] == 0
+
+
+def test_a_surge_rollout_keeps_clients_on_the_old_router_until_the_new_one_answers() -> None:
+    clock = FakeClock()
+    old_spec = RouterSpec(port=8000, metrics_port=8001, workers=("http://127.0.0.1:1",), policy="round_robin")
+    new_spec = dataclasses.replace(old_spec, port=9000, metrics_port=9001, policy="cache_aware")
+    seen: list[tuple[str, str]] = []  # (url probed, where clients were sent at that moment)
+
+    state = {"new_healthy": False}
+    launched: list[object] = []
+
+    class Popen:
+        pid = 4242
+
+        def __init__(self, argv, **kw) -> None:
+            launched.append(self)
+
+        def poll(self):  # the old router has exited by the time it is stopped: no signal is sent
+            return 0 if self is launched[0] and state["new_healthy"] else None
+
+    proc = RouterProcess(old_spec, Path("/tmp"), binary="/bin/vllm-router", launcher=Popen, clock=clock,
+                         sleep=clock.sleep, probe=lambda url, t: 200, log=open("/dev/null", "ab"))  # noqa: SIM115
+    proc.start()
+    probes = iter([0, 0, 0, 200, 200])
+
+    def probe(url: str, t: float) -> int:
+        seen.append((url, proc.base_url))
+        code = next(probes)
+        state["new_healthy"] = code == 200
+        return code
+
+    proc.probe = probe
+    proc.replace(new_spec, grace_s=0.0)
+    assert all(url.startswith("http://127.0.0.1:9000") or url.startswith("http://127.0.0.1:9001") for url, _ in seen)
+    assert {client for _, client in seen} == {"http://127.0.0.1:8000"}  # clients stayed on the old router
+    assert proc.base_url == "http://127.0.0.1:9000" and proc.metrics_url == "http://127.0.0.1:9001/metrics"

@@ -81,14 +81,16 @@ class RouterProcess(ChildProcess):
                          probe=probe, log=log)
         self.spec = spec
         self.binary = binary or router_binary()
+        self._serving: RouterSpec | None = None  # during a surge rollout: the old router, which still serves
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.spec.port}"
+        """Where clients send: the router that serves (during a surge rollout, the old one until the new one is healthy)."""
+        return f"http://127.0.0.1:{(self._serving or self.spec).port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.spec.metrics_port}/metrics"
+        return f"http://127.0.0.1:{(self._serving or self.spec).metrics_port}/metrics"
 
     def start(self) -> Self:
         if self.binary is None:
@@ -107,7 +109,8 @@ class RouterProcess(ChildProcess):
             code = self.proc.poll()
             if code is not None:
                 raise EngineError(f"router on port {self.spec.port} exited with {code} (log: {self.log_path})")
-            if self.probe(f"{self.base_url}/health", 2.0) == 200 and self.probe(self.metrics_url, 2.0) == 200:
+            if (self.probe(f"http://127.0.0.1:{self.spec.port}/health", 2.0) == 200
+                    and self.probe(f"http://127.0.0.1:{self.spec.metrics_port}/metrics", 2.0) == 200):
                 return self.clock() - t0
             if self.clock() - t0 > timeout:
                 raise EngineError(f"router on port {self.spec.port} not healthy after {timeout:.0f} s "
@@ -121,6 +124,7 @@ class RouterProcess(ChildProcess):
         old = RouterProcess(self.spec, self.scratch, binary=self.binary, launcher=self.launcher, clock=self.clock,
                             sleep=self.sleep, probe=self.probe, log=self._log)
         old.proc, old.log_path = self.proc, self.log_path
+        self._serving = old.spec  # clients stay on the old router until the new one answers
         self.proc, self.spec = None, spec
         self.log_path = self.scratch / f"router-{spec.port}.log"
         try:
@@ -129,6 +133,8 @@ class RouterProcess(ChildProcess):
             self.stop()
             self.proc, self.spec, self.log_path = old.proc, old.spec, old.log_path
             raise
+        finally:
+            self._serving = None
         self.sleep(grace_s)
         old.stop()
         return seconds

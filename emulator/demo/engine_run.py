@@ -53,6 +53,7 @@ from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.profile import HardwareProfile, get_profile
 from simulator.synthetic import Phase, generate
 from tuners.metrics import TunerMetrics
+from tuners.plan_runner import background_executor
 
 log = logging.getLogger("tierpilot.demo.engine")
 
@@ -131,12 +132,14 @@ class EnginePass:
         agent.start()
         self.record.agent_url = agent.url
         tuning = None
+        plan_executor = background_executor()  # plans are priced beside the control loop
         if self.tuning:
             twin = TwinClusterSpec(pods=len(self.fleet.engines), gpu_tokens=self._capacity(), cpu_tokens=0,
                                    l2_tokens=0, profile=self.profile, pod_names=tuple(self.fleet.names))
             tuning = build_engine_tuning(actuator=self.actuator, window_source=agent.window_source, clock=self.now,
                                          twin_cluster=twin, history=self.history, metrics=TunerMetrics(target="engine-demo"),
-                                         seed=self.s.seed, timing=self.timing, dry_run=self.s.dry_run)
+                                         seed=self.s.seed, timing=self.timing, dry_run=self.s.dry_run,
+                                         plan_executor=plan_executor)
         time.sleep(0.5)  # ZMQ slow joiner: let the KV-event subscribers connect
         thread = self.paired.join(self.name, sender, ids, offsets)  # waits for the other pass
         self.t0 = self.wall()
@@ -168,6 +171,7 @@ class EnginePass:
             self.record.kv = agent.kv.snapshot() if agent.kv is not None else None
             self.record.agent_hit_ratio = _agent_hit_ratio(agent)
             self.record.engine_counters = _engine_counters(self.fleet)
+            plan_executor.shutdown(wait=False, cancel_futures=True)
             agent.stop()
         return self.record
 

@@ -8,7 +8,10 @@ Differences from `emulator.demo.tuning_setup`, all forced by the deployment:
   L2, so every other knob keeps the deployment's value (no CPU tier: cpu_gib 0);
 - windows are seconds, not minutes (the whole demo must fit in a few minutes): the baseline
   window, then the planner's decision on the twin of the requests sent so far, then one live trial
-  judged against the baseline by the guardrails' regression test;
+  judged against the baseline by the guardrails' regression test; the planner looks again as the
+  regime ages (every time its age has grown 1.5-fold: a fresh baseline window, then a plan), so a
+  move that starts to pay after the workload shifts is found without a drift detector. Plans are
+  priced on a thread of their own, beside the control loop;
 - no drift detector (the run is too short for its warm-up; the scorecard still splits by phase);
 - the twin is the CPU profile calibrated on this engine (`cpu-tiny-llama`, bench/real_engine.py),
   one pod per engine with the engine's own KV capacity.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import optuna
 import polars as pl
@@ -28,6 +32,7 @@ from simulator.cluster import ClusterSpec as TwinClusterSpec
 from tuners.controller import ControllerSettings, TuningController
 from tuners.evaluators import TwinEvaluator
 from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec
@@ -56,6 +61,8 @@ class EngineTiming:
     warm_s: float = 20.0
     downtime_s: float = 1.0
     horizon_s: float = 60.0
+    horizon_cap_s: float = 300.0
+    replan_growth: float = 1.5
 
 
 DEFAULT_TIMING = EngineTiming()
@@ -78,8 +85,11 @@ def engine_space(pods: int) -> SearchSpace:
 
 def build_engine_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Callable[[], float],
                         twin_cluster: TwinClusterSpec, history: History, metrics: TunerMetrics, seed: int,
-                        timing: EngineTiming = DEFAULT_TIMING, dry_run: bool = False) -> EngineTuning:
+                        timing: EngineTiming = DEFAULT_TIMING, dry_run: bool = False,
+                        plan_executor: Executor | None = None) -> EngineTuning:
     space = engine_space(twin_cluster.pods)
+    horizon = RegimeHorizon(HorizonSettings(floor_s=timing.horizon_s, cap_s=timing.horizon_cap_s,
+                                            replan_growth=timing.replan_growth))
     objective = ObjectiveSpec(memory_ms_per_gib=0.0)
     guardrails = Guardrails(actuator, space, metrics,
                             GuardrailSettings(cooldown_s=timing.settle_s, max_changes_per_hour=60, dry_run=dry_run),
@@ -89,7 +99,8 @@ def build_engine_tuning(*, actuator: Actuator, window_source: WindowSource, cloc
     paying = build_paying(history=history, twin_cluster=lambda: twin_cluster, current=actuator.current, clock=clock,
                           restarts=lambda a, b: False, routers=ENGINE_ROUTERS, search=None,
                           recent_s=timing.recent_s, warm_s=timing.warm_s, downtime_s=timing.downtime_s,
-                          settings=PlanSettings(horizon_s=timing.horizon_s))
+                          settings=PlanSettings(horizon_s=timing.horizon_s),
+                          horizon=lambda: horizon.estimate(clock()))
 
     def twin_evaluator() -> TwinEvaluator:
         now = clock()
@@ -103,7 +114,8 @@ def build_engine_tuning(*, actuator: Actuator, window_source: WindowSource, cloc
         settings=ControllerSettings(study="engine-demo", seed=seed, trials_per_phase=2, warm_start_k=2,
                                     min_improvement=0.02, plan_after_baseline=True, live_search=False,
                                     drift_quiet_s=timing.settle_s),
-        warm_start=paying.planner, drift=None, counterfactual=paying.counterfactual)
+        warm_start=paying.planner, drift=None, counterfactual=paying.counterfactual, horizon=horizon,
+        plan_executor=plan_executor)
     return EngineTuning(controller, guardrails, space, paying.planner)
 
 

@@ -234,6 +234,6 @@ def test_a_surge_rollout_keeps_clients_on_the_old_router_until_the_new_one_answe
 
     proc.probe = probe
     proc.replace(new_spec, grace_s=0.0)
-    assert all(url.startswith("http://127.0.0.1:9000") or url.startswith("http://127.0.0.1:9001") for url, _ in seen)
+    assert all(url.startswith(("http://127.0.0.1:9000", "http://127.0.0.1:9001")) for url, _ in seen)
     assert {client for _, client in seen} == {"http://127.0.0.1:8000"}  # clients stayed on the old router
     assert proc.base_url == "http://127.0.0.1:9000" and proc.metrics_url == "http://127.0.0.1:9001/metrics"

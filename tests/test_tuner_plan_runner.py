@@ -12,7 +12,7 @@ import pytest
 
 from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
-from tests.test_tuner_controller import GOOD, SETTLE, SPACE, TICK, WINDOW, median, run_until
+from tests.test_tuner_controller import BAD, GOOD, SETTLE, SPACE, TICK, WINDOW, median, run_until
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftDetector, DriftSettings
 from tuners.guardrails import Guardrails, GuardrailSettings
@@ -130,3 +130,54 @@ def test_inline_runner_hands_the_outcome_over_once():
     runner.start(lambda: 1 / 0, now=43.0)
     err = runner.take()
     assert err is not None and isinstance(err.error, ZeroDivisionError)
+
+
+class BatchPlan:
+    """A plan that hands out the given batches in order, at once."""
+
+    def __init__(self, *batches: list[Knobs]) -> None:
+        self.batches = list(batches)
+
+    def candidates(self, k: int) -> list[Knobs]:
+        return self.batches.pop(0)[:k] if self.batches else []
+
+
+def test_a_replan_tries_its_move_even_to_a_configuration_the_phase_measured_before():
+    warm = BatchPlan([GOOD], [Knobs()])  # first look: GOOD; the next look prices the defaults (trial 0's) again
+    clock, actuator, ctl = _replanning(warm)
+    first = run_until(ctl, clock, "trial_started")[-1]
+    assert actuator.current() == GOOD and first.trial is not None
+    run_until(ctl, clock, "replan")
+    second = run_until(ctl, clock, "trial_started")[-1]
+    assert actuator.current() == Knobs()  # the planned move, not a draw of the sampler
+    assert ctl.tuner is not None
+    started = next(t for t in ctl.tuner.trials() if t.number == second.trial)
+    assert started.knobs == Knobs() and started.attrs.get("source") == "twin"
+
+
+def test_a_replan_does_not_try_again_a_move_rolled_back_in_the_phase():
+    clock, actuator, ctl = _replanning(BatchPlan([BAD], [BAD]))
+    run_until(ctl, clock, "rolled_back")
+    assert actuator.current() == Knobs()
+    run_until(ctl, clock, "replan")
+    reports = run_until(ctl, clock, "holding", limit=5000)
+    assert "trial_started" not in {r.state for r in reports} and actuator.current() == Knobs()
+
+
+def _replanning(warm: BatchPlan):
+    from tuners.horizon import HorizonSettings, RegimeHorizon
+
+    clock = FakeClock()
+    actuator = FakeActuator(clock)
+    fleet = FakeFleet(actuator, median, rate=1.0)
+    metrics = TunerMetrics(target="demo")
+    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=120, max_changes_per_hour=6),
+                       clock=clock)
+    ctl = TuningController(
+        space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(), guardrails=guard,
+        evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
+        metrics=metrics, settings=ControllerSettings(study="again", seed=1, trials_per_phase=4,
+                                                     plan_after_baseline=True, live_search=False),
+        warm_start=warm, drift=None, plan_executor=InlineExecutor(),
+        horizon=RegimeHorizon(HorizonSettings(floor_s=300.0, cap_s=36000.0, replan_growth=1.25)))
+    return clock, actuator, ctl

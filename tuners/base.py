@@ -60,8 +60,9 @@ class Tuner(Protocol):
         """Record that a candidate could not be evaluated (or was rejected), with the reason."""
         ...
 
-    def enqueue(self, knobs: Knobs, *, source: str) -> None:
-        """Evaluate `knobs` before anything the sampler proposes."""
+    def enqueue(self, knobs: Knobs, *, source: str, again: bool = False) -> None:
+        """Evaluate `knobs` before anything the sampler proposes. A configuration the study has
+        already seen is skipped, unless `again` (a plan that prices it anew asks for it again)."""
         ...
 
     def trials(self) -> list[TrialRecord]:

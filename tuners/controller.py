@@ -398,9 +398,17 @@ class TuningController:
         if outcome.seconds > 1.0:
             log_event("plan_priced", phase=self.phase, started_at=outcome.started, wall_s=round(outcome.seconds, 2),
                       candidates=len(outcome.candidates))
+        # every planned move is tried as planned, even a configuration this phase has measured
+        # before (the baseline of an earlier look): a skipped one would leave its live trial to the
+        # sampler, a move nobody priced. Only a move the guardrails rolled back in this phase is
+        # not tried again: live evidence outranks the twin.
+        rolled_back = [t.knobs for t in self.tuner.trials() if t.state == "rolled_back"]
         for knobs in outcome.candidates:
+            if knobs in rolled_back:
+                log_event("warm_start_skipped", knobs=knobs, error="rolled back earlier in this phase")
+                continue
             try:
-                self.tuner.enqueue(knobs, source="twin")
+                self.tuner.enqueue(knobs, source="twin", again=True)
                 self._planned += 1
             except CandidateError as exc:
                 log_event("warm_start_skipped", error=str(exc))

@@ -212,13 +212,13 @@ class OptunaTuner:
         self._open.pop(candidate.number, None)
         return self._record(frozen)
 
-    def enqueue(self, knobs: Knobs, *, source: str) -> None:
+    def enqueue(self, knobs: Knobs, *, source: str, again: bool = False) -> None:
         params = self.space.to_params(knobs)
         for dim in self.space.dimensions:
             if not dim.contains(params[dim.name]):
                 raise CandidateError(f"cannot enqueue {source} candidate: {dim.name}={params[dim.name]!r} "
                                      f"is not {dim.describe()}")
-        self.study.enqueue_trial(params, user_attrs={"source": source}, skip_if_exists=True)
+        self.study.enqueue_trial(params, user_attrs={"source": source}, skip_if_exists=not again)
 
     def record(self, knobs: Knobs, evaluation: Evaluation, *, source: str) -> TrialRecord | None:
         """Add a configuration measured outside ask/tell (e.g. the baseline) as a finished trial.

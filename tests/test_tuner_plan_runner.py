@@ -56,7 +56,7 @@ def settle_plan(ctl: TuningController, clock: FakeClock, signals=None, wall_s: f
     return r
 
 
-def build(warm: GatedPlan, *, drift: DriftDetector | None = None):
+def build(warm, *, drift: DriftDetector | None = None, horizon=None, executor=None):
     clock = FakeClock()
     actuator = FakeActuator(clock)
     fleet = FakeFleet(actuator, median, rate=1.0)
@@ -68,7 +68,7 @@ def build(warm: GatedPlan, *, drift: DriftDetector | None = None):
         evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
         metrics=metrics, settings=ControllerSettings(study="bg", seed=1, trials_per_phase=4, plan_after_baseline=True,
                                                      live_search=False),
-        warm_start=warm, drift=drift, plan_executor=background_executor())
+        warm_start=warm, drift=drift, plan_executor=executor or background_executor(), horizon=horizon)
     return clock, actuator, ctl
 
 
@@ -167,17 +167,5 @@ def test_a_replan_does_not_try_again_a_move_rolled_back_in_the_phase():
 def _replanning(warm: BatchPlan):
     from tuners.horizon import HorizonSettings, RegimeHorizon
 
-    clock = FakeClock()
-    actuator = FakeActuator(clock)
-    fleet = FakeFleet(actuator, median, rate=1.0)
-    metrics = TunerMetrics(target="demo")
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=120, max_changes_per_hour=6),
-                       clock=clock)
-    ctl = TuningController(
-        space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(), guardrails=guard,
-        evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
-        metrics=metrics, settings=ControllerSettings(study="again", seed=1, trials_per_phase=4,
-                                                     plan_after_baseline=True, live_search=False),
-        warm_start=warm, drift=None, plan_executor=InlineExecutor(),
-        horizon=RegimeHorizon(HorizonSettings(floor_s=300.0, cap_s=36000.0, replan_growth=1.25)))
-    return clock, actuator, ctl
+    return build(warm, executor=InlineExecutor(),
+                 horizon=RegimeHorizon(HorizonSettings(floor_s=300.0, cap_s=36000.0, replan_growth=1.25)))

@@ -4,8 +4,12 @@ A pod's GPU `BlockStored` stream is its LMCache CPU buffer's reference stream (d
 "Capacity curves"), so the CPU tier's hit-ratio-versus-capacity curve comes from the events
 alone. `StoreStream` keeps the most recent stores per model, bounded in references (the oldest
 message's blocks go first); `StoreCurveCollector` exports the curve as
-`tierpilot_kv_cpu_capacity_hit_ratio{model, capacity_gib}`, rebuilt at most every `refresh_s`
-(one pass over the kept stream: about half a second per million blocks on one core).
+`tierpilot_kv_cpu_capacity_hit_ratio{model, capacity_gib}`.
+
+The curve is rebuilt by `StoreCurveCollector.rebuild`, which the agent runs as the scheduled job
+`kv_capacity_curve` every `refresh_s` in a worker thread (one pass over the kept stream: about
+half a second per million blocks on one core). A `/metrics` render only reads the last finished
+rebuild, so it never waits for one, however large the stream or the backlog behind it.
 """
 from __future__ import annotations
 
@@ -90,7 +94,8 @@ class StoreStream:
 
 
 class StoreCurveCollector:
-    """`tierpilot_kv_cpu_capacity_hit_ratio{model, capacity_gib}` from a `StoreStream`."""
+    """`tierpilot_kv_cpu_capacity_hit_ratio{model, capacity_gib}` from a `StoreStream`: `rebuild()`
+    computes (scheduled), `collect()` serves the last result (the render)."""
 
     collector_name = "kv_capacity"
 
@@ -101,21 +106,28 @@ class StoreCurveCollector:
         self.refresh_s = refresh_s
         self.clock = clock
         self.cap_gib = cap_gib
-        self._points: dict[str, list[tuple[float, float]]] = {}
-        self._at = -float("inf")
-        self._lock = threading.Lock()
+        self._points: dict[str, list[tuple[float, float]]] = {}  # replaced whole, never mutated
+        self.built_at: float | None = None  # clock() when the last rebuild finished
+        self.build_s = 0.0  # how long the last rebuild took, seconds
+        self._building = threading.Lock()  # one rebuild at a time; renders never take it
+
+    def rebuild(self) -> int:
+        """One pass over the kept stores; publishes the new points at once. Returns the models."""
+        with self._building:
+            start = self.clock()
+            out = {}
+            for model in self.stream.models():
+                curve = self.stream.curve(model, self.kv_bytes_per_token)
+                if curve is not None and curve.lookup_tokens:
+                    out[model] = curve.grid(curve.default_grid(GRID_POINTS, self.cap_gib))
+            self._points = out
+            self.built_at = self.clock()
+            self.build_s = self.built_at - start
+            return len(out)
 
     def points(self) -> dict[str, list[tuple[float, float]]]:
-        """Per model, (capacity GiB per pod, hit ratio); rebuilt when older than `refresh_s`."""
-        with self._lock:
-            if self.clock() - self._at >= self.refresh_s:
-                out = {}
-                for model in self.stream.models():
-                    curve = self.stream.curve(model, self.kv_bytes_per_token)
-                    if curve is not None and curve.lookup_tokens:
-                        out[model] = curve.grid(curve.default_grid(GRID_POINTS, self.cap_gib))
-                self._points, self._at = out, self.clock()
-            return dict(self._points)
+        """Per model, (capacity GiB per pod, hit ratio) of the last finished rebuild."""
+        return dict(self._points)
 
     def describe(self) -> list[Metric]:
         return []

@@ -152,8 +152,17 @@ def slope_per_hour(ts: Sequence[float], ys: Sequence[float]) -> float:
     return sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var * 3600.0
 
 
+# The KV index and the capacity curve are bounded, but at their default sizes (a million hashes
+# for the fleet, a million stored blocks per model) the soak's 4 pods take ~25 min to fill them:
+# their fill would pass for growth. `--kv-limits soak` sizes them to fill within the warm-up (as the
+# short store retention does for the window store); `--kv-limits default` keeps the defaults.
+SOAK_KV_LIMITS = {"resident_per_pod": 32_768, "history_per_pod": 32_768, "fleet_resident": 131_072,
+                  "fleet_history": 131_072, "shadow_l2": 131_072, "capacity_curve_blocks": 131_072,
+                  "seen_capacity": 1_000_000}
+
+
 def agent_config(cluster: dict, port: int, scrape_s: float, retention_s: float, window_s: float,
-                 kv: bool = True) -> dict:
+                 kv: bool = True, kv_limits: dict | None = None) -> dict:
     return {
         "log_level": "WARNING",
         "server": {"host": "127.0.0.1", "port": port},
@@ -161,7 +170,7 @@ def agent_config(cluster: dict, port: int, scrape_s: float, retention_s: float, 
         "store": {"retention_s": retention_s, "window_s": window_s},
         "targets": {"static": cluster["targets"]},
         "kv_events": {"enabled": kv, "discovery": False, "endpoints": cluster["kv"],
-                      "overlap_window_s": window_s},
+                      "overlap_window_s": window_s, **({"limits": kv_limits} if kv_limits else {})},
     }
 
 
@@ -209,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=None, help="write every sample to this CSV file")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="extra environment for the agent process (e.g. MALLOC_ARENA_MAX=2)")
+    ap.add_argument("--kv-limits", choices=("soak", "default"), default="soak",
+                    help="KV index and capacity-curve sizes: 'soak' (default) fills them within the warm-up, "
+                         "'default' keeps the agent's defaults (they fill in ~25 min at 30x)")
     ap.add_argument("--diagnose", type=Path, nargs="?", const=Path("soak-probe"), default=None, metavar="DIR",
                     help="run bench/soak_probe.py in the agent and the cluster, write to DIR (default: soak-probe) "
                          "and print what grows in each")
@@ -245,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = free_port()
         cfg = Path(tmp.name) / "agent.yaml"
         cfg.write_text(json.dumps(agent_config(world, port, args.scrape_s, args.retention_s,
-                                               min(args.retention_s, 60.0), not args.no_kv)))
+                                               min(args.retention_s, 60.0), not args.no_kv,
+                                               SOAK_KV_LIMITS if args.kv_limits == "soak" else None)))
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.update(kv.split("=", 1) for kv in args.env)
         command = [sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)]
@@ -256,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "agent.log", "w"))  # noqa: SIM115
         url = f"http://127.0.0.1:{port}/metrics"
         print(f"soak: {world['requests']:,} requests; agent pid {agent.pid} on {url}; scrape {args.scrape_s:g} s, "
-              f"retention {args.retention_s:g} s; {args.minutes:g} min, fit after {warmup_s / 60:.1f} min",
+              f"retention {args.retention_s:g} s; KV limits {args.kv_limits}; {args.minutes:g} min, fit after "
+              f"{warmup_s / 60:.1f} min",
               flush=True)
         deadline = time.monotonic() + 60
         while True:

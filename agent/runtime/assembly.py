@@ -257,7 +257,7 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     rt.agent.add_collector(KvEventsCollector(kv.snapshot), fleet=True)
     from agent.kvevents.store_curve import StoreCurveCollector, StoreStream
 
-    stores = StoreStream()  # the GPU stores: what a CPU buffer of N GiB would hit
+    stores = StoreStream(cfg.limits.capacity_curve_blocks)  # the GPU stores: what a CPU buffer of N GiB would hit
     kv.enable_store_curve(stores)
     curve = StoreCurveCollector(stores, settings.tiers.kv_bytes_per_token or 131072.0)
     rt.agent.add_collector(curve, fleet=True)

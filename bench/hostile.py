@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from hostile_children import BUDGET_CHILD, CHILD  # bench/ is on the path from here
+from helpers.hostile_children import BUDGET_CHILD, CHILD  # bench/ is on the path from here
 
 GOOD_PODS = 20
 CYCLES = 3

@@ -15,7 +15,7 @@ least twice the retention), and the /metrics latency of the first and last third
 Target: agent RSS growth under 20 MB/h, /metrics latency flat.
 
 `--diagnose [DIR]` answers "what grows: the agent or the emulated cluster?": both processes run
-with bench/soak_probe.py inside (tracemalloc, glibc malloc_info, live object counts; it slows them
+with bench/helpers/soak_probe.py inside (tracemalloc, glibc malloc_info, live object counts; it slows them
 and adds the tracing's own memory), write a JSON line per `--sample-s` x 3 seconds to DIR
 (agent.jsonl, cluster.jsonl), and the end of the run prints, per process, the growth per hour of
 RSS, the Python heap, malloc's arenas and the bytes free inside them, the source lines and object
@@ -55,9 +55,9 @@ TARGET_MB_PER_H = 20.0
 def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: Any, stop: Any,
                  probe: tuple[str, float, float] | None = None) -> None:
     """Build the demo's emulated world without the agent or the tuner; serve until `stop`.
-    `probe`: (file, interval s, baseline s) to run bench/soak_probe.py in this process."""
+    `probe`: (file, interval s, baseline s) to run bench/helpers/soak_probe.py in this process."""
     if probe is not None:
-        sys.path.insert(0, str(ROOT / "bench"))
+        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
         import soak_probe
 
         running = soak_probe.start(Path(probe[0]), probe[1], probe[2], "cluster")
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="KV index and capacity-curve sizes: 'soak' (default) fills them within the warm-up, "
                          "'default' keeps the agent's defaults (they fill in ~25 min at 30x)")
     ap.add_argument("--diagnose", type=Path, nargs="?", const=Path("soak-probe"), default=None, metavar="DIR",
-                    help="run bench/soak_probe.py in the agent and the cluster, write to DIR (default: soak-probe) "
+                    help="run bench/helpers/soak_probe.py in the agent and the cluster, write to DIR (default: soak-probe) "
                          "and print what grows in each")
     args = ap.parse_args(argv)
     if args.minutes <= 0 or args.time_scale <= 0 or args.sample_s <= 0:
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env.update(kv.split("=", 1) for kv in args.env)
         command = [sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)]
         if probes:
-            command[1:1] = [str(ROOT / "bench" / "soak_probe.py"), "--out", str(probes["agent"]), "--interval-s",
+            command[1:1] = [str(ROOT / "bench" / "helpers" / "soak_probe.py"), "--out", str(probes["agent"]), "--interval-s",
                             str(probe_s), "--baseline-s", str(warmup_s), "--label", "agent"]
         agent = subprocess.Popen(command, env=env, cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "agent.log", "w"))  # noqa: SIM115
@@ -326,10 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  /metrics median {r['metrics_first_ms']:.1f} ms (first third) -> {r['metrics_last_ms']:.1f} ms "
           f"(last third) = {ratio:.2f} x; max {r['metrics_first_max_ms']:.1f} -> {r['metrics_last_max_ms']:.1f} ms")
     if probes:
-        sys.path.insert(0, str(ROOT / "bench"))
+        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
         from soak_probe import diagnose
 
-        print(f"\nwhat grows (bench/soak_probe.py, files in {args.diagnose}; the probe's tracing adds its own memory):")
+        print(f"\nwhat grows (bench/helpers/soak_probe.py, files in {args.diagnose}; the probe's tracing adds its own memory):")
         for path in probes.values():
             print("\n".join(diagnose(path)) if path.exists() else f"{path.name}: no probe output")
     return 0

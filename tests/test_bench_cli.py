@@ -40,14 +40,14 @@ def test_soak_help_offers_diagnose() -> None:
 
 
 def test_the_soak_probe_reports_what_grows_in_a_wrapped_module(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "helpers"))
     import soak_probe
 
     info = soak_probe.malloc_info()  # glibc's own view of this process
     assert info is not None and info["arenas"] >= 1 and info["system"] > 0 and 0 <= info["free"] <= info["system"]
     out = tmp_path / "probe.jsonl"
     grow = "import time; keep = []\nfor _ in range(12): keep.append(bytearray(2_000_000)); time.sleep(0.1)"
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "soak_probe.py"), "--out", str(out), "--interval-s",
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "helpers" / "soak_probe.py"), "--out", str(out), "--interval-s",
                           "0.2", "--baseline-s", "0.2", "--label", "probed", "-m", "timeit", "-n", "1", "-r", "1",
                           grow], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr

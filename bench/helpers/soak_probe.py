@@ -14,7 +14,7 @@ malloc_trim); growth in neither is native memory outside malloc's arenas (mmappe
 numpy, zmq, polars). The last line (`final`) also records the RSS before and after `malloc_trim(0)`.
 
 Two ways in:
-    python bench/soak_probe.py --out probe.jsonl [--interval-s 30] -- -m agent.cli run -c agent.yaml
+    python bench/helpers/soak_probe.py --out probe.jsonl [--interval-s 30] -- -m agent.cli run -c agent.yaml
     (wraps a module run as __main__), or `start(out, interval_s)` inside a process (the cluster).
 """
 from __future__ import annotations

@@ -19,9 +19,12 @@ and by one with the default budget, each in its own process. Printed per run: th
 /metrics, its size, the median render time of /metrics (`generate_latest`, 5 renders), the median
 cycle, peak RSS, and the ratios budget/none.
 The servers listen on 127.0.0.1 only.
+
+Run: .venv/bin/python bench/hostile.py [--only NAME ...] [--budget | --no-budget] [--list]
 """
 from __future__ import annotations
 
+import argparse
 import http.server
 import json
 import os
@@ -35,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from helpers.hostile_children import BUDGET_CHILD, CHILD  # bench/ is on the path from here
 
 GOOD_PODS = 20
 CYCLES = 3
@@ -80,6 +85,7 @@ def attacks(payload: str = "") -> dict[str, dict]:
         "HTML with a secret": {"body": f"<html>{SECRET}</html>\n".encode()},
         "gzip without its trailer": {"body": _gzip_without_trailer(payload.encode()),
                                      "headers": {"Content-Encoding": "gzip"}},
+        "gzip, empty body": {"body": b"", "headers": {"Content-Encoding": "gzip"}},
         "negative, 1e308, bad buckets": {"body": _impossible(payload).encode()},
         "OpenMetrics without # EOF": {"body": payload.encode(),
                                       "headers": {"Content-Type": "application/openmetrics-text; version=1.0.0"}},
@@ -162,85 +168,6 @@ def serve(good: list[str], routes: dict[str, dict]) -> tuple[http.server.Threadi
     return httpd, httpd.server_address[1]
 
 
-CHILD = r"""
-import io, json, logging, resource, statistics, sys, time
-sys.path.insert(0, sys.argv[1])
-from agent.collect.discovery import StaticTargets
-from agent.runtime.app import Agent
-from agent.settings import load_settings
-from contracts.tier_model import Target
-logs = io.StringIO()
-logging.basicConfig(stream=logs, level=logging.DEBUG)
-port, n_good, attack, cycles = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-SECRET = "AKIAIOSFODNN7EXAMPLE"
-base = f"http://127.0.0.1:{port}"
-targets = [Target(f"{base}/good/{i}", "vllm", f"vllm-{i}") for i in range(n_good)]
-if attack.startswith("credentials"):  # the secret in the userinfo (raw "@" and ":") and the query
-    targets.append(Target(f"http://scraper:p@ss:{SECRET}@127.0.0.1:{port}/attack/{json.dumps(attack).encode().hex()}"
-                          f"?%74oken={SECRET}", "vllm", "attacker"))
-elif attack != "none":
-    targets.append(Target(f"{base}/attack/{json.dumps(attack).encode().hex()}", "vllm", "attacker"))
-agent = Agent(load_settings(env={}, scrape={"backoff_base_s": 0}), StaticTargets(targets))
-times = []
-for _ in range(cycles):
-    t = time.perf_counter()
-    snap = agent.scrape_now()
-    times.append(time.perf_counter() - t)
-status = {s.target.pod: s for s in snap.targets}
-att = status.get("attacker")
-good = sorted((t.pod, t.tier, t.lookup_tokens, t.hit_tokens) for t in snap.tiers if t.pod != "attacker")
-exported = agent.metrics_text()
-from agent.runtime.app import snapshot_json
-exported += snapshot_json(snap) + logs.getvalue()
-print(json.dumps({
-    "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "cycle_ms": statistics.median(times) * 1000,
-    "reason": "" if att is None else (att.reason or "up"),
-    "good_up": all(status[t.pod].up for t in targets if t.pod != "attacker"),
-    "good": good,
-    "leaked": "AKIA" in exported,
-}))
-"""
-
-
-BUDGET_CHILD = r"""
-import json, resource, statistics, sys, time
-sys.path.insert(0, sys.argv[1])
-from agent.collect.discovery import StaticTargets
-from agent.runtime.app import Agent
-from agent.settings import load_settings
-from contracts.tier_model import Target
-port, n_good, attack, cycles, bounded = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1"
-base = f"http://127.0.0.1:{port}"
-targets = [Target(f"{base}/good/{i}", "vllm", f"vllm-{i}") for i in range(n_good)]
-targets.append(Target(f"{base}/attack/{json.dumps(attack).encode().hex()}", "vllm", "attacker"))
-scrape = {"backoff_base_s": 0}
-if not bounded:
-    scrape.update(max_models_per_target=0, max_series_per_target=0)
-agent = Agent(load_settings(env={}, scrape=scrape), StaticTargets(targets))
-times = []
-for _ in range(cycles):
-    t = time.perf_counter()
-    snap = agent.scrape_now()
-    times.append(time.perf_counter() - t)
-renders = []
-for _ in range(5):
-    t = time.perf_counter()
-    text = agent.metrics_text()
-    renders.append(time.perf_counter() - t)
-series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-att = {s.target.pod: s for s in snap.targets}["attacker"]
-print(json.dumps({
-    "series": series, "attacker_series": sum(1 for line in text.splitlines() if 'pod="attacker"' in line),
-    "bytes": len(text.encode()), "render_ms": statistics.median(renders) * 1000,
-    "cycle_ms": statistics.median(times) * 1000, "store_rows": agent.store.rows,
-    "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "models": len({p.model for p in snap.pods if p.pod == "attacker"}),
-    "warnings": [r for r, _ in att.warnings], "up": att.up,
-}))
-"""
-
-
 def budget_figures(port: int) -> None:
     rows = {}
     for bounded in (False, True):
@@ -301,19 +228,52 @@ def parser_figures() -> None:
           f"{length:.1f}x the length (old parser: 29 s at 16 labels)")
 
 
-def main() -> None:
+EXAMPLES = """examples:
+  .venv/bin/python bench/hostile.py                       # every attack, then the cardinality budget
+  .venv/bin/python bench/hostile.py --list                # the attacks' names
+  .venv/bin/python bench/hostile.py --only gzip --only histogram  # attacks naming gzip or histogram
+  .venv/bin/python bench/hostile.py --budget              # only the cardinality budget
+  .venv/bin/python bench/hostile.py --no-budget           # the attacks and the parser, not the budget
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/hostile.py", description=__doc__, epilog=EXAMPLES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="run only the attacks whose name contains NAME (case-insensitive; repeatable; the "
+                         "no-attack reference always runs)")
+    ap.add_argument("--list", action="store_true", help="print the attacks' names and exit")
+    part = ap.add_mutually_exclusive_group()
+    part.add_argument("--budget", action="store_true", help="run only the cardinality budget")
+    part.add_argument("--no-budget", action="store_true", help="skip the cardinality budget")
+    args = ap.parse_args(argv)
+    names = list(attacks())
+    if args.only:
+        args.selected = [n for n in names if n == "none" or any(o.lower() in n.lower() for o in args.only)]
+        if args.selected == ["none"]:
+            ap.error(f"--only {' '.join(args.only)}: no attack matches (see --list)")
+    else:
+        args.selected = names
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
     from scrape import render_payload
 
+    args = parse_args(argv)
+    if args.list:
+        print("\n".join(n for n in attacks() if n != "none"))
+        return
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (wall times scale with other work)")
-    budget_only = "--budget" in sys.argv[1:]
-    if not budget_only:
+    if not args.budget:
         parser_figures()
     good = [render_payload(i) for i in range(GOOD_PODS)]
-    if budget_only:
+    if args.budget:
         run_budget(good)
         return
-    routes = attacks(good[0])
+    routes = {k: v for k, v in attacks(good[0]).items() if k in args.selected}
     httpd, port = serve(good, routes)
     print(f"{GOOD_PODS} good pods + 1 attacker, {CYCLES} cycles per attack, default settings; limit {LIMIT_MB:.0f} MB")
     rows = []
@@ -327,6 +287,12 @@ def main() -> None:
     finally:
         httpd.closing.set()  # type: ignore[attr-defined]
         httpd.shutdown()
+    report(rows, reference, routes)
+    if not args.no_budget:
+        run_budget(good)
+
+
+def report(rows: list[tuple[str, dict]], reference: dict | None, routes: dict[str, dict]) -> None:
     base_ms = reference["cycle_ms"] if reference and "cycle_ms" in reference else None
     print(f"{'attack':34s} {'peak RSS':>9s} {'cycle':>9s} {'vs none':>8s}  {'attacker':18s} good pods  leak")
     survived = True
@@ -347,7 +313,6 @@ def main() -> None:
     print(f"worst peak RSS {peak:.0f} MB of {LIMIT_MB:.0f} MB ({peak / LIMIT_MB:.0%}); "
           f"target: every attack survived, < 1 GiB, good pods unchanged -> {'OK' if survived else 'MISSED'}")
     print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB, the servers)")
-    run_budget(good)
 
 
 def run_budget(good: list[str]) -> None:

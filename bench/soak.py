@@ -14,8 +14,16 @@ squares over the samples after the warm-up (`--warmup-min`, default a quarter of
 least twice the retention), and the /metrics latency of the first and last third after it.
 Target: agent RSS growth under 20 MB/h, /metrics latency flat.
 
+`--diagnose [DIR]` answers "what grows: the agent or the emulated cluster?": both processes run
+with bench/helpers/soak_probe.py inside (tracemalloc, glibc malloc_info, live object counts; it slows them
+and adds the tracing's own memory), write a JSON line per `--sample-s` x 3 seconds to DIR
+(agent.jsonl, cluster.jsonl), and the end of the run prints, per process, the growth per hour of
+RSS, the Python heap, malloc's arenas and the bytes free inside them, the source lines and object
+types that grew most, and the RSS before and after malloc_trim(0).
+
 Run: .venv/bin/python bench/soak.py [--minutes 20] [--time-scale 30] [--csv soak.csv]
      .venv/bin/python bench/soak.py --minutes 3 --sample-s 5     # a quick look
+     .venv/bin/python bench/soak.py --minutes 30 --diagnose soak-probe   # what grows, and where
 """
 from __future__ import annotations
 
@@ -44,8 +52,15 @@ TARGET_MB_PER_H = 20.0
 
 
 # -- the emulated cluster, in its own process -----------------------------------------------------
-def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: Any, stop: Any) -> None:
-    """Build the demo's emulated world without the agent or the tuner; serve until `stop`."""
+def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: Any, stop: Any,
+                 probe: tuple[str, float, float] | None = None) -> None:
+    """Build the demo's emulated world without the agent or the tuner; serve until `stop`.
+    `probe`: (file, interval s, baseline s) to run bench/helpers/soak_probe.py in this process."""
+    if probe is not None:
+        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
+        import soak_probe
+
+        running = soak_probe.start(Path(probe[0]), probe[1], probe[2], "cluster")
     from contracts.knobs import DEFAULT_KNOBS
     from emulator.cluster.driver import ScaledRealtimeDriver
     from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
@@ -85,6 +100,8 @@ def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: An
                 return
         out.put({"served": driver.served, "finished": driver.finished})
     finally:
+        if probe is not None:
+            running.finish()
         driver.stop()
         cluster.stop()
         for pub in publishers.values():
@@ -135,8 +152,17 @@ def slope_per_hour(ts: Sequence[float], ys: Sequence[float]) -> float:
     return sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var * 3600.0
 
 
+# The KV index and the capacity curve are bounded, but at their default sizes (a million hashes
+# for the fleet, a million stored blocks per model) the soak's 4 pods take ~25 min to fill them:
+# their fill would pass for growth. `--kv-limits soak` sizes them to fill within the warm-up (as the
+# short store retention does for the window store); `--kv-limits default` keeps the defaults.
+SOAK_KV_LIMITS = {"resident_per_pod": 32_768, "history_per_pod": 32_768, "fleet_resident": 131_072,
+                  "fleet_history": 131_072, "shadow_l2": 131_072, "capacity_curve_blocks": 131_072,
+                  "seen_capacity": 1_000_000}
+
+
 def agent_config(cluster: dict, port: int, scrape_s: float, retention_s: float, window_s: float,
-                 kv: bool = True) -> dict:
+                 kv: bool = True, kv_limits: dict | None = None) -> dict:
     return {
         "log_level": "WARNING",
         "server": {"host": "127.0.0.1", "port": port},
@@ -144,7 +170,7 @@ def agent_config(cluster: dict, port: int, scrape_s: float, retention_s: float, 
         "store": {"retention_s": retention_s, "window_s": window_s},
         "targets": {"static": cluster["targets"]},
         "kv_events": {"enabled": kv, "discovery": False, "endpoints": cluster["kv"],
-                      "overlap_window_s": window_s},
+                      "overlap_window_s": window_s, **({"limits": kv_limits} if kv_limits else {})},
     }
 
 
@@ -192,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=None, help="write every sample to this CSV file")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="extra environment for the agent process (e.g. MALLOC_ARENA_MAX=2)")
+    ap.add_argument("--kv-limits", choices=("soak", "default"), default="soak",
+                    help="KV index and capacity-curve sizes: 'soak' (default) fills them within the warm-up, "
+                         "'default' keeps the agent's defaults (they fill in ~25 min at 30x)")
+    ap.add_argument("--diagnose", type=Path, nargs="?", const=Path("soak-probe"), default=None, metavar="DIR",
+                    help="run bench/helpers/soak_probe.py in the agent and the cluster, write to DIR (default: soak-probe) "
+                         "and print what grows in each")
     args = ap.parse_args(argv)
     if args.minutes <= 0 or args.time_scale <= 0 or args.sample_s <= 0:
         ap.error("--minutes, --time-scale and --sample-s must be positive")
@@ -201,11 +233,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup_s = (args.warmup_min * 60.0 if args.warmup_min is not None
                 else max(duration_s / 4, 2 * args.retention_s))
 
+    probe_s = args.sample_s * 3
+    probes: dict[str, Path] = {}
+    if args.diagnose is not None:
+        args.diagnose.mkdir(parents=True, exist_ok=True)
+        probes = {name: args.diagnose / f"{name}.jsonl" for name in ("agent", "cluster")}
+        for path in probes.values():
+            path.unlink(missing_ok=True)
     ctx = mp.get_context("spawn")
     info, stop = ctx.Queue(), ctx.Event()
     span_s = (duration_s + 120.0) * args.time_scale
-    cluster = ctx.Process(target=cluster_main, args=(args.pods, span_s, args.time_scale, args.seed, info, stop),
-                          name="soak-cluster")
+    cluster_probe = (str(probes["cluster"]), probe_s, warmup_s) if probes else None
+    cluster = ctx.Process(target=cluster_main, name="soak-cluster",
+                          args=(args.pods, span_s, args.time_scale, args.seed, info, stop, cluster_probe))
     cluster.start()
     print(f"soak: building the emulated cluster ({args.pods} pods, {span_s / 3600:.1f} cluster-hours of "
           f"workload at {args.time_scale:g}x) in pid {cluster.pid} ...", flush=True)
@@ -217,14 +257,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = free_port()
         cfg = Path(tmp.name) / "agent.yaml"
         cfg.write_text(json.dumps(agent_config(world, port, args.scrape_s, args.retention_s,
-                                               min(args.retention_s, 60.0), not args.no_kv)))
+                                               min(args.retention_s, 60.0), not args.no_kv,
+                                               SOAK_KV_LIMITS if args.kv_limits == "soak" else None)))
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.update(kv.split("=", 1) for kv in args.env)
-        agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)], env=env, cwd=ROOT,
+        command = [sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)]
+        if probes:
+            command[1:1] = [str(ROOT / "bench" / "helpers" / "soak_probe.py"), "--out", str(probes["agent"]), "--interval-s",
+                            str(probe_s), "--baseline-s", str(warmup_s), "--label", "agent"]
+        agent = subprocess.Popen(command, env=env, cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "agent.log", "w"))  # noqa: SIM115
         url = f"http://127.0.0.1:{port}/metrics"
         print(f"soak: {world['requests']:,} requests; agent pid {agent.pid} on {url}; scrape {args.scrape_s:g} s, "
-              f"retention {args.retention_s:g} s; {args.minutes:g} min, fit after {warmup_s / 60:.1f} min",
+              f"retention {args.retention_s:g} s; KV limits {args.kv_limits}; {args.minutes:g} min, fit after "
+              f"{warmup_s / 60:.1f} min",
               flush=True)
         deadline = time.monotonic() + 60
         while True:
@@ -279,6 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = r["metrics_last_ms"] / r["metrics_first_ms"] if r["metrics_first_ms"] > 0 else float("nan")
     print(f"  /metrics median {r['metrics_first_ms']:.1f} ms (first third) -> {r['metrics_last_ms']:.1f} ms "
           f"(last third) = {ratio:.2f} x; max {r['metrics_first_max_ms']:.1f} -> {r['metrics_last_max_ms']:.1f} ms")
+    if probes:
+        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
+        from soak_probe import diagnose
+
+        print(f"\nwhat grows (bench/helpers/soak_probe.py, files in {args.diagnose}; the probe's tracing adds its own memory):")
+        for path in probes.values():
+            print("\n".join(diagnose(path)) if path.exists() else f"{path.name}: no probe output")
     return 0
 
 

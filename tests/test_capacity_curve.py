@@ -303,6 +303,8 @@ def test_live_kv_events_give_the_cpu_curve(rag):
     collector = StoreCurveCollector(stream, bpt, refresh_s=60.0, clock=lambda: 0.0)
     registry = CollectorRegistry()
     registry.register(collector)
+    assert "tierpilot_kv_cpu_capacity_hit_ratio" not in generate_latest(registry).decode()  # before a rebuild
+    assert collector.rebuild() == 1
     text = generate_latest(registry).decode()
     assert 'tierpilot_kv_cpu_capacity_hit_ratio{capacity_gib="0",model="m"} 0.0' in text
     promtool = shutil.which("promtool") or "/usr/bin/promtool"

@@ -55,6 +55,10 @@ def responses() -> dict[str, bytes]:
         "/short-length": HEAD + b"Content-Length: %d\r\n\r\n" % len(GOOD) + half,
         "/chunked": HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(GOOD, cut=False),
         "/chunked-cut": HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(GOOD, cut=True),
+        "/gzip-empty": HEAD + b"Content-Encoding: gzip\r\nContent-Length: 0\r\n\r\n",
+        "/deflate-empty": HEAD + b"Content-Encoding: deflate\r\nContent-Length: 0\r\n\r\n",
+        "/gzip-empty-no-length": HEAD + b"Content-Encoding: gzip\r\n\r\n",
+        "/chunked-gzip-empty": HEAD + b"Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         "/chunked-gzip-cut": HEAD + b"Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
                               + _chunked(gz_cut, cut=False),
     }
@@ -129,6 +133,8 @@ def test_complete_bodies_are_read(server, path):
     ("/gzip-no-trailer", "incomplete_body"), ("/gzip-no-trailer-no-length", "incomplete_body"),
     ("/short-length", "incomplete_body"), ("/chunked-cut", "incomplete_body"),
     ("/chunked-gzip-cut", "incomplete_body"), ("/gzip-garbage-after", "bad_encoding"),
+    ("/gzip-empty", "incomplete_body"), ("/deflate-empty", "incomplete_body"),
+    ("/gzip-empty-no-length", "incomplete_body"), ("/chunked-gzip-empty", "incomplete_body"),
     ("/openmetrics-no-eof", "parse_error"),  # served as OpenMetrics, cut before its # EOF
 ])
 def test_an_incomplete_body_marks_the_target_down_and_keeps_its_last_good_values(server, path, reason):

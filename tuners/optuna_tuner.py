@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import warnings
@@ -33,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from contracts.knobs import Knobs
 from contracts.redact import redact_url
 from tuners.base import Candidate, TrialRecord
+from tuners.logline import log_event
 from tuners.objective import Evaluation, ObjectiveSpec
 from tuners.space import CandidateError, SearchSpace
 from tuners.storage_errors import one_line
@@ -225,8 +225,8 @@ class OptunaTuner:
         Returns None (and records nothing) if `knobs` lies outside the space's distributions."""
         params = self.space.to_params(knobs)
         if not all(d.contains(params[d.name]) for d in self.space.dimensions):
-            log.info(json.dumps({"event": "record_skipped", "study": self.study_name, "source": source,
-                                 "reason": "outside the search space"}))
+            log_event("record_skipped", logger=log, study=self.study_name, source=source,
+                      reason="outside the search space")
             return None
         trial = optuna.trial.create_trial(
             params=params, distributions=self._distributions, values=list(self.objective.values(evaluation)),
@@ -258,8 +258,8 @@ class OptunaTuner:
             if not mine and set(t.params) == set(self._distributions):
                 self.study.enqueue_trial(dict(t.params), user_attrs={"source": "adopted", "adopted_from": t.number},
                                          skip_if_exists=False)
-            log.warning(json.dumps({"event": "trial_orphaned", "study": self.study_name, "trial": t.number,
-                                    "owner": owner, "requeued": not mine}))
+            log_event("trial_orphaned", level=logging.WARNING, logger=log, study=self.study_name,
+                      trial=t.number, owner=owner, requeued=not mine)
         return [t.number for t in orphans]
 
     def set_last_good(self, knobs: Knobs, *, trial: int | None = None, value: float | None = None) -> None:

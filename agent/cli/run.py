@@ -72,7 +72,10 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None, 
     if overrides:
         settings = _settings(config, **overrides)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agent.runtime.allocator import pin_mmap_threshold
     from agent.runtime.assembly import build_runtime
+
+    pin_mmap_threshold()  # large transient arrays go back to the system when freed (agent/runtime/allocator.py)
 
     try:
         runtime = build_runtime(settings)

@@ -8,8 +8,8 @@ Failure reasons (the `reason` label of `tierpilot_scrape_errors_total`):
   http_4xx/http_5xx  an HTTP error status
   body_too_large     the (decompressed) body exceeds the cap; reading stops at the cap
   incomplete_body    the body ended early: fewer bytes than its Content-Length, a chunked body
-                     without its last chunk, or a gzip/deflate stream without its end (trailer);
-                     nothing of it is used (a cut payload would read as lower counters)
+                     without its last chunk, a gzip/deflate stream without its end (trailer), or
+                     an empty gzip/deflate body (no stream at all); nothing of it is used (a cut payload would read as lower counters)
   bad_encoding       a compressed body that does not decompress, or an encoding not asked for
   redirect           a redirect to another scheme, host or port (or more than MAX_REDIRECTS);
                      redirects within the target's own origin are followed
@@ -211,7 +211,9 @@ class _Decoder:
             data = self.z.unused_data if self.z.eof else self.z.unconsumed_tail
 
     def finish(self, encoding: str) -> bytes:
-        if self.started and not self.z.eof:
+        if not self.started:  # even an empty text compresses to a header and a trailer
+            raise BodyFault("incomplete_body", f"the {encoding} body is empty (no header, no trailer)")
+        if not self.z.eof:
             raise BodyFault("incomplete_body", f"the {encoding} stream ends without its end (no trailer)")
         return b"".join(self.out)
 

@@ -116,6 +116,9 @@ class LimitsSpec(BaseModel):
     seen_fp_rate: float = Field(0.001, ge=1e-6, lt=0.5, description="Bloom false-positive rate at capacity")
     shadow_l2: int = Field(1_048_576, ge=2, le=16_777_216,
                            description="hashes whose store order is kept to infer L2 hits, whole fleet")
+    capacity_curve_blocks: int = Field(1_000_000, ge=1, le=16_777_216,
+                                       description="GPU-stored blocks kept per model for the CPU capacity curve "
+                                                   "(20 bytes each)")
 
     @model_validator(mode="before")
     @classmethod

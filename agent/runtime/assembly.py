@@ -257,9 +257,11 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     rt.agent.add_collector(KvEventsCollector(kv.snapshot), fleet=True)
     from agent.kvevents.store_curve import StoreCurveCollector, StoreStream
 
-    stores = StoreStream()  # the GPU stores: what a CPU buffer of N GiB would hit
+    stores = StoreStream(cfg.limits.capacity_curve_blocks)  # the GPU stores: what a CPU buffer of N GiB would hit
     kv.enable_store_curve(stores)
-    rt.agent.add_collector(StoreCurveCollector(stores, settings.tiers.kv_bytes_per_token or 131072.0), fleet=True)
+    curve = StoreCurveCollector(stores, settings.tiers.kv_bytes_per_token or 131072.0)
+    rt.agent.add_collector(curve, fleet=True)
+    rt.agent.add_job(JobSpec("kv_capacity_curve", curve.refresh_s, curve.rebuild))  # never in a render
     interval = settings.scrape.interval_s
     rt.kv_feed = lambda: feed_kv_counters(rt.agent.store, kv, window_s=interval * 2.5, ts=clock())
     rt.agent.add_job(JobSpec("kv_counters", interval, rt.kv_feed))

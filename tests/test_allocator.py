@@ -1,0 +1,72 @@
+"""The agent pins glibc's mmap threshold, so the large arrays it frees every minute (the KV
+capacity curve's pass) go back to the system instead of staying resident in the heap arenas."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from agent.runtime.allocator import DEFAULT_THRESHOLD, M_MMAP_THRESHOLD, pin_mmap_threshold
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeLibc:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+        def mallopt(param: int, value: int) -> int:
+            self.calls.append((param, value))
+            return 1
+        self.mallopt = mallopt
+
+
+def test_pins_the_threshold_unless_the_environment_chose_one() -> None:
+    libc = FakeLibc()
+    assert pin_mmap_threshold(env={}, libc=lambda: libc) is True
+    assert libc.calls == [(M_MMAP_THRESHOLD, DEFAULT_THRESHOLD)]
+    chosen = FakeLibc()
+    assert pin_mmap_threshold(env={"MALLOC_MMAP_THRESHOLD_": "65536"}, libc=lambda: chosen) is False
+    assert chosen.calls == []
+
+
+def test_no_glibc_is_a_no_op() -> None:
+    def missing() -> object:
+        raise OSError("libc.so.6: cannot open shared object file")
+    assert pin_mmap_threshold(env={}, libc=missing) is False
+
+
+REBUILDS = textwrap.dedent("""
+    import sys
+    import threading
+    import numpy as np
+    from agent.kvevents.store_curve import StoreCurveCollector, StoreStream
+    from agent.runtime.allocator import pin_mmap_threshold
+    if sys.argv[1] == "pin":
+        assert pin_mmap_threshold(env={})
+    def rss():
+        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+    rng = np.random.default_rng(0)
+    stream = StoreStream()
+    for i in range(2000):
+        stream.add("m", f"pod-{i % 4}", rng.integers(0, 300_000, 500).tolist(), 16)
+    curve = StoreCurveCollector(stream, 131072.0)
+    after = []
+    for _ in range(6):
+        for i in range(200):
+            stream.add("m", f"pod-{i % 4}", rng.integers(0, 300_000, 500).tolist(), 16)
+        worker = threading.Thread(target=curve.rebuild)  # as the agent's job: in a worker thread
+        worker.start()
+        worker.join()
+        after.append(rss())
+    print(max(after) - after[0])
+""")
+
+
+def test_rebuilds_of_the_capacity_curve_leave_rss_flat_once_pinned() -> None:
+    out = subprocess.run([sys.executable, "-c", REBUILDS, "pin"], capture_output=True, text=True, timeout=300,
+                         check=False, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    grown_mb = float(out.stdout.split()[-1])
+    assert grown_mb < 24, f"RSS grew {grown_mb:.0f} MB over 6 rebuilds of a 1M-block curve"

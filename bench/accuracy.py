@@ -1,4 +1,4 @@
-"""Benchmark of the agent's accuracy (issue 17): every exported signal against the twin's truth,
+"""Benchmark of the agent's accuracy: every exported signal against the twin's truth,
 end to end through the real HTTP scrape -> parse -> normalise -> window -> export path, over a
 seeded emulated run with two rolling restarts (a plain rollout, then a configuration change).
 

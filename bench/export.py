@@ -1,4 +1,4 @@
-"""Benchmark: what the histogram export (issue 14) costs on /metrics.
+"""Benchmark: what the histogram export costs on /metrics.
 
 A synthetic snapshot of 200 pods, each with vLLM 0.33's 22-bucket TTFT histogram, three tiers and
 Curvine FUSE read/write latency histograms (the FUSE client's 12 bounds). Prints, in this process:

@@ -6,9 +6,9 @@ attacker, for 3 cycles. Printed per attack: the child's peak RSS against 1 GiB, 
 wall time (and its ratio to the no-attack run in the same table), the reason the attacker is down,
 and whether the 20 good pods' tier numbers are exactly those of the no-attack run.
 
-Also printed: the parser's cost on the line that froze the old parser (`junk{` + `a="1"  ` x n)
+Also printed: the parser's cost on the line that freezes a backtracking regex parser (`junk{` + `a="1"  ` x n)
 at 16, 32, 64, 128 labels, as time per line and the growth ratio 128/16 (linear: about 8x the
-length, so about 8x the time; the old regexes took 29 s at 16 labels and hours at 20).
+length, so about 8x the time; backtracking regexes take 29 s at 16 labels and hours at 20).
 
 Targets: every attack survived, peak RSS < 1 GiB, good pods unchanged, a reason for the attacker.
 
@@ -225,7 +225,7 @@ def parser_figures() -> None:
     cells = ", ".join(f"{n} labels {per_line[n] * 1e6:.1f} us" for n in per_line)
     length = len(freezing_line(128)) / len(freezing_line(16))
     print(f"parser on the freezing line: {cells}; growth 128/16 = {per_line[128] / per_line[16]:.1f}x for "
-          f"{length:.1f}x the length (old parser: 29 s at 16 labels)")
+          f"{length:.1f}x the length (a backtracking regex parser: 29 s at 16 labels)")
 
 
 EXAMPLES = """examples:

@@ -1,11 +1,11 @@
-"""Hostile KV-event input against the subscriber's memory (issue 18 item 5): peak RSS of the agent
+"""Hostile KV-event input against the subscriber's memory: peak RSS of the agent
 side under each attack, as a ratio of the 1 GiB memory limit the Deployment sets.
 
 Each attack runs in two fresh spawned processes: the publishers (emulated vLLM, real ZMQ on
 127.0.0.1) and the subscriber (`KvEventManager` with the default settings), so the figure is the
 subscriber's own peak (`VmHWM`), next to its RSS before the attack in the same process.
 
-Attacks (the figures issue 18 reported before the fix in brackets):
+Attacks (in brackets, for scale, what a subscriber without byte bounds took):
   dp16_flood      one pod annotated dp-size 16, every rank storing 400k distinct hashes
                   [16 engines OOM at 1 GiB; 8 x 400k used 542 MB]
   big_messages    100 messages of ~3 MB of token ids, and every tenth one followed by ~3 MB of

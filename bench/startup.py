@@ -4,7 +4,7 @@ Runs the agent as a subprocess (`python -m agent.cli run`, default settings, loo
 polls /healthz and /readyz every 5 ms. It also reads the agent process's CPU time (user + system,
 /proc/PID/stat) when /healthz first answers 200: on a machine shared with other work the wall
 time stretches with the load, the CPU time does not. Each round runs this tree and a reference tree alternately:
-the reference is `git archive REFERENCE_COMMIT` (main before the lazy imports of issue 13),
+the reference is `git archive REFERENCE_COMMIT` (a tree that imports scipy, optuna, polars eagerly),
 extracted to a temporary folder, run with the same interpreter and venv. Prints the median times
 of both and their ratio (reference / this tree; > 1 means this tree starts faster).
 Target: this tree < 2 s to a healthy /healthz.
@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_COMMIT = "c7afc03"  # main before issue 13 (eager imports of scipy, optuna, polars, ...)
+REFERENCE_COMMIT = "c7afc03"  # a tree with eager imports of scipy, optuna, polars, ...)
 TARGET_S = 2.0
 
 

@@ -9,7 +9,7 @@
    (4 pods): RSS growth and tracemalloc's traced peak.
 3. End to end over real ZMQ on loopback (publisher thread -> SUB -> manager), for context.
 
-Targets (issue 8): >= 200,000 block events/s; < 500 MB at 10 M hashes.
+Targets: >= 200,000 block events/s; < 500 MB at 10 M hashes.
 Run: .venv/bin/python bench/kvevents.py [--quick]
 """
 from __future__ import annotations

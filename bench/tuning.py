@@ -25,7 +25,7 @@ the shared cache (no configuration is replayed twice). Reported per workload:
 - the drift detector's false-alarm rate on stationary synthetic workloads and its detection
   delay on the `shift` preset and on Gaussian level shifts of 2/3/4 sigma.
 
-Target (issue 4): TPE mean regret <= 2% at 40 trials, and below random.
+Target: TPE mean regret <= 2% at 40 trials, and below random.
 Run: .venv/bin/python bench/tuning.py   (about 7 min cold on a shared 2-core machine; under a minute
 with the cache)
 """

@@ -111,14 +111,11 @@ def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: An
 # -- measuring ------------------------------------------------------------------------------------
 def proc_status(pid: int, field: str = "VmRSS") -> int:
     """A /proc/<pid>/status memory field in bytes (0 when the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    if str(ROOT / "bench" / "helpers") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
+    from soak_probe import proc_kb
+
+    return proc_kb(field, f"/proc/{pid}/status")
 
 
 def open_fds(pid: int) -> int:

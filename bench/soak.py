@@ -45,7 +45,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "bench" / "helpers" / "soak_probe.py"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(PROBE.parent))
+
+import soak_probe  # stdlib only at import: the probe starts when asked
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TARGET_MB_PER_H = 20.0
@@ -57,9 +61,6 @@ def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: An
     """Build the demo's emulated world without the agent or the tuner; serve until `stop`.
     `probe`: (file, interval s, baseline s) to run bench/helpers/soak_probe.py in this process."""
     if probe is not None:
-        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
-        import soak_probe
-
         running = soak_probe.start(Path(probe[0]), probe[1], probe[2], "cluster")
     from contracts.knobs import DEFAULT_KNOBS
     from emulator.cluster.driver import ScaledRealtimeDriver
@@ -111,11 +112,7 @@ def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: An
 # -- measuring ------------------------------------------------------------------------------------
 def proc_status(pid: int, field: str = "VmRSS") -> int:
     """A /proc/<pid>/status memory field in bytes (0 when the process is gone)."""
-    if str(ROOT / "bench" / "helpers") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
-    from soak_probe import proc_kb
-
-    return proc_kb(field, f"/proc/{pid}/status")
+    return soak_probe.proc_kb(field, f"/proc/{pid}/status")
 
 
 def open_fds(pid: int) -> int:
@@ -260,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env.update(kv.split("=", 1) for kv in args.env)
         command = [sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)]
         if probes:
-            command[1:1] = [str(ROOT / "bench" / "helpers" / "soak_probe.py"), "--out", str(probes["agent"]), "--interval-s",
+            command[1:1] = [str(PROBE), "--out", str(probes["agent"]), "--interval-s",
                             str(probe_s), "--baseline-s", str(warmup_s), "--label", "agent"]
         agent = subprocess.Popen(command, env=env, cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "agent.log", "w"))  # noqa: SIM115
@@ -323,12 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  /metrics median {r['metrics_first_ms']:.1f} ms (first third) -> {r['metrics_last_ms']:.1f} ms "
           f"(last third) = {ratio:.2f} x; max {r['metrics_first_max_ms']:.1f} -> {r['metrics_last_max_ms']:.1f} ms")
     if probes:
-        sys.path.insert(0, str(ROOT / "bench" / "helpers"))
-        from soak_probe import diagnose
-
         print(f"\nwhat grows (bench/helpers/soak_probe.py, files in {args.diagnose}; the probe's tracing adds its own memory):")
         for path in probes.values():
-            print("\n".join(diagnose(path)) if path.exists() else f"{path.name}: no probe output")
+            print("\n".join(soak_probe.diagnose(path)) if path.exists() else f"{path.name}: no probe output")
     return 0
 
 

@@ -9,7 +9,8 @@ Failure reasons (the `reason` label of `tierpilot_scrape_errors_total`):
   body_too_large     the (decompressed) body exceeds the cap; reading stops at the cap
   incomplete_body    the body ended early: fewer bytes than its Content-Length, a chunked body
                      without its last chunk, a gzip/deflate stream without its end (trailer), or
-                     an empty gzip/deflate body (no stream at all); nothing of it is used (a cut payload would read as lower counters)
+                     an empty gzip/deflate body (no stream at all); nothing of it is used (a cut
+                     payload would read as lower counters)
   bad_encoding       a compressed body that does not decompress, or an encoding not asked for
   redirect           a redirect to another scheme, host or port (or more than MAX_REDIRECTS);
                      redirects within the target's own origin are followed

@@ -131,9 +131,9 @@ class EnginePass:
         sender = self.sender = StreamSender(lambda: self.fleet.url, model="tiny-llama", retry_for_s=30.0)
         agent.start()
         self.record.agent_url = agent.url
-        tuning = None
-        plan_executor = background_executor()  # plans are priced beside the control loop
+        tuning = plan_executor = None
         if self.tuning:
+            plan_executor = background_executor()  # plans are priced beside the control loop
             twin = TwinClusterSpec(pods=len(self.fleet.engines), gpu_tokens=self._capacity(), cpu_tokens=0,
                                    l2_tokens=0, profile=self.profile, pod_names=tuple(self.fleet.names))
             tuning = build_engine_tuning(actuator=self.actuator, window_source=agent.window_source, clock=self.now,
@@ -171,7 +171,8 @@ class EnginePass:
             self.record.kv = agent.kv.snapshot() if agent.kv is not None else None
             self.record.agent_hit_ratio = _agent_hit_ratio(agent)
             self.record.engine_counters = _engine_counters(self.fleet)
-            plan_executor.shutdown(wait=False, cancel_futures=True)
+            if plan_executor is not None:
+                plan_executor.shutdown(wait=False, cancel_futures=True)
             agent.stop()
         return self.record
 

@@ -16,6 +16,10 @@ from typing import IO, Any, Self
 Launcher = Callable[..., Any]  # subprocess.Popen's signature
 
 
+class EngineError(RuntimeError):
+    """An engine that could not be found, started, or made healthy (one-line message)."""
+
+
 def http_status(url: str, timeout: float) -> int:
     """The HTTP status of a GET (0 when nothing answers)."""
     try:
@@ -28,11 +32,14 @@ def http_status(url: str, timeout: float) -> int:
 
 
 class ChildProcess:
-    """One child process group. Subclasses set `spec`, build the command and wait until healthy."""
+    """One child process group. Subclasses set `spec` (with a `port`), build the command (`start`)
+    and say when the process answers (`_healthy`)."""
 
     spec: Any
+    kind = "process"  # what the errors call it
     stop_timeout_s = 20.0  # SIGTERM, then this long, then SIGKILL
     healthy_timeout_s = 180.0  # how long a (re)start may take to answer
+    poll_s = 0.5  # between health probes
 
     def __init__(self, scratch: Path, log_name: str, *, launcher: Launcher = subprocess.Popen,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
@@ -54,8 +61,26 @@ class ChildProcess:
     def start(self) -> Self:
         raise NotImplementedError
 
-    def wait_healthy(self, timeout: float) -> float:
+    def _healthy(self) -> bool:
         raise NotImplementedError
+
+    def wait_healthy(self, timeout: float | None = None) -> float:
+        """Block until `_healthy()`; the seconds it took. EngineError if it dies or times out."""
+        timeout = self.healthy_timeout_s if timeout is None else timeout
+        t0 = self.clock()
+        while True:
+            if self.proc is None:
+                raise EngineError(f"{self.kind} not started")
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineError(f"{self.kind} on port {self.spec.port} exited with {code} before it was healthy "
+                                  f"(log: {self.log_path}: {self.log_tail()})")
+            if self._healthy():
+                return self.clock() - t0
+            if self.clock() - t0 > timeout:
+                raise EngineError(f"{self.kind} on port {self.spec.port} not healthy after {timeout:.0f} s "
+                                  f"(log: {self.log_path})")
+            self.sleep(self.poll_s)
 
     def log_tail(self, lines: int = 1) -> str:
         try:
@@ -88,7 +113,7 @@ class ChildProcess:
         self.stop()
         if spec is not None:
             self.spec = spec
-        return self.start().wait_healthy(self.healthy_timeout_s if timeout is None else timeout)
+        return self.start().wait_healthy(timeout)
 
     def __enter__(self) -> Self:
         return self if self.proc is not None else self.start()
@@ -97,4 +122,4 @@ class ChildProcess:
         self.stop()
 
 
-__all__ = ["ChildProcess", "Launcher", "http_status"]
+__all__ = ["ChildProcess", "EngineError", "Launcher", "http_status"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
 
-from emulator.engines.child import ChildProcess, Launcher, http_status
+from emulator.engines.child import ChildProcess, EngineError, Launcher, http_status
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV_ENV = "TIERPILOT_ENGINE_VENV"
@@ -69,10 +69,6 @@ def kv_bytes_per_token(dtype: str) -> int:
     if dtype not in ("bfloat16", "float16", "float32"):
         raise EngineError(f"dtype {dtype!r}: the engine runs bfloat16, float16 or float32")
     return BF16_KV_BYTES_PER_TOKEN * (2 if dtype == "float32" else 1)
-
-
-class EngineError(RuntimeError):
-    """An engine that could not be found, started, or made healthy (one-line message)."""
 
 
 def engine_venv(env: Mapping[str, str] | None = None) -> Path:
@@ -183,6 +179,8 @@ def engine_environment(spec: EngineSpec, scratch: Path, base: Mapping[str, str] 
 class EngineProcess(ChildProcess):
     """One engine process: start, wait for `/health`, stop (its whole process group)."""
 
+    kind = "engine"
+
     def __init__(self, spec: EngineSpec, scratch: Path, *, venv: Path | None = None,
                  launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = http_status,
@@ -216,19 +214,5 @@ class EngineProcess(ChildProcess):
         self._launch(engine_command(self.spec, engine_python(self.venv)), engine_environment(self.spec, self.scratch))
         return self
 
-    def wait_healthy(self, timeout: float = 180.0) -> float:
-        """Block until `/health` answers 200; the seconds it took. EngineError if it dies or times out."""
-        t0 = self.clock()
-        while True:
-            if self.proc is None:
-                raise EngineError("engine not started")
-            code = self.proc.poll()
-            if code is not None:
-                raise EngineError(f"engine on port {self.spec.port} exited with {code} before it was healthy "
-                                  f"(log: {self.log_path}: {self.log_tail()})")
-            if self.probe(f"{self.base_url}/health", 2.0) == 200:
-                return self.clock() - t0
-            if self.clock() - t0 > timeout:
-                raise EngineError(f"engine on port {self.spec.port} not healthy after {timeout:.0f} s "
-                                  f"(log: {self.log_path})")
-            self.sleep(0.5)
+    def _healthy(self) -> bool:
+        return self.probe(f"{self.base_url}/health", 2.0) == 200

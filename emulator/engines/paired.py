@@ -58,9 +58,8 @@ class PairedSend:
         return any(s.stop.is_set() for s, _, _ in self._streams.values())
 
     def _dispatch(self) -> None:
-        lengths = {len(p) for _, p, _ in self._streams.values()}
         offsets = self._streams[self.names[0]][2]
-        if len(lengths) != 1 or any(list(o) != list(offsets) for _, _, o in self._streams.values()):
+        if any(list(o) != list(offsets) for _, _, o in self._streams.values()):  # so the same requests, too
             raise ValueError("PairedSend: every pass must send the same arrival times")
         rng = random.Random(self.seed)
         t0 = self.clock()

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Self
 
-from emulator.engines.child import ChildProcess, Launcher, http_status
-from emulator.engines.engine import EngineError
+from emulator.engines.child import ChildProcess, EngineError, Launcher, http_status
 
 POLICY = {"roundrobin": "round_robin", "prefixaware": "cache_aware", "cache_aware": "cache_aware",
           "kvaware": "kv_aware", "random": "random", "power_of_two": "power_of_two",
@@ -67,11 +66,21 @@ def router_command(spec: RouterSpec, binary: str) -> list[str]:
             "--worker-startup-check-interval", "1", "--log-level", "warning", *spec.extra_args]
 
 
+def _url(spec: RouterSpec) -> str:
+    return f"http://127.0.0.1:{spec.port}"
+
+
+def _metrics_url(spec: RouterSpec) -> str:
+    return f"http://127.0.0.1:{spec.metrics_port}/metrics"
+
+
 class RouterProcess(ChildProcess):
     """One router process: start, wait for `/health` and `/metrics`, stop (its process group)."""
 
+    kind = "router"
     stop_timeout_s = 10.0
     healthy_timeout_s = 60.0
+    poll_s = 0.2
 
     def __init__(self, spec: RouterSpec, scratch: Path, *, binary: str | None = None,
                  launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
@@ -86,11 +95,11 @@ class RouterProcess(ChildProcess):
     @property
     def base_url(self) -> str:
         """Where clients send: the router that serves (during a surge rollout, the old one until the new one is healthy)."""
-        return f"http://127.0.0.1:{(self._serving or self.spec).port}"
+        return _url(self._serving or self.spec)
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{(self._serving or self.spec).metrics_port}/metrics"
+        return _metrics_url(self._serving or self.spec)
 
     def start(self) -> Self:
         if self.binary is None:
@@ -101,21 +110,9 @@ class RouterProcess(ChildProcess):
         self._launch(router_command(self.spec, self.binary))
         return self
 
-    def wait_healthy(self, timeout: float = 60.0) -> float:
-        t0 = self.clock()
-        while True:
-            if self.proc is None:
-                raise EngineError("router not started")
-            code = self.proc.poll()
-            if code is not None:
-                raise EngineError(f"router on port {self.spec.port} exited with {code} (log: {self.log_path})")
-            if (self.probe(f"http://127.0.0.1:{self.spec.port}/health", 2.0) == 200
-                    and self.probe(f"http://127.0.0.1:{self.spec.metrics_port}/metrics", 2.0) == 200):
-                return self.clock() - t0
-            if self.clock() - t0 > timeout:
-                raise EngineError(f"router on port {self.spec.port} not healthy after {timeout:.0f} s "
-                                  f"(log: {self.log_path})")
-            self.sleep(0.2)
+    def _healthy(self) -> bool:  # the new process itself, not the one clients are sent to
+        return (self.probe(f"{_url(self.spec)}/health", 2.0) == 200
+                and self.probe(_metrics_url(self.spec), 2.0) == 200)
 
     def replace(self, spec: RouterSpec, *, grace_s: float = 3.0, timeout: float = 60.0) -> float:
         """Surge rollout: start `spec` (new ports) beside the running router, wait until it is

@@ -294,6 +294,8 @@ class PlannerSection(_Frozen):
     horizon_from_run: bool = Field(True, description=(
         "estimate the regime's rest from the run: time since the last drift and past regime lengths"))
     horizon_floor_s: float = Field(300.0, gt=0, le=7 * 86_400.0, description="shortest horizon estimated from the run")
+    horizon_trust_after: int = Field(2, ge=1, le=1000, description=(
+        "past regimes after which the run's own estimate stands without the floor (30 s at least)"))
     horizon_cap_s: float = Field(3600.0, gt=0, le=7 * 86_400.0, description="longest horizon estimated from the run")
     plan_warm_s: float = Field(1200.0, ge=0, le=86_400.0, description=(
         "history replayed before recent_s when pricing a move (a capacity change pays at the occupancy it reaches)"))

@@ -2,6 +2,7 @@
 regime horizon comes from the run, and the planner prices memory and says why it declines."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -76,6 +77,10 @@ def test_horizon_from_the_run() -> None:
     assert estimate_horizon(100.0, [480.0, 500.0], s).horizon_s == 390.0  # typical 490 s minus its age
     assert estimate_horizon(100.0, [4000.0, 9000.0], s).horizon_s == 3600.0  # the cap
     assert estimate_horizon(500.0, [480.0], s).horizon_s == 300.0  # at the typical length: due to end (floor)
+    # two past regimes or more: the history stands on its own, the floor no longer lifts it
+    assert estimate_horizon(430.0, [480.0, 500.0], s).horizon_s == 60.0  # 60 s left of a typical 490 s
+    assert estimate_horizon(500.0, [480.0, 500.0], s).horizon_s == 30.0  # due to end: min_s
+    assert estimate_horizon(500.0, [480.0, 500.0], dataclasses.replace(s, trust_after=3)).horizon_s == 300.0
     assert estimate_horizon(2000.0, [480.0], s).horizon_s == 2000.0  # far outlived it: as long again
     h = RegimeHorizon(s)
     h.start(0.0)

@@ -140,6 +140,43 @@ def test_planner_holds_when_nothing_pays() -> None:
     assert all(not d.accepted for d in planner.decisions)
 
 
+def test_planner_prices_every_l2_eviction_policy_the_search_did_not_propose() -> None:
+    """The search's short window ranks L2 eviction policies by noise: every policy the space offers
+    is priced at every plan, and the one that pays is applied even when the search never drew it."""
+    s3 = KV.replace(l2_eviction="s3fifo")
+    twin = ScriptedTwin({KV: 1.0, DEFAULT: 1.2, KV.replace(l2_eviction="lfu"): 0.98, s3: 0.9,
+                         KV.replace(l2_eviction="arc"): 0.95, BIG: 1.01}, restart_ttft=3.0)
+    kw = {"restarts": restarts, "routers": ("roundrobin", "kvaware"), "search": ListSearch([BIG]),
+          "settings": PlanSettings(horizon_s=900.0, margin=0.03)}
+    planner = TransitionPlanner(lambda: twin, lambda: KV, every_value={"l2_eviction": ("lru", "lfu", "s3fifo", "arc")},
+                                **kw)
+    assert planner.candidates(3) == [s3]
+    priced = {d.knobs.l2_eviction for d in planner.decisions if d.knobs.router == "kvaware"}
+    assert priced == {"lru", "lfu", "s3fifo", "arc"}  # the running LRU through BIG, the three others on their own
+    alone = TransitionPlanner(lambda: twin, lambda: KV, **kw)
+    assert alone.candidates(3) == []  # the search's candidate alone does not pay
+    lfu = next(d for d in planner.decisions if d.knobs == KV.replace(l2_eviction="lfu"))
+    assert not lfu.accepted and lfu.reason.startswith("does not pay even once settled")
+
+
+def test_a_decline_under_the_margin_says_so_not_that_the_transition_is_unpaid() -> None:
+    """Settled it gains 4% and the transition costs nothing (payback 0 s), but over a horizon twice
+    the window the move gains 2.3% on the mean: under the 3% margin, and the reason says that."""
+
+    class HalfWindowTwin:
+        transition_s = 150.0
+
+        def steady(self, knobs: Knobs) -> np.ndarray:
+            return np.full(100, 1.0 if knobs == KV else 0.96)
+
+        def switch(self, before: Knobs, after: Knobs, *, restart: bool) -> np.ndarray:
+            return np.full(100, 0.994)
+
+    (d,) = decide(HalfWindowTwin(), KV, [BIG], restarts=restarts, margin=0.03, horizon_s=300.0, tolerance=0.005)
+    assert not d.accepted and d.payback_s == 0.0 and d.gain_mean == pytest.approx(0.023)
+    assert d.reason == "gain below the 3.0% margin over the horizon (p95 +0.6%, mean +2.3%)"
+
+
 def test_restarts_wait_until_a_regime_that_began_with_a_drift_fills_the_twins_window() -> None:
     """After a drift the twin's 150 s window still holds the old regime's requests: a restart
     priced on it would be priced on the wrong workload. The hot router is decided anyway; restart

@@ -10,8 +10,12 @@ began observing) and the lengths of past regimes.
   no other information, as likely as not to last another t);
 - without past regimes: the current regime's age, by the same rule;
 
-clipped to the configured `floor_s` and `cap_s`. A young regime therefore gets a short horizon, so
-a restart must pay back quickly, and the planner looks again as the regime ages (`replan_due`).
+clipped to the configured `floor_s` and `cap_s`. The floor guards a run with too little history
+to judge by (fewer than `trust_after` past regimes: one past regime may be a false alarm); once
+the run has seen that many, its estimate stands on its own and only `min_s` bounds it below, so a
+regime the history says is about to end gets a short horizon and a restart there must pay back
+at once. A young regime gets a short horizon too, so a restart must pay back quickly, and the
+planner looks again as the regime ages (`replan_due`).
 """
 from __future__ import annotations
 
@@ -23,17 +27,24 @@ from collections.abc import Sequence
 
 @dataclasses.dataclass(frozen=True)
 class HorizonSettings:
-    """floor_s / cap_s: bounds of the horizon. replan_growth: the planner plans again when the
-    regime's age has grown by this factor since its last plan (1.25: at 100 s, 125 s, 156 s, ...).
-    Each look measures a fresh baseline window first, so looks are at least a window apart."""
+    """floor_s / cap_s: bounds of the horizon; the floor holds while the run has seen fewer than
+    `trust_after` past regimes, and `min_s` (or the floor, if lower) from then on. replan_growth: the planner plans again
+    when the regime's age has grown by this factor since its last plan (1.25: at 100 s, 125 s,
+    156 s, ...). Each look measures a fresh baseline window first, so looks are at least a window
+    apart."""
 
     floor_s: float = 300.0
     cap_s: float = 3600.0
     replan_growth: float = 1.25
+    trust_after: int = 2
+    min_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not (0 < self.floor_s <= self.cap_s):
-            raise ValueError(f"horizon: need 0 < floor_s <= cap_s, got {self.floor_s}, {self.cap_s}")
+        if not (0 < self.floor_s <= self.cap_s and self.min_s > 0):
+            raise ValueError("horizon: need 0 < floor_s <= cap_s and min_s > 0, got "
+                             f"{self.floor_s}, {self.cap_s}, {self.min_s}")
+        if self.trust_after < 1:
+            raise ValueError(f"horizon.trust_after: must be >= 1, got {self.trust_after}")
         if not self.replan_growth > 1.0:
             raise ValueError(f"horizon.replan_growth: must be > 1, got {self.replan_growth}")
 
@@ -63,9 +74,10 @@ def estimate_horizon(age_s: float, past_lengths_s: Sequence[float], settings: Ho
         raw = age
         basis = (f"age {age:.0f} s (outlived the typical {typical:.0f} s)" if typical is not None
                  else f"age {age:.0f} s (no past regime)")
-    h = min(max(raw, settings.floor_s), settings.cap_s)
+    low = min(settings.min_s, settings.floor_s) if len(past) >= settings.trust_after else settings.floor_s
+    h = min(max(raw, low), settings.cap_s)
     if h != raw:
-        basis += f", clipped to [{settings.floor_s:g}, {settings.cap_s:g}] s"
+        basis += f", clipped to [{low:g}, {settings.cap_s:g}] s"
     return HorizonEstimate(h, age, typical, basis)
 
 

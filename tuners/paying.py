@@ -11,7 +11,7 @@ restart-requiring candidates, and optional live latency points to calibrate the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
@@ -40,6 +40,16 @@ def restarts_serving_pods(before: Knobs, after: Knobs) -> bool:
     return bool(set(before.diff(after)) - ROUTER_KNOBS)
 
 
+# knobs the planner prices at every value on every plan: a handful of values, and the twin search's
+# short window cannot rank L2 eviction policies (they differ once scans have churned the pool)
+EVERY_VALUE_KNOBS = ("l2_eviction",)
+
+
+def every_value_knobs(space: Any) -> dict[str, tuple[object, ...]]:
+    """{knob: the values the search space offers} for `EVERY_VALUE_KNOBS` the space searches."""
+    return {name: values for name in EVERY_VALUE_KNOBS if len(values := space.choices(name)) > 1}
+
+
 @dataclasses.dataclass
 class Paying:
     planner: TransitionPlanner
@@ -57,13 +67,15 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
                  search: WarmStart | None, recent_s: float, warm_s: float, downtime_s: float,
                  latency_points: LatencyPoints | None = None, settings: PlanSettings | None = None,
                  horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
-                 memory_s: Callable[[Knobs], float] | None = None, plan_warm_s: float | None = None) -> Paying:
+                 memory_s: Callable[[Knobs], float] | None = None, plan_warm_s: float | None = None,
+                 every_value: Mapping[str, Sequence[object]] | None = None) -> Paying:
     """The planner (calibrating the twin before each plan when `latency_points` is given) and the
     counterfactual twin (carrying the latest calibration). `plan_warm_s` (default `warm_s`) of history before the last
     `recent_s` warms the planning twin's caches, so a capacity change is priced at the occupancy
     the fleet's history gives it (a buffer larger than the GPU pool pays only once the working set
     has outgrown the GPU). `horizon`: the regime horizon from the run (tuners.horizon); `capacity`:
-    CPU buffer candidates (the capacity curve); `memory_s`: the objective's memory price."""
+    CPU buffer candidates (the capacity curve); `memory_s`: the objective's memory price;
+    `every_value`: knobs whose every value is priced at every plan (`TransitionPlanner`)."""
     counterfactual = WindowTwin(history, twin_cluster(), warm_s=warm_s)
     state: dict[str, Any] = {"profile": None}
     fits: list[tuple[float, LatencyFit]] = []
@@ -88,8 +100,9 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
 
     planner = TransitionPlanner(planning_twin, current, restarts=restarts, routers=routers, search=search,
                                 settings=settings or PlanSettings(), horizon=horizon, capacity=capacity,
-                                memory_s=memory_s, clock=clock)
+                                memory_s=memory_s, every_value=every_value, clock=clock)
     return Paying(planner, counterfactual, fits, state)
 
 
-__all__ = ["ROUTER_KNOBS", "History", "Paying", "build_paying", "restarts_serving_pods"]
+__all__ = ["EVERY_VALUE_KNOBS", "ROUTER_KNOBS", "History", "Paying", "build_paying", "every_value_knobs",
+           "restarts_serving_pods"]

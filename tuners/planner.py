@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -190,6 +190,9 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
         elif min(g95, gmean) < -tolerance:
             which = "p95" if g95 < gmean else "mean"
             reason = f"{which} worse over the horizon ({min(g95, gmean) * 100:+.1f}%)"
+        elif math.isfinite(payback) and payback < horizon_s:
+            reason = (f"gain below the {margin * 100:.1f}% margin over the horizon (p95 {g95 * 100:+.1f}%, "
+                      f"mean {gmean * 100:+.1f}%)")
         else:
             pay = "never" if not math.isfinite(payback) else f"{payback:,.0f} s"
             reason = f"transition not repaid within the horizon (payback {pay}, horizon {horizon_s:,.0f} s)"
@@ -211,13 +214,17 @@ class TransitionPlanner:
 
     `horizon()` (optional) estimates the rest of the regime from the run (tuners.horizon); without
     it `settings.horizon_s` is used. `capacity` (optional) adds CPU buffer candidates to the
-    search's. `memory_s(knobs)` prices memory as the objective does."""
+    search's. `every_value` (optional): knobs with a few values that are all priced at every plan,
+    whatever the search found (the L2 eviction policy: the search's short window cannot rank
+    policies that differ only once scans have churned the pool, and a full-history twin can).
+    `memory_s(knobs)` prices memory as the objective does."""
 
     def __init__(self, twin_factory: Callable[[], PlanningTwin], current: Callable[[], Knobs], *,
                  restarts: Callable[[Knobs, Knobs], bool], routers: Sequence[str],
                  search: WarmStart | None = None, settings: PlanSettings = PlanSettings(),
                  horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
                  memory_s: Callable[[Knobs], float] | None = None,
+                 every_value: Mapping[str, Sequence[object]] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.twin_factory = twin_factory
         self.current = current
@@ -228,6 +235,7 @@ class TransitionPlanner:
         self.horizon = horizon
         self.capacity = capacity
         self.memory_s = memory_s
+        self.every_value = dict(every_value or {})
         self.clock = clock
         self.decisions: list[Decision] = []
         self.last_plan: dict[str, Any] | None = None  # for /healthz and the report
@@ -258,6 +266,8 @@ class TransitionPlanner:
             if found and len(base.diff(found[0])) > 1:
                 found += [base.replace(**{name: after}) for name, (_b, after) in base.diff(found[0]).items()
                           if not name.startswith("l2_") or name == "l2_eviction"]
+            found += [base.replace(**{name: v}) for name, values in self.every_value.items() for v in values
+                      if v != getattr(base, name)]
             cold = decide(twin, base, found, restarts=self.restarts, margin=s.margin, horizon_s=horizon_s,
                           tolerance=s.tolerance, memory_s=self.memory_s)
             if cold and cold[0].accepted:

@@ -319,6 +319,10 @@ class SearchSpace:
         return dataclasses.replace(self, dimensions=tuple(dims),
                                    fixed=Knobs.from_mapping(fixed, source=acc.source), targets=acc)
 
+    def choices(self, name: str) -> tuple[Any, ...]:
+        """The values of the choice dimension `name` ((): the space does not search it)."""
+        return next((tuple(d.values) for d in self.dimensions if d.name == name and isinstance(d, Choice)), ())
+
     # -- optuna views ------------------------------------------------------------------------
     def distributions(self) -> dict[str, BaseDistribution]:
         return {d.name: d.distribution() for d in self.dimensions}

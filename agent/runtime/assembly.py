@@ -439,7 +439,8 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
 
         if t.planner.horizon_from_run:
             horizon = RegimeHorizon(HorizonSettings(floor_s=t.planner.horizon_floor_s,
-                                                    cap_s=max(t.planner.horizon_cap_s, t.planner.horizon_floor_s)))
+                                                    cap_s=max(t.planner.horizon_cap_s, t.planner.horizon_floor_s),
+                                                    trust_after=t.planner.horizon_trust_after))
         rt.paying = build_runtime_paying(rt, settings.tuner, space, twin_cluster_kw(settings, limits), search=warm,
                                           clock=clock, horizon=horizon, objective=objective)
         warm, counterfactual = rt.paying.planner, rt.paying.counterfactual

@@ -29,7 +29,7 @@ from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
 from simulator.cluster import ClusterSpec
 from tuners.horizon import RegimeHorizon
 from tuners.objective import ObjectiveSpec
-from tuners.paying import Paying, build_paying, restarts_serving_pods
+from tuners.paying import Paying, build_paying, every_value_knobs, restarts_serving_pods
 from tuners.planner import PlanSettings
 from tuners.space import memory_cost_gib
 
@@ -116,7 +116,7 @@ def latency_points(store: Any, since: float, until: float, step_s: float) -> lis
 
 def router_choices(space: Any) -> tuple[str, ...]:
     """The routers the targets let the tuner switch to (none when it does not own the router)."""
-    return next((tuple(d.values) for d in space.dimensions if d.name == "router"), ())
+    return space.choices("router")
 
 
 def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, Any], *, search: Any,
@@ -144,7 +144,7 @@ def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, 
                               tolerance=p.tolerance, search_k=p.search_k),
         horizon=(lambda: horizon.estimate(clock())) if horizon is not None else None,
         memory_s=(lambda k: objective.memory_cost_s(memory_cost_gib(k, space.limits))) if objective else None,
-        plan_warm_s=p.plan_warm_s)
+        plan_warm_s=p.plan_warm_s, every_value=every_value_knobs(space))
 
 
 __all__ = ["FittedHistory", "build_runtime_paying", "latency_points", "observed_between", "router_choices", "store_window",

@@ -31,7 +31,7 @@ from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, ObjectiveSpec
-from tuners.paying import build_paying
+from tuners.paying import build_paying, every_value_knobs
 from tuners.planner import CapacitySource, PlanSettings, TransitionPlanner
 from tuners.space import DeploymentLimits, SearchSpace, memory_cost_gib
 from tuners.warmstart import TwinWarmStart, WarmStart
@@ -39,7 +39,7 @@ from tuners.warmstart import TwinWarmStart, WarmStart
 CONTROL_START_S = 60.0  # trace seconds before the controller's first step (the agent has a window)
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on
 WARM_HISTORY_S = 300.0  # replayed before that, to warm the twin's caches
-WARM_START_TRIALS = 16  # twin trials searching restart-requiring knobs (the router is decided on its own)
+WARM_START_TRIALS = 24  # twin trials searching restart-requiring knobs (the router is decided on its own)
 PLAN_WARM_S = 1200.0  # history replayed before the recent window when pricing a move (capacity needs it)
 HOT_MARGIN = 0.03  # a router switch must buy 3%: regimes flip, and a marginal switch costs the next one
 HORIZON = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.25)
@@ -170,7 +170,7 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
                           latency_points=latency_points, settings=PlanSettings(hot_margin=HOT_MARGIN),
                           horizon=lambda: horizon.estimate(clock()), capacity=capacity or demo_capacity(history, clock, twin_cluster, limits, objective, metrics),
                           memory_s=lambda k: objective.memory_cost_s(memory_cost_gib(k, limits)),
-                          plan_warm_s=PLAN_WARM_S)
+                          plan_warm_s=PLAN_WARM_S, every_value=every_value_knobs(space))
 
     def twin_evaluator() -> Any:
         now = clock()

@@ -27,7 +27,8 @@ import numpy as np
 
 from contracts.knobs import Knobs
 from simulator.capacity import tier_curves
-from simulator.capacity.curves import _dense_chunks, _gather
+from simulator.capacity.curves import _dense_chunks, _gather, _prefix_max
+from simulator.capacity.stack import NEVER, reuse_distances
 from simulator.cluster import ClusterSpec
 from simulator.policies import LRU
 from simulator.replay import replay
@@ -101,6 +102,30 @@ def accuracy(seed: int, router: str = "roundrobin") -> tuple[float, int]:
         got = replay(w, ClusterSpec(pods=2, l2_tokens=chunks * c), k2).summary()["tiers"]["l2"]
         errs.append(abs(l2.hit_ratio_at(chunks) - got["hit_ratio"]))
     return max(errs), len(errs)
+
+
+def kvaware_band(seed: int) -> list[tuple[int, float, float, float]]:
+    """Why the kvaware curve misses: (CPU chunks per pod, curve, pooled, replay) at the checked
+    points. The curve keeps each request on the pod the observed run sent it to; kvaware routes by
+    what each pod caches, so a bigger buffer pulls a prompt back to the pod holding its prefix.
+    "pooled" is the other extreme, perfect affinity: one fleet-wide LRU of pods x C chunks."""
+    w = synthetic("rag", seed=seed, duration_s=300)
+    knobs = Knobs(router="kvaware")
+    c = knobs.chunk_tokens
+    cluster = ClusterSpec(pods=2, l2_tokens=0)
+    run = replay(w, cluster, knobs)
+    curve = tier_curves(w, cluster, knobs, run=run)["cpu"]
+    ids, offsets = _dense_chunks(w, c)
+    skip = run.requests["gpu_hit_tokens"].to_numpy().astype(np.int64) // c
+    keys, starts, req = _gather(ids, offsets, skip, np.arange(w.height), None, 1)
+    pm = _prefix_max(reuse_distances(keys, starts), req)
+    pm = pm[pm != NEVER]
+    out = []
+    for chunks in (600, 1200, 2000, 2800):
+        got = replay(w, ClusterSpec(pods=2, l2_tokens=0, cpu_tokens=chunks * c), knobs).summary()["tiers"]["cpu"]
+        pooled = float((pm < cluster.pods * chunks).sum()) * c / curve.lookup_tokens
+        out.append((chunks, curve.hit_ratio_at(chunks), pooled, got["hit_ratio"]))
+    return out
 
 
 def shared_dir() -> Path:
@@ -226,6 +251,10 @@ def main() -> None:
         err, n = accuracy(seed=3, router=router)
         print(f"exact curve vs full twin replay, {router}: max |diff| {err:.4f} over {n} points "
               f"(target 0.01: {'met' if err <= 0.01 else 'missed'})")
+    print("kvaware, CPU hit ratio: the curve (observed routing), pooled (perfect affinity: one LRU of pods x C), "
+          "replay")
+    for chunks, cur, pooled, got in kvaware_band(seed=3):
+        print(f"  {chunks:>5} chunks/pod: curve {cur:.4f}, pooled {pooled:.4f}, replay {got:.4f}")
     print(f"with an L2 below it, the CPU curve's max |diff| against replay: {both_tiers_error(seed=3):.4f} "
           "(it counts the CPU's leading run only)")
     cpu = exact["cpu"]

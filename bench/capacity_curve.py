@@ -82,6 +82,15 @@ def lru_reference(workload, run, knobs: Knobs, capacity: int) -> tuple[float, in
     return time.process_time() - t0, refs
 
 
+CPU_CHECK_CHUNKS = (600, 1200, 2000, 2800)  # CPU capacities (chunks per pod) checked against replay
+
+
+def cpu_replay_hit_ratio(w, knobs: Knobs, chunks: int) -> float:
+    """The CPU tier's hit ratio in a full replay on 2 pods without L2, `chunks` chunks per pod."""
+    cluster = ClusterSpec(pods=2, l2_tokens=0, cpu_tokens=chunks * knobs.chunk_tokens)
+    return replay(w, cluster, knobs).summary()["tiers"]["cpu"]["hit_ratio"]
+
+
 def accuracy(seed: int, router: str = "roundrobin") -> tuple[float, int]:
     """Max |curve - replay| over the checked points, and how many points were checked."""
     w = synthetic("rag", seed=seed, duration_s=300)
@@ -90,9 +99,8 @@ def accuracy(seed: int, router: str = "roundrobin") -> tuple[float, int]:
     errs = []
     no_l2 = ClusterSpec(pods=2, l2_tokens=0)
     curves = tier_curves(w, no_l2, knobs)
-    for chunks in (600, 1200, 2000, 2800):
-        got = replay(w, ClusterSpec(pods=2, l2_tokens=0, cpu_tokens=chunks * c), knobs).summary()["tiers"]["cpu"]
-        errs.append(abs(curves["cpu"].hit_ratio_at(chunks) - got["hit_ratio"]))
+    for chunks in CPU_CHECK_CHUNKS:
+        errs.append(abs(curves["cpu"].hit_ratio_at(chunks) - cpu_replay_hit_ratio(w, knobs, chunks)))
     for chunks in (100, 300, 700):
         got = replay(w, ClusterSpec(pods=2, l2_tokens=0, gpu_tokens=chunks * c), knobs).summary()["tiers"]["gpu"]
         errs.append(abs(curves["gpu"].hit_ratio_at(chunks) - got["hit_ratio"]))
@@ -121,10 +129,9 @@ def kvaware_band(seed: int) -> list[tuple[int, float, float, float]]:
     pm = _prefix_max(reuse_distances(keys, starts), req)
     pm = pm[pm != NEVER]
     out = []
-    for chunks in (600, 1200, 2000, 2800):
-        got = replay(w, ClusterSpec(pods=2, l2_tokens=0, cpu_tokens=chunks * c), knobs).summary()["tiers"]["cpu"]
+    for chunks in CPU_CHECK_CHUNKS:
         pooled = float((pm < cluster.pods * chunks).sum()) * c / curve.lookup_tokens
-        out.append((chunks, curve.hit_ratio_at(chunks), pooled, got["hit_ratio"]))
+        out.append((chunks, curve.hit_ratio_at(chunks), pooled, cpu_replay_hit_ratio(w, knobs, chunks)))
     return out
 
 

@@ -114,11 +114,6 @@ def latency_points(store: Any, since: float, until: float, step_s: float) -> lis
     return out
 
 
-def router_choices(space: Any) -> tuple[str, ...]:
-    """The routers the targets let the tuner switch to (none when it does not own the router)."""
-    return space.choices("router")
-
-
 def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, Any], *, search: Any,
                          clock: Callable[[], float], horizon: RegimeHorizon | None = None,
                          objective: ObjectiveSpec | None = None) -> Paying:
@@ -137,7 +132,7 @@ def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, 
 
     return build_paying(
         history=history, twin_cluster=twin_cluster, current=rt.actuator.current, clock=clock,
-        restarts=restarts_serving_pods, routers=router_choices(space), search=search,
+        restarts=restarts_serving_pods, routers=space.choices("router"), search=search,  # routers the targets own
         recent_s=p.recent_s, warm_s=p.warm_s, downtime_s=p.restart_downtime_s,
         latency_points=points if p.calibrate else None,
         settings=PlanSettings(horizon_s=p.horizon_s, margin=p.margin, hot_margin=p.hot_margin,
@@ -147,5 +142,5 @@ def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, 
         plan_warm_s=p.plan_warm_s, every_value=every_value_knobs(space))
 
 
-__all__ = ["FittedHistory", "build_runtime_paying", "latency_points", "observed_between", "router_choices", "store_window",
+__all__ = ["FittedHistory", "build_runtime_paying", "latency_points", "observed_between", "store_window",
            "twin_cluster_for"]

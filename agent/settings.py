@@ -133,7 +133,7 @@ class TlsSettings(_Frozen):
 
 class PrometheusSourceSettings(_Frozen):
     """`prometheus:` read the fleet's series from a Prometheus-compatible query API
-    (agent/collect/promsource.py) instead of scraping every pod (`source: prometheus`)."""
+    (agent/collect/prom/source.py) instead of scraping every pod (`source: prometheus`)."""
 
     url: str | None = Field(None, description="base URL of the query API, e.g. http://prometheus:9090 "
                                               "(Thanos, Mimir: the prefix before /api/v1)")
@@ -151,7 +151,7 @@ class PrometheusSourceSettings(_Frozen):
     backfill: bool = Field(True, description="at start, fill the window with one range query per series")
     aggregate: Literal["server", "agent"] = Field(
         "server", description="server: Prometheus aggregates every mapping rule per pod and model "
-                              "(promplan.py; small answers, the large-fleet mode); agent: read the raw "
+                              "(prom/plan.py; small answers, the large-fleet mode); agent: read the raw "
                               "series and normalise them here, as a direct scrape does")
 
     @field_validator("url")
@@ -282,7 +282,7 @@ class DriftSection(_Frozen):
 
 
 class PlannerSection(_Frozen):
-    """`tuner.planner:` tuning that pays for itself (tuners/planner.py, tuners/paying.py): each phase,
+    """`tuner.planner:` tuning that pays for itself (tuners/planning/planner.py, tuners/planning/paying.py): each phase,
     a hot router change is priced alone on the twin, then the twin search's restart candidates with
     their rolling-restart cost over `horizon_s`; only a net gain above the margin is applied, live
     changes are judged against the twin's counterfactual for the same window, and the twin's

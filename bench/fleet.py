@@ -198,8 +198,8 @@ def prometheus_work(url: str, selector: str) -> str:
     import urllib.request
 
     from agent.collect.mapping import load_mappings
-    from agent.collect.promframe import Labelling, plan
-    from agent.collect.promplan import compile_group
+    from agent.collect.prom.frame import Labelling, plan
+    from agent.collect.prom.plan import compile_group
 
     mappings = load_mappings()
     (group,) = plan(mappings, {"vllm": selector})

@@ -1,7 +1,7 @@
 """The planner's twin search against an exhaustive sweep of the same space on the same window.
 
 At a moment of a scenario's run (default: 900 cluster-seconds in), the planner's twin search
-(`tuners.warmstart.TwinWarmStart`, TPE, over the restart-requiring knobs the deployment has:
+(`tuners.planning.warmstart.TwinWarmStart`, TPE, over the restart-requiring knobs the deployment has:
 `emulator.demo.tuning_setup.restart_space`) and a sweep of every grid point of that space score
 candidates with the same evaluator on the same window (the recent 150 s, warmed by the history
 before it) under the same objective. Printed per scenario and seed: the sweep's best, the search's
@@ -26,8 +26,8 @@ from emulator.demo.scenarios import SCENARIOS, scenario
 from emulator.demo.tuning_setup import RECENT_WORKLOAD_S, WARM_HISTORY_S, WARM_START_TRIALS, restart_space
 from emulator.demo.workload import WarmReplay
 from tuners.evaluators import TwinEvaluator
+from tuners.planning.warmstart import TwinWarmStart
 from tuners.space import SearchSpace
-from tuners.warmstart import TwinWarmStart
 
 
 def main() -> None:

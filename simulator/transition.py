@@ -8,7 +8,7 @@ it refills) and, when `restart_pods`, every pod restarts one after the other, ea
 TTFT (s) of the requests that arrive from `measure_from_s` on.
 
 Compared with a replay that keeps `before`, and with a warm replay of `after`, this prices a
-change: its transition cost and its steady-state benefit (`tuners.planner`).
+change: its transition cost and its steady-state benefit (`tuners.planning.planner`).
 """
 from __future__ import annotations
 

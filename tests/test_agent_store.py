@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from agent.collect.promql import counter_delta, counter_increase, histogram_quantile
+from agent.collect.counter_math import counter_delta, counter_increase, histogram_quantile
 from agent.collect.store import CounterResetDetector, WindowStore
 from contracts.tier_model import NO_LE, Signal
 

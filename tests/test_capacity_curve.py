@@ -239,8 +239,8 @@ def test_a_prompt_stops_at_its_first_miss():
 
 
 def test_curve_capacity_gives_the_planner_sizes_and_publishes_the_curve(rag):
-    from tuners.capacity_source import CurveCapacity
     from tuners.metrics import TunerMetrics
+    from tuners.planning.capacity_source import CurveCapacity
 
     metrics = TunerMetrics(target="t")
     calls = []

@@ -161,7 +161,7 @@ def test_from_prometheus_at_a_wrong_url_says_what_to_fix():
 
 
 def test_a_404_on_the_query_api_names_the_prefix():
-    from agent.collect.promapi import _decode
+    from agent.collect.prom.api import _decode
 
     failure = _decode(404, b"404 page not found\n", "up", 0.01)
     assert failure.reason == "http_4xx"

@@ -7,7 +7,7 @@ from emulator.demo.engine_tuning import DEFAULT_TIMING, ENGINE_KNOBS, ENGINE_ROU
 from simulator.cluster import ClusterSpec
 from tests.support.tuner_fakes import FakeActuator, FakeClock
 from tuners.metrics import TunerMetrics
-from tuners.plan_runner import InlineExecutor
+from tuners.planning.plan_runner import InlineExecutor
 
 
 class _NoWindows:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from agent.collect.discovery import StaticTargets
 from agent.collect.mapping import load_mappings
-from agent.collect.promframe import Labelling, RoleGroup, plan, split_vector
+from agent.collect.prom.frame import Labelling, RoleGroup, plan, split_vector
 from agent.runtime.app import Agent
 from agent.settings import SettingsError, load_settings
 from tests.support.prometheus import free_port
@@ -237,7 +237,7 @@ def test_unreadable_tls_files_are_a_reasoned_status_until_they_appear(api, tmp_p
 
 
 def test_a_failing_backfill_is_given_up_after_three_attempts(api):
-    from agent.collect.promsource import BACKFILL_ATTEMPTS
+    from agent.collect.prom.source import BACKFILL_ATTEMPTS
 
     settings = load_settings(env={}, source="prometheus", prometheus={
         "url": api.url, "timeout_s": 1.0, "backfill": True, "aggregate": api.aggregate})

@@ -1,5 +1,5 @@
 """`source: prometheus` with `aggregate: server`: the mapping files compiled into PromQL
-(promplan.py) give, on a real Prometheus, exactly the view the agent-side path gives from the
+(prom/plan.py) give, on a real Prometheus, exactly the view the agent-side path gives from the
 raw series; the cases where the two could part are the point: several data-parallel engines,
 mean gauges, a histogram without `+Inf`, a NaN series (read the exact way, its anomaly counted),
 the Ray Serve prefix alias, LMCache's several model labels and `max`, `where` filters, router
@@ -14,8 +14,8 @@ import pytest
 
 from agent.collect.discovery import StaticTargets
 from agent.collect.mapping import load_mappings
-from agent.collect.promframe import Labelling, plan
-from agent.collect.promplan import compile_group
+from agent.collect.prom.frame import Labelling, plan
+from agent.collect.prom.plan import compile_group
 from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import Snapshot
@@ -179,7 +179,7 @@ def test_server_side_aggregation_gives_the_agent_side_view(fleet, roles):
 
 
 def test_backfill_instants_start_at_the_first_sample_and_double_back():
-    from agent.collect.promaggregate import backfill_instants
+    from agent.collect.prom.aggregate import backfill_instants
 
     assert backfill_instants(1000.0, 300.0, 15.0) == [700.0, 760.0, 880.0, 940.0, 970.0, 985.0]
     # Prometheus has the targets only since 950: the baseline is its first sample, not before

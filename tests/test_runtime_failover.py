@@ -15,7 +15,7 @@ from contracts.tier_model import Target
 from tests.support.kube import NS, FakeTime, deployment
 from tests.support.postgres import postgres_url  # noqa: F401  (fixture)
 from tests.test_runtime_tuning import kube, targets_file, traffic, vllm  # noqa: F401  (fixtures)
-from tuners.plan_runner import InlineExecutor
+from tuners.planning.plan_runner import InlineExecutor
 
 pytestmark = pytest.mark.timeout(120)
 

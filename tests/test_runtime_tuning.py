@@ -20,7 +20,7 @@ from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 from tests.support.kube import NS, FakeTime, configmap, deployment, serve
 from tests.support.runtime_fakes import FakeVllm
-from tuners.plan_runner import InlineExecutor
+from tuners.planning.plan_runner import InlineExecutor
 
 pytestmark = pytest.mark.timeout(60)
 ENV_NAMES = {"chunk_tokens": "LMCACHE_CHUNK_SIZE", "cpu_gib": "LMCACHE_MAX_LOCAL_CPU_SIZE",
@@ -381,7 +381,7 @@ def test_a_hot_router_change_that_pays_is_applied_without_restarting_the_serving
 def test_a_restart_candidate_whose_transition_cost_exceeds_its_gain_is_declined(kube, vllm, tmp_path):
     import numpy as np
 
-    from tuners.planner import weighted_p95_mean
+    from tuners.planning.planner import weighted_p95_mean
 
     pod, _srv = vllm
     pod.gpu_blocks = 1024  # a 16k-token GPU KV pool (vLLM's cache_config_info): a bigger CPU tier pays

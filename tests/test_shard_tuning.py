@@ -23,7 +23,7 @@ from contracts.tier_model import Target
 from tests.support.fake_targets import MetricsServer
 from tests.support.kube import NS, FakeTime, deployment, serve
 from tests.support.runtime_fakes import FakeVllm
-from tuners.plan_runner import InlineExecutor
+from tuners.planning.plan_runner import InlineExecutor
 
 pytestmark = pytest.mark.timeout(90)
 PODS = ("vllm-0", "vllm-4")  # one pod per shard of two

@@ -11,8 +11,8 @@ import pytest
 from contracts.knobs import DEFAULT_KNOBS
 from emulator.demo.ceiling import cpu_levels, dimension_values, search_ceiling
 from emulator.demo.tuning_setup import HeadroomCapacity, restart_space
-from tuners.horizon import HorizonSettings, RegimeHorizon, estimate_horizon
-from tuners.planner import decide, price
+from tuners.planning.horizon import HorizonSettings, RegimeHorizon, estimate_horizon
+from tuners.planning.planner import decide, price
 from tuners.space import CandidateError, DeploymentLimits, SearchSpace
 from tuners.space_modes import follow_deployment
 

@@ -20,7 +20,7 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.test_runtime_tuning import kube, run_to_trial, targets_file, traffic, value, vllm  # noqa: F401
 from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.metrics import TunerMetrics
-from tuners.plan_runner import InlineExecutor
+from tuners.planning.plan_runner import InlineExecutor
 from tuners.space import DeploymentLimits, SearchSpace
 
 pytestmark = pytest.mark.timeout(120)

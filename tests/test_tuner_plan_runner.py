@@ -18,7 +18,7 @@ from tuners.drift import DriftDetector, DriftSettings
 from tuners.guardrails import Guardrails, GuardrailSettings
 from tuners.live import LiveEvaluator, LiveSettings
 from tuners.metrics import TunerMetrics
-from tuners.plan_runner import InlineExecutor, PlanRunner, background_executor
+from tuners.planning.plan_runner import InlineExecutor, PlanRunner, background_executor
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -165,7 +165,7 @@ def test_a_replan_does_not_try_again_a_move_rolled_back_in_the_phase():
 
 
 def _replanning(warm: BatchPlan):
-    from tuners.horizon import HorizonSettings, RegimeHorizon
+    from tuners.planning.horizon import HorizonSettings, RegimeHorizon
 
     return build(warm, executor=InlineExecutor(),
                  horizon=RegimeHorizon(HorizonSettings(floor_s=300.0, cap_s=36000.0, replan_growth=1.25)))

@@ -1,4 +1,4 @@
-"""Pricing a live change on the twin (tuners/planner.py), judging it against the twin's
+"""Pricing a live change on the twin (tuners/planning/planner.py), judging it against the twin's
 counterfactual for the same window, and the drift detector's trend / refractory / size checks."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftSettings, SignalDetector
 from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings
 from tuners.metrics import TunerMetrics
 from tuners.objective import TtftObservations
 from tuners.payoff import TtftSummary
-from tuners.planner import (
+from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+from tuners.planning.planner import (
     PlanSettings,
     TransitionPlanner,
     decide,

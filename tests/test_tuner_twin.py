@@ -12,8 +12,8 @@ from simulator.cluster import ClusterSpec
 from tuners.cli import tune
 from tuners.evaluators import EvaluationCache, TwinEvaluator
 from tuners.offline import load_workload
+from tuners.planning.warmstart import TwinWarmStart
 from tuners.space import Choice, DeploymentLimits, SearchSpace
-from tuners.warmstart import TwinWarmStart
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -33,17 +33,17 @@ from contracts.knobs import Knobs
 from tuners.base import Candidate
 from tuners.drift import CONFIG_DEPENDENT, DriftDetector, DriftEvent
 from tuners.guardrails import Guardrails
-from tuners.horizon import RegimeHorizon
 from tuners.live import InsufficientTraffic, LiveEvaluator, LiveResult
 from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec, TtftObservations
 from tuners.optuna_tuner import OptunaTuner
 from tuners.payoff import TtftSummary
-from tuners.plan_runner import PlanRunner
+from tuners.planning.horizon import RegimeHorizon
+from tuners.planning.plan_runner import PlanRunner
+from tuners.planning.warmstart import WarmStart
 from tuners.space import CandidateError, SearchSpace
 from tuners.stats import scale_observations
-from tuners.warmstart import WarmStart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class StepReport:
 
 
 class WindowPredictor(Protocol):
-    """The twin's TTFT for a configuration over one live window (`tuners.twin_oracle.WindowTwin`)."""
+    """The twin's TTFT for a configuration over one live window (`tuners.planning.twin_oracle.WindowTwin`)."""
 
     def predict(self, knobs: Knobs, since: float, until: float) -> TtftSummary | None:
         ...

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from agent.collect.promql import histogram_quantile
+from agent.collect.counter_math import histogram_quantile
 from agent.collect.tiers import (
     cumulative_hit_ratios,
     derive_tiers,

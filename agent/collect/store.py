@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from agent.collect.promql import counter_delta, histogram_quantile
+from agent.collect.counter_math import counter_delta, histogram_quantile
 from agent.collect.tiers import cumulative_hit_ratios as _cumulative
 from agent.collect.tiers import derive_tiers, prompt_lookups
 from agent.collect.window import (

@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.collect.promql import ratio
+from agent.collect.counter_math import ratio
 from contracts.tier_model import TIERS, Tier
 
 SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_by_source", "vllm_native_offload", "estimated_l2_read_bytes",

@@ -80,10 +80,10 @@ def make_cycle(settings: AgentSettings, mappings: MappingSet, store: WindowStore
                clock: Callable[[], float]) -> Any:
     """The cycle `settings.source` asks for: direct scraping, or a Prometheus query API."""
     if settings.source == "prometheus":
-        from agent.collect.promsource import PrometheusCycle
+        from agent.collect.prom.source import PrometheusCycle
 
         if settings.prometheus.aggregate == "server":
-            from agent.collect.promaggregate import AggregatedCycle
+            from agent.collect.prom.aggregate import AggregatedCycle
 
             return AggregatedCycle(settings, mappings, store, clock)
         return PrometheusCycle(settings, mappings, store, clock)

@@ -82,7 +82,7 @@ class Runtime:
     last_good_store: StudyLastGood | None = None
     kv_refresh: Callable[[], int] | None = None
     kv_feed: Callable[[], int] | None = None
-    paying: Any = None  # tuners.paying.Paying: the planner, counterfactual twin and calibrations
+    paying: Any = None  # tuners.planning.paying.Paying: the planner, counterfactual twin and calibrations
     fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
     fleet_overlap: Any = None  # sharded: the KV-event overlap merged from every shard (FleetOverlap)
     shard_peers: tuple[str, ...] = ()  # shard.peers without this replica's own URL
@@ -369,12 +369,12 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from tuners.controller import ControllerSettings, TuningController
     from tuners.drift import DriftDetector, DriftSettings
     from tuners.guardrails import Guardrails, GuardrailSettings
-    from tuners.horizon import HorizonSettings, RegimeHorizon
     from tuners.live import LiveEvaluator, LiveSettings
     from tuners.metrics import TunerMetrics
     from tuners.objective import ObjectiveSpec
     from tuners.optuna_tuner import open_storage
-    from tuners.plan_runner import background_executor
+    from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+    from tuners.planning.plan_runner import background_executor
     from tuners.space import DeploymentLimits, SearchSpace
     from tuners.stats import RegressionSettings
 
@@ -518,7 +518,7 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
     from agent.runtime.paying_runtime import twin_cluster_for
     from agent.runtime.workload_fit import fitted_workload
     from tuners.evaluators import TwinEvaluator
-    from tuners.warmstart import TwinWarmStart
+    from tuners.planning.warmstart import TwinWarmStart
 
     ws = settings.tuner.warm_start
     cluster_kw = twin_cluster_kw(settings, limits)

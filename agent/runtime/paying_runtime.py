@@ -8,7 +8,7 @@ load term (`vllm:num_requests_waiting` by Little's law -> `ClusterSpec.load_dela
 - `observed_between(store, kv, since, until)`: the fitted workload's inputs over one window of the
   store (the KV-event reuse ratio only for the latest window; the cache's cumulative hit ratio,
   a lower bound, otherwise).
-- `FittedHistory`: `history(now, seconds)` for tuners/paying.py: the workload fitted to the
+- `FittedHistory`: `history(now, seconds)` for tuners/planning/paying.py: the workload fitted to the
   window ending at `now`, laid out on the store's clock so that it ends at `now`.
 - `latency_points(store, since, until, step_s)`: per step, (finished requests, mean uncached prompt
   tokens, mean TTFT minus the Little's-law queue delay), what `tuners.calibration` fits the
@@ -27,10 +27,10 @@ from agent.collect.window import bucket_increases, bucket_shares, signal_values
 from agent.runtime.tuning_bridge import deepest_cumulative_ratio, drift_signals, gpu_observations
 from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
 from simulator.cluster import ClusterSpec
-from tuners.horizon import RegimeHorizon
 from tuners.objective import ObjectiveSpec
-from tuners.paying import Paying, build_paying, every_value_knobs, restarts_serving_pods
-from tuners.planner import PlanSettings
+from tuners.planning.horizon import RegimeHorizon
+from tuners.planning.paying import Paying, build_paying, every_value_knobs, restarts_serving_pods
+from tuners.planning.planner import PlanSettings
 from tuners.space import memory_cost_gib
 
 
@@ -117,7 +117,7 @@ def latency_points(store: Any, since: float, until: float, step_s: float) -> lis
 def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, Any], *, search: Any,
                          clock: Callable[[], float], horizon: RegimeHorizon | None = None,
                          objective: ObjectiveSpec | None = None) -> Paying:
-    """tuners.paying over the agent's store: the fitted twin, the load term, the live calibration.
+    """tuners.planning.paying over the agent's store: the fitted twin, the load term, the live calibration.
     `tuner` is the `tuner:` settings section (agent.settings.TunerSection)."""
     p, ws = tuner.planner, tuner.warm_start
     pods = int(cluster_kw["pods"])

@@ -26,7 +26,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from agent.collect.promql import counter_delta, histogram_quantile
+from agent.collect.counter_math import counter_delta, histogram_quantile
 from emulator.cluster.timeline import Disturbance, Served, quantile, window_stats
 from emulator.demo.agent_export import AgentExport
 

@@ -53,7 +53,7 @@ from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.profile import HardwareProfile, get_profile
 from simulator.synthetic import Phase, generate
 from tuners.metrics import TunerMetrics
-from tuners.plan_runner import background_executor
+from tuners.planning.plan_runner import background_executor
 
 log = logging.getLogger("tierpilot.demo.engine")
 

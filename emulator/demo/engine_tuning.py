@@ -32,14 +32,14 @@ from simulator.cluster import ClusterSpec as TwinClusterSpec
 from tuners.controller import ControllerSettings, TuningController
 from tuners.evaluators import TwinEvaluator
 from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
 from tuners.objective import ObjectiveSpec
-from tuners.paying import build_paying
-from tuners.planner import PlanSettings, TransitionPlanner
+from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+from tuners.planning.paying import build_paying
+from tuners.planning.planner import PlanSettings, TransitionPlanner
+from tuners.planning.warmstart import TwinWarmStart
 from tuners.space import DeploymentLimits, SearchSpace, TargetAcceptance
-from tuners.warmstart import TwinWarmStart
 
 ENGINE_ROUTERS = ("roundrobin", "prefixaware")
 ENGINE_KNOBS = DEFAULT_KNOBS.replace(cpu_gib=0.0)  # what the real fleet runs by default: no CPU tier

@@ -54,8 +54,8 @@ from tuners.evaluators import TwinEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.objective import Evaluation
 from tuners.payoff import PhaseScore, scorecard_lines
-from tuners.plan_runner import background_executor
-from tuners.warmstart import WarmStart
+from tuners.planning.plan_runner import background_executor
+from tuners.planning.warmstart import WarmStart
 
 log = logging.getLogger("tierpilot.demo")
 

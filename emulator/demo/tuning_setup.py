@@ -22,19 +22,19 @@ from emulator.cluster.local_actuator import POD_RESTART_KNOBS
 from emulator.demo.workload import WarmReplay
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from tuners.calibration import LatencyFit, LatencyPoint
-from tuners.capacity_source import CurveCapacity
 from tuners.controller import ControllerSettings, TuningController
 from tuners.drift import DriftDetector, DriftSettings
 from tuners.evaluators import TwinEvaluator
 from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.horizon import HorizonSettings, RegimeHorizon
 from tuners.live import LiveEvaluator, LiveSettings, WindowSource
 from tuners.metrics import TunerMetrics
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, ObjectiveSpec
-from tuners.paying import build_paying, every_value_knobs
-from tuners.planner import CapacitySource, PlanSettings, TransitionPlanner
+from tuners.planning.capacity_source import CurveCapacity
+from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+from tuners.planning.paying import build_paying, every_value_knobs
+from tuners.planning.planner import CapacitySource, PlanSettings, TransitionPlanner
+from tuners.planning.warmstart import TwinWarmStart, WarmStart
 from tuners.space import DeploymentLimits, SearchSpace, memory_cost_gib
-from tuners.warmstart import TwinWarmStart, WarmStart
 
 CONTROL_START_S = 60.0  # trace seconds before the controller's first step (the agent has a window)
 RECENT_WORKLOAD_S = 150.0  # trace seconds the twin warm start scores candidates on

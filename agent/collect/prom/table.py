@@ -1,4 +1,4 @@
-"""`source: prometheus`, server-side aggregation: the answers to promplan.py's queries -> the
+"""`source: prometheus`, server-side aggregation: the answers to prom/plan.py's queries -> the
 normalised signals as one polars frame, resolved across sources; then the window frame the
 snapshot reads. Pure functions, no I/O. Columnar throughout: an answer is decoded straight into
 typed structs (msgspec, only the labels the agent reads) and becomes columns; nothing here makes
@@ -19,8 +19,8 @@ import msgspec
 import polars as pl
 
 from agent.collect.mapping import MappingSet
-from agent.collect.promframe import Labelling
-from agent.collect.promplan import Part, decode_labels, default_role
+from agent.collect.prom.frame import Labelling
+from agent.collect.prom.plan import Part, decode_labels, default_role
 from contracts.tier_model import ROLES, Role, Signal
 
 KEY = ["pod", "model", "signal", "le", "source"]
@@ -96,7 +96,7 @@ def part_rows(part: Part, cols: dict[str, list], group_role: Role | None, lab: L
               roles_by_name: dict[str, Role]) -> pl.DataFrame:
     """One answer of one part -> rows (role, pod, namespace, model, le_text, value), filtered to
     the series the part's mapping applies to (a role-less group: the role from `job`, else from
-    the metric name, as promframe.series_key)."""
+    the metric name, as frame.series_key)."""
     n = len(cols["__value"])
     if n == 0:
         return pl.DataFrame(schema={"role": pl.String(), "pod": pl.String(), "namespace": pl.String(),

@@ -1,6 +1,6 @@
 """The twin as the tuner's oracle over the recent workload.
 
-- `RecentTwin`: a `tuners.planner.PlanningTwin` over a frame of recent requests. Everything
+- `RecentTwin`: a `tuners.planning.planner.PlanningTwin` over a frame of recent requests. Everything
   before `measure_from_s` warms the caches; TTFT is read from the requests after it (the
   evaluation window). `steady` replays with one configuration all along; `switch` changes the
   configuration at `measure_from_s` the way a rollout does (`simulator.transition`).

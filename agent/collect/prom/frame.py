@@ -1,5 +1,5 @@
 """Prometheus query results -> the same normalised signals and window frame a direct scrape gives.
-Pure functions, no I/O (the queries are made by promsource.py).
+Pure functions, no I/O (the queries are made by prom/source.py).
 
 The plan: per role group (a role with its configured selector, or one group for every series
 when no selector is configured), one instant query of the raw series the mappings read (a

@@ -102,7 +102,7 @@ class PrometheusApi:
     async def query_body(self, session: aiohttp.ClientSession, promql: str,
                          at: float | None = None) -> tuple[bytes, float] | QueryFailure:
         """An instant query's raw answer and its duration, for a caller that decodes it into its
-        own types (promtable.AnswerDecoder); a failure as for `query`. A body that is not a
+        own types (table.AnswerDecoder); a failure as for `query`. A body that is not a
         successful answer is decoded here, for its error."""
         form = {"query": promql}
         if at is not None:

@@ -1,11 +1,11 @@
 """`source: prometheus` with `aggregate: server` (the default): one agent cycle in which
-Prometheus does the per-pod normalisation (promplan.py) and the agent only reads small answers
-column-wise (promtable.py). The I/O shell; the faults are promsource.PrometheusCycle's.
+Prometheus does the per-pod normalisation (prom/plan.py) and the agent only reads small answers
+column-wise (prom/table.py). The I/O shell; the faults are source.PrometheusCycle's.
 
 Per cycle and role group, all at one evaluation time:
   1. `/api/v1/label/__name__/values` of the group's series over the window, and `up{<selector>}`:
      which mapped names exist (the index only; no samples read), which targets are down;
-  2. per part of every rule whose names exist, its expression (promplan.py), `concurrency` at a
+  2. per part of every rule whose names exist, its expression (prom/plan.py), `concurrency` at a
      time: one small series per target, model (and bucket) and rule;
   3. a target with a NaN or infinite aggregate is read the exact way (its raw series through the
      mapping files, promsource's agent-side path), so its anomaly is reported and counted and its
@@ -30,11 +30,11 @@ import polars as pl
 
 from agent.collect.normalise import normalise
 from agent.collect.parse import Payload
-from agent.collect.promapi import QueryFailure
-from agent.collect.promframe import GroupKey, RoleGroup, split_vector, target_of, up_statuses
-from agent.collect.promplan import Part, compile_group, quote
-from agent.collect.promsource import GroupResult, PrometheusCycle
-from agent.collect.promtable import (
+from agent.collect.prom.api import QueryFailure
+from agent.collect.prom.frame import GroupKey, RoleGroup, split_vector, target_of, up_statuses
+from agent.collect.prom.plan import Part, compile_group, quote
+from agent.collect.prom.source import GroupResult, PrometheusCycle
+from agent.collect.prom.table import (
     FRAME_SCHEMA,
     AnswerDecoder,
     part_labels,
@@ -184,7 +184,7 @@ class AggregatedCycle(PrometheusCycle):
         past instants (backfill_instants: one scrape interval back, then twice as far each time,
         the last at the window's start), each a cycle's worth of Prometheus work, once; an instant
         before Prometheus has data costs one index lookup. Tried on at most
-        promsource.BACKFILL_ATTEMPTS cycles, then left to the cycles themselves."""
+        source.BACKFILL_ATTEMPTS cycles, then left to the cycles themselves."""
         self._backfill_attempts += 1
         window, interval = self.settings.store.window_s, self.settings.scrape.interval_s
         firsts = await asyncio.gather(*(self.api.query(session, first_sample_query(g, window, interval), now)

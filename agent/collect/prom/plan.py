@@ -1,8 +1,8 @@
 """`source: prometheus`, server-side aggregation: the mapping files compiled into PromQL that
 gives the normalised signals themselves, one small series per pod, model (and `le`) and rule.
-Pure functions, no I/O (promsource.py sends the queries, promtable.py reads the answers).
+Pure functions, no I/O (prom/source.py sends the queries, prom/table.py reads the answers).
 
-For every rule of every mapping a role group can hold (promframe.plan), and every part of it
+For every rule of every mapping a role group can hold (frame.plan), and every part of it
 (a counter or gauge value; a histogram's `_bucket`, `_sum` and `_count`), one expression:
 
     sum by (<pod>, <namespace>, instance, job, <model labels>[, le]) (SEL)
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.collect.mapping import Mapping, MappingSet, MetricRule
-from agent.collect.promframe import Labelling, RoleGroup
+from agent.collect.prom.frame import Labelling, RoleGroup
 from contracts.tier_model import ROLES, Role
 
 PARTS = ("value", "bucket", "sum", "count", "mean_sum", "mean_count", "raw")
@@ -140,7 +140,7 @@ def decode_labels(lab: Labelling, mappings: MappingSet) -> tuple[str, ...]:
 
 def default_role(part: Part, roles_by_name: dict[str, Role]) -> Role | None:
     """The role a series of this part has when the group has no role and `job` names none: the
-    role the part's wire names identify (promframe.name_roles), else its mapping's first."""
+    role the part's wire names identify (frame.name_roles), else its mapping's first."""
     return next((roles_by_name[n] for n in part.names if n in roles_by_name),
                 next((r for r in ROLES if r in part.mapping.roles), None))
 

@@ -21,9 +21,9 @@ from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
 from tuners.calibration import LatencyFit, LatencyPoint, calibrated_profile, fit_prefill_latency
 from tuners.logline import log_event
-from tuners.planner import CapacitySource, PlanSettings, TransitionPlanner
-from tuners.twin_oracle import RecentTwin, WindowTwin
-from tuners.warmstart import WarmStart
+from tuners.planning.planner import CapacitySource, PlanSettings, TransitionPlanner
+from tuners.planning.twin_oracle import RecentTwin, WindowTwin
+from tuners.planning.warmstart import WarmStart
 
 History = Callable[[float, float], pl.DataFrame]
 LatencyPoints = Callable[[float, float], Sequence[LatencyPoint]]
@@ -73,7 +73,7 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
     counterfactual twin (carrying the latest calibration). `plan_warm_s` (default `warm_s`) of history before the last
     `recent_s` warms the planning twin's caches, so a capacity change is priced at the occupancy
     the fleet's history gives it (a buffer larger than the GPU pool pays only once the working set
-    has outgrown the GPU). `horizon`: the regime horizon from the run (tuners.horizon); `capacity`:
+    has outgrown the GPU). `horizon`: the regime horizon from the run (tuners.planning.horizon); `capacity`:
     CPU buffer candidates (the capacity curve); `memory_s`: the objective's memory price;
     `every_value`: knobs whose every value is priced at every plan (`TransitionPlanner`)."""
     counterfactual = WindowTwin(history, twin_cluster(), warm_s=warm_s)

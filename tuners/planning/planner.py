@@ -2,7 +2,7 @@
 
 A live change is not free: a rolling restart empties every pod's GPU and CPU cache and takes each
 pod out for a while, and a chunk-size change leaves the shared L2 unreadable until it refills.
-`TransitionPlanner` (a `tuners.warmstart.WarmStart`, so the controller enqueues what it returns)
+`TransitionPlanner` (a `tuners.planning.warmstart.WarmStart`, so the controller enqueues what it returns)
 prices every candidate on a twin of the recent workload (`PlanningTwin`):
 
 - **stay**: the running configuration, warm (what the fleet will serve if nothing changes);
@@ -30,7 +30,7 @@ import numpy as np
 
 from contracts.knobs import Knobs
 from tuners.logline import log_event
-from tuners.warmstart import WarmStart
+from tuners.planning.warmstart import WarmStart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +212,7 @@ class CapacitySource(Protocol):
 class TransitionPlanner:
     """The phase's live plan: at most one hot change, then at most one restart-requiring change.
 
-    `horizon()` (optional) estimates the rest of the regime from the run (tuners.horizon); without
+    `horizon()` (optional) estimates the rest of the regime from the run (tuners.planning.horizon); without
     it `settings.horizon_s` is used. `capacity` (optional) adds CPU buffer candidates to the
     search's. `every_value` (optional): knobs with a few values that are all priced at every plan,
     whatever the search found (the L2 eviction policy: the search's short window cannot rank

@@ -1,10 +1,10 @@
 """`source: prometheus`: one agent cycle from a Prometheus-compatible query API instead of scraping
-every pod. The I/O shell around promframe.py (the pure part). This is `aggregate: agent`: raw
-series, normalised in the agent. The default, `aggregate: server` (promaggregate.py), lets
+every pod. The I/O shell around prom/frame.py (the pure part). This is `aggregate: agent`: raw
+series, normalised in the agent. The default, `aggregate: server` (prom/aggregate.py), lets
 Prometheus aggregate per pod and reuses this class's fault handling and its raw read for pods
 whose aggregate is not finite.
 
-Per cycle and role group (see promframe.plan), all at one evaluation time:
+Per cycle and role group (see frame.plan), all at one evaluation time:
   1. `{__name__=~"<the mappings' wire names>",<selector>}`   lifetime totals and gauges;
   2. `up{<selector>}`                                         which targets Prometheus cannot scrape;
   3. `increase(<name>{<selector>}[<window>])` per counter or histogram name that exists.
@@ -36,8 +36,8 @@ import aiohttp
 from agent.collect.mapping import MappingSet
 from agent.collect.normalise import normalise, resolve
 from agent.collect.parse import Payload
-from agent.collect.promapi import PrometheusApi, QueryFailure, new_api_session
-from agent.collect.promframe import (
+from agent.collect.prom.api import PrometheusApi, QueryFailure, new_api_session
+from agent.collect.prom.frame import (
     GroupKey,
     GroupPayloads,
     Labelling,

@@ -1,0 +1,1 @@
+"""`source: prometheus`: reading the fleet from a Prometheus instead of scraping every pod."""

@@ -157,9 +157,14 @@ class PrometheusSourceSettings(_Frozen):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
+        """The prefix before /api/v1: `http://host:9090/`, `.../api/v1` and `.../api/v1/` all name
+        the same API."""
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {redact_url(v)!r}")
-        return v.rstrip("/") if v else v
+        if not v:
+            return v
+        v = v.rstrip("/")
+        return v.removesuffix("/api/v1") if v.endswith("/api/v1") else v
 
     @model_validator(mode="after")
     def _one_auth(self) -> PrometheusSourceSettings:
@@ -435,14 +440,20 @@ class AgentSettings(BaseSettings):
         return gib * 2**30 if gib else None
 
 
+MAX_SHOWN_ERRORS = 8  # a config with more problems than this names the first ones and counts the rest
+
+
 def _describe(exc: ValidationError, origin: str) -> str:
-    first = exc.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"{origin}: key {key!r}: {msg}{extra}"
+    """Every problem of the config on one line (at most MAX_SHOWN_ERRORS, then a count)."""
+    errors = exc.errors()
+    parts = []
+    for err in errors[:MAX_SHOWN_ERRORS]:
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"key {key!r}: {msg}")
+    rest = len(errors) - MAX_SHOWN_ERRORS
+    extra = f" (and {rest} more)" if rest > 0 else ""
+    return f"{origin}: " + "; ".join(parts) + extra
 
 
 def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None = None,

@@ -7,11 +7,24 @@ are abbreviated (`2.99M`) so that they stay short; the exact values are in `--fo
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 WIDTH = 80
 TEXT_MIN = 16  # a folding column keeps at least this many characters (or its longest cell)
+PIPE_WIDTH = 4096  # output that is not a terminal (a pipe, a file) is not folded to fit a screen
+
+
+def table_console(stderr: bool = False) -> Any:
+    """The rich Console tables print to: the terminal's width (or COLUMNS when set); when the
+    output is a pipe or a file and COLUMNS is unset, wide enough that no row is folded."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(stderr=stderr, width=PIPE_WIDTH)
+    return console
 
 
 def count(v: float | None) -> str:
@@ -71,13 +84,13 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str
           text: Sequence[str] = (), left: Sequence[str] = (), show_header: bool = True,
           width: int | None = None) -> Any:
     """A rich Table whose cells are never split, except in the `text` columns (which fold), laid
-    out for `width` columns [default: the terminal's, as rich reads it, COLUMNS included].
+    out for `width` columns [default: table_console's: the terminal's, COLUMNS included; unfolded
+    when piped].
     `left`: further columns aligned left (text columns are; numbers are right-aligned)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    width = width or Console().width
+    width = width or table_console().width
     rows = [tuple(map(str, r)) for r in rows]
     # SIMPLE_HEAD without edge padding: 1 space each side, 2 between columns plus the divider
     widths = _widths(columns, rows, text, width - (3 * len(columns) - 1))

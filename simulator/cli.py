@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from contracts.console_tables import count, table
+from contracts.console_tables import count, table, table_console
 from contracts.jsonsafe import dumps as json_dumps
 from contracts.knobs import (
     CHUNK_TOKEN_CHOICES,
@@ -36,9 +36,8 @@ def _tokens(tokens: int | None, gib: float | None, name: str, model: str) -> int
 
 
 def _render_table(summary: dict[str, Any], header: str) -> None:
-    from rich.console import Console
 
-    console = Console()
+    console = table_console()
     console.print(header)
     rows = []
     for tier in ("gpu", "cpu", "l2"):
@@ -69,11 +68,10 @@ def _render_table(summary: dict[str, Any], header: str) -> None:
 
 
 def _render_curves(curves: Any, cap: dict[str, float]) -> None:
-    from rich.console import Console
 
     from simulator.capacity.table import CURVE_COLUMNS, curve_rows
 
-    Console().print(table("What if each tier held N GiB (hit ratio over the whole run, LRU; * = now)",
+    table_console().print(table("What if each tier held N GiB (hit ratio over the whole run, LRU; * = now)",
                           CURVE_COLUMNS, curve_rows(curves, cap_gib=cap)))
 
 

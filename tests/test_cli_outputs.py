@@ -49,7 +49,8 @@ def test_run_on_a_taken_port_is_one_line_and_no_banner(tmp_path):
 
 def test_check_config_validates_and_starts_nothing(tmp_path):
     good = tmp_path / "good.yaml"
-    good.write_text("server: {port: 9999}\nscrape: {interval_s: 5}\n")
+    good.write_text("server: {port: 9999}\nscrape: {interval_s: 5}\n"
+                    "targets: {static: [{url: 'http://127.0.0.1:1/metrics', role: vllm, pod: p}]}\n")
     result = CliRunner().invoke(main, ["run", "--config", str(good), "--check-config"])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"{good}: valid (/metrics on 0.0.0.0:9999, scraping every 5s)"

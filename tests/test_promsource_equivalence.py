@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 
 import pytest
@@ -123,6 +124,11 @@ def test_direct_scrape_and_prometheus_source_agree(scraped_cluster, aggregate):
     printed = json.loads(out.output)
     assert {(t["pod"], t["tier"], t["source"]) for t in printed["tiers"]} == {
         (t.pod, t.tier, t.source) for t in d_snap.tiers}
+    # its table says what the ratios are over: the part of the window Prometheus holds (seconds here)
+    table = CliRunner().invoke(scrape_once, ["--from-prometheus", prom.url + "/api/v1"], env={"COLUMNS": "400"})
+    assert table.exit_code == 0, table.output
+    over = re.findall(r"ratios over the last (\d+) s", table.output)
+    assert over and all(1 <= int(s) < 120 for s in over), table.output
     bad = CliRunner().invoke(scrape_once, ["--from-prometheus", prom.url, "--selector", "gpu=x"])
     assert bad.exit_code == 2 and "unknown role 'gpu'" in bad.output
 

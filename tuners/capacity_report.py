@@ -32,12 +32,10 @@ def print_capacity(workload: pl.DataFrame, cluster: ClusterSpec, knobs: Knobs, *
                    memory_ms_per_gib: float, plot_dir: Path | None = None) -> list[Path]:
     """Print the curves at `knobs` (80-column table) and the CPU candidates; plot them into
     `plot_dir` when given. Returns the files written."""
-    from rich.console import Console
-
-    from contracts.console_tables import table
+    from contracts.console_tables import table, table_console
 
     curves = tier_curves(workload, cluster, knobs)
-    console = Console()
+    console = table_console()
     cap = {"cpu": headroom_gib}
     console.print(table(f"What if each tier held N GiB, at the best configuration (chunk {knobs.chunk_tokens}; "
                         "hit ratio over the whole workload, LRU; * = its size)", CURVE_COLUMNS,

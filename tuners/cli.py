@@ -12,7 +12,7 @@ import click
 from contracts.output_paths import check_output_dir, check_output_file
 from simulator.synthetic import PRESETS
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
-from tuners.optuna_tuner import DEFAULT_STORAGE, SAMPLERS
+from tuners.optuna_tuner import SAMPLERS
 from tuners.space import L2_BACKENDS, DeploymentLimits, SearchSpace, TargetAcceptance
 
 EPILOG = """\b
@@ -52,9 +52,10 @@ def _quiet_while_running(ctx: click.Context) -> None:
 @click.option("--trials", type=click.IntRange(1), required=True, help="Trials to run (added to a resumed study).")
 @click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True,
               help="tpe (multivariate TPE), random, or grid (every grid point of the space, in random order).")
-@click.option("--storage", default=DEFAULT_STORAGE, show_default=True,
-              help="Optuna storage URL: sqlite:///FILE or postgresql+psycopg2://USER@HOST:PORT/DB. "
-                   "An existing study of the same name is resumed if it was run with the same settings.")
+@click.option("--storage", default=None,
+              help="Optuna storage URL that keeps the study: sqlite:///FILE or "
+                   "postgresql+psycopg2://USER@HOST:PORT/DB. An existing study of the same name is resumed "
+                   "(and said so) if it was run with the same settings. [default: in memory, not kept]")
 @click.option("--study", help="Study name [default: tune-<trace or workload name>].")
 @click.option("--new-study", is_flag=True,
               help="If the study exists with other settings, start a new one named <study>-2, -3, ... "
@@ -96,7 +97,7 @@ def _quiet_while_running(ctx: click.Context) -> None:
               help="Processes sharing the study: this one plus N-1 helpers (needs an RDB --storage; "
                    "PostgreSQL for more than two). They draw from one budget of --trials; see docs/tuner.md.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, storage: str, study: str | None,
+def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, storage: str | None, study: str | None,
          new_study: bool, targets_file: Path | None, seed: int, metric: str, memory_ms_per_gib: float,
          multi_objective: bool, plot_dir: Path | None, out: Path | None, pods: int,
          gpu_tokens: int | None, l2_tokens: int | None, model: str | None, profile: str | None,
@@ -147,9 +148,13 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
         raise click.ClickException(" ".join(str(exc).split())) from None
     name = study or f"tune-{trace.stem if trace else preset}"
     settings = _study_settings(trace, preset, seed, max_requests, duration, cluster, limits, acc)
+    if workers > 1 and storage is None:
+        raise click.UsageError("--workers > 1 shares one study between processes: give --storage "
+                               "postgresql+psycopg2://... (or sqlite:///FILE for two)")
     name = _study_name(storage, name, settings, space, objective, new_study)
+    where = storage or "memory (not kept; --storage sqlite:///FILE keeps it)"
     click.echo(f"workload: {trace or preset} ({workload.height:,} requests), {pods} pods; "
-               f"study {name!r} in {storage}; sampler {sampler}; objective {', '.join(objective.names)}"
+               f"study {name!r} in {where}; sampler {sampler}; objective {', '.join(objective.names)}"
                + (f"; {objective.memory_ms_per_gib:g} ms per GiB" if not multi_objective else ""))
     if acc is None:
         click.echo(f"note: no --targets: the search covers every value of the {l2_backend} backend, not only what a "
@@ -290,13 +295,17 @@ def _study_settings(trace: Path | None, preset: str | None, seed: int, max_reque
     }
 
 
-def _study_name(storage: str, name: str, settings: dict[str, Any], space: SearchSpace, objective: ObjectiveSpec,
+def _study_name(storage: str | None, name: str, settings: dict[str, Any], space: SearchSpace, objective: ObjectiveSpec,
                 new_study: bool) -> str:
     """`name`, unless its stored settings differ: then a clear error, or with --new-study a fresh name."""
     from tuners.optuna_tuner import free_study_name, study_settings, study_settings_differences
 
+    if storage is None:  # a study in memory is always new
+        return name
     try:
         diffs = study_settings_differences(storage, name, study_settings(settings, space, objective))
+        if diffs == []:
+            click.echo(f"resuming study {name!r} in {storage} (same settings; pass --study NAME for a new one)")
         if not diffs:
             return name
         if not new_study:
@@ -335,9 +344,7 @@ def cpu_tier_note(best: Any, defaults: Any, cluster: Any) -> str | None:
 
 def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation,
                       objective: ObjectiveSpec) -> None:
-    from rich.console import Console
-
-    from contracts.console_tables import table
+    from contracts.console_tables import table, table_console
 
     out = []
     rows = [
@@ -354,5 +361,5 @@ def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: objec
     dk, bk = default_knobs.to_dict(), best_knobs.to_dict()  # type: ignore[attr-defined]
     for key in dk:
         out.append((key, str(dk[key]), str(bk[key]), "" if dk[key] == bk[key] else "*"))
-    Console().print(table("best configuration vs defaults (twin replay)", ("", "defaults", "best", "change"), out,
+    table_console().print(table("best configuration vs defaults (twin replay)", ("", "defaults", "best", "change"), out,
                           text=("",)))

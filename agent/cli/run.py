@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import click
 
 from agent.settings import SettingsError, load_settings
-from contracts.console_tables import count, pct, table
+from contracts.console_tables import count, pct, table, table_console
 from contracts.tier_model import AUTO_ROLE, ROLES, Snapshot, Target, TierView
 
 
@@ -81,13 +81,13 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None, 
         runtime = build_runtime(settings)
     except (ValueError, OSError) as exc:
         raise click.ClickException(" ".join(str(exc).split())) from None
+    if not has_target_source(settings):  # the same warning whether checking or running
+        click.echo("warning: no targets configured (targets.static, targets.file, targets.kubernetes.enabled "
+                   "or source: prometheus); the agent serves only its own health metrics", err=True)
     if check_config:
         click.echo(f"{config or 'the built-in defaults'}: valid (" + ", ".join(_banner_parts(settings, runtime))
                    + ")")
         return
-    if not has_target_source(settings):
-        click.echo("warning: no targets configured (targets.static, targets.file, targets.kubernetes.enabled "
-                   "or source: prometheus); the agent serves only its own health metrics", err=True)
     from agent.runtime.app import AgentStartError
 
     try:  # the banner only once the port is ours
@@ -154,17 +154,19 @@ def parse_selectors(specs: tuple[str, ...]) -> dict[str, str]:
                    "pod name, e.g. curvine-fuse/vllm-0=http://10.0.0.5:9003/metrics.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table",
               show_default=True, help="prometheus prints exactly what the agent's /metrics would serve.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json (an alias).")
 @click.option("--config", "-c", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Optional agent config (timeouts, KV bytes per token, extra mappings).")
 @click.option("--timeout", type=float, default=None, help="Per-target (or per-query) timeout in seconds.")
 @click.option("--from-prometheus", "prom_url", metavar="URL", default=None,
               help="Read the series from this Prometheus-compatible query API (Prometheus, Thanos, Mimir, "
-                   "VictoriaMetrics) instead of scraping: lifetime totals, and ratios and quantiles over the "
-                   "config's store.window_s. Pods come from the `pod` label (else `instance`).")
+                   "VictoriaMetrics; the prefix before /api/v1) instead of scraping: lifetime totals, and "
+                   "ratios and quantiles over the config's store.window_s (or the part of it Prometheus "
+                   "holds; the table says which). Pods come from the `pod` label (else `instance`).")
 @click.option("--selector", "selectors", multiple=True, metavar="ROLE=MATCHER",
               help='With --from-prometheus: the series of ROLE, e.g. vllm=\'job="vllm"\'; repeat per role. '
                    "Default: every series, role from the `job` label or the metric name.")
-def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout: float | None,
+def scrape_once(targets: tuple[str, ...], fmt: str, as_json: bool, config: Path | None, timeout: float | None,
                 prom_url: str | None, selectors: tuple[str, ...]) -> None:
     """Scrape the targets once (or read them from Prometheus) and print the unified tier view.
 
@@ -183,6 +185,8 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent, snapshot_json
 
+    if as_json:
+        fmt = "json"
     if not targets and not prom_url:
         raise click.UsageError("give --target URL (repeatable) or --from-prometheus URL")
     if targets and prom_url:
@@ -194,7 +198,7 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
     if timeout is not None:
         settings = _settings(config, scrape={**settings.scrape.model_dump(), "timeout_s": timeout})
     if prom_url:
-        prom = {**settings.prometheus.model_dump(exclude_none=True), "url": prom_url, "backfill": False,
+        prom = {**settings.prometheus.model_dump(exclude_none=True), "url": prom_url, "backfill": True,
                 "roles": parse_selectors(selectors)}
         if timeout is not None:
             prom["timeout_s"] = timeout
@@ -206,7 +210,7 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
     elif fmt == "prometheus":
         click.echo(agent.metrics_text(), nl=False)
     else:
-        render_table(snap, window=f"the last {settings.store.window_s:g} s" if prom_url else None)
+        render_table(snap, window=stored_span(agent.store.frame()["ts"]) if prom_url else None)
     for st in snap.targets:
         for reason, detail in st.warnings:
             click.echo(f"warning: {st.target.url} ({st.target.role}): {reason}: {detail}", err=True)
@@ -220,6 +224,15 @@ def scrape_once(targets: tuple[str, ...], fmt: str, config: Path | None, timeout
         click.echo("error: no target fed a tierpilot signal (see the warnings above); check the URLs and roles",
                    err=True)
         sys.exit(1)
+
+
+def stored_span(ts) -> str | None:
+    """What the window store's ratios are over, from its sample times: "the last 287 s", or None
+    when it holds one instant (ratios then come from lifetime totals)."""
+    if ts.len() == 0:
+        return None
+    span = float(ts.max() - ts.min())
+    return f"the last {span:.0f} s" if span >= 1 else None
 
 
 def _evicted(t: TierView) -> str:
@@ -236,12 +249,10 @@ def render_table(snap: Snapshot, *, window: str | None = None, console: object =
     URLs, notes and pod names fold; contracts/console_tables.py).
     Tables without rows are left out. `window`: what ratios and quantiles are over ("the last 300 s");
     None for a single scrape, where they come from lifetime totals."""
-    from rich.console import Console
-
     ratios = f"ratios over {window}" if window else "one scrape: ratios from lifetime totals"
     quantiles = f"over {window}" if window else "one scrape: from lifetime buckets"
 
-    out = console if console is not None else Console()
+    out = console if console is not None else table_console()
     target_rows = []
     for st in snap.targets:
         note = st.reason + (f" ({st.detail})" if st.detail else "")

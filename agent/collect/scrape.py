@@ -127,8 +127,8 @@ async def fetch(
         return FetchFailure("timeout", f"no complete answer within {timeout_s:g}s", clock() - start)
     except aiohttp.ClientConnectorError as exc:
         refused = isinstance(exc.os_error, ConnectionRefusedError)
-        return FetchFailure("connection_refused" if refused else "connection_error", redact_text(str(exc)),
-                            clock() - start)
+        return FetchFailure("connection_refused" if refused else "connection_error",
+                            redact_text(connect_error_detail(exc)), clock() - start)
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         return FetchFailure("connection_error", redact_text(f"{type(exc).__name__}: {exc}"), clock() - start)
     try:
@@ -136,6 +136,17 @@ async def fetch(
     except UnicodeDecodeError as exc:
         return FetchFailure("parse_error", f"body is not UTF-8 (byte {exc.start})", clock() - start)
     return FetchOk(text, content_type, len(body), clock() - start)
+
+
+def connect_error_detail(exc: aiohttp.ClientConnectorError) -> str:
+    """`cannot connect to HOST:PORT: connection refused`: the address and the cause, without
+    aiohttp's `ssl:default` (which reads as a TLS problem on a plain http:// URL)."""
+    os_error = exc.os_error
+    if isinstance(os_error, ConnectionRefusedError):
+        why = "connection refused"
+    else:
+        why = (os_error.strerror or str(os_error) or type(os_error).__name__).strip()
+    return f"cannot connect to {exc.host}:{exc.port}: {why}"
 
 
 def _same_origin(current: URL, location: str) -> URL | None:

@@ -8,7 +8,6 @@ from typing import Any
 import click
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from agent.kvevents.index import CAUSES
@@ -16,7 +15,7 @@ from agent.kvevents.manager import KvEventManager
 from agent.kvevents.reach import unreachable
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings, SettingsError, one_line
 from agent.kvevents.signals import KvSnapshot
-from contracts.console_tables import count, table
+from contracts.console_tables import count, table, table_console
 from contracts.jsonsafe import dumps as json_dumps
 
 
@@ -164,7 +163,7 @@ def kv_events(endpoints: tuple[str, ...], replays: tuple[str, ...], model: str, 
             + "; check the address against vLLM's --kv-events-config endpoint and that the engine runs")
     metrics = _pairs(metrics_urls, "--metrics")
     model_of = {s.pod: s.model for s in specs}
-    console = Console()
+    console = table_console()
     manager = KvEventManager(settings)
     manager.start()
     console.print(f"watching {len(specs)} pod(s): " + ", ".join(f"{s.pod}={s.endpoint}" for s in specs))

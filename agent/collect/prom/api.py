@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from agent.collect.scrape import connect_error_detail
 from agent.settings import PrometheusSourceSettings
 
 
@@ -171,7 +172,7 @@ class PrometheusApi:
             return QueryFailure("timeout", f"no answer within {timeout_s:g}s", self.clock() - start)
         except aiohttp.ClientConnectorError as exc:
             refused = isinstance(exc.os_error, ConnectionRefusedError)
-            return QueryFailure("connection_refused" if refused else "connection_error", str(exc),
+            return QueryFailure("connection_refused" if refused else "connection_error", connect_error_detail(exc),
                                 self.clock() - start)
         except (aiohttp.ClientError, OSError) as exc:
             return QueryFailure("connection_error", f"{type(exc).__name__}: {exc}", self.clock() - start)

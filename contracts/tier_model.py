@@ -84,6 +84,8 @@ class TierView:
     evicted_files: float | None = None  # lifetime total, Curvine files
     evicted_bytes: float | None = None  # lifetime total, Curvine bytes freed
     usage_ratio: float | None = None
+    read_seconds: float | None = None  # lifetime total: time spent reading this tier (native tiering's fs tier)
+    read_latency_seconds: float | None = None  # mean seconds per chunk read from this tier, over the window
 
     @property
     def estimated(self) -> bool:

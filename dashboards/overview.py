@@ -113,11 +113,14 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "L2 read and write latency", "timeseries", "s",
-            tuple(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op, source", scope=l2_scope),
-                        f"{{{{op}}}} p{float(x) * 100:g} ({{{{source}}}})") for x in ("0.5", "0.95", "0.99")),
+            (*(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op, source", scope=l2_scope),
+                     f"{{{{op}}}} p{float(x) * 100:g} ({{{{source}}}})") for x in ("0.5", "0.95", "0.99")),
+             Query(f"max by (source) (tierpilot_kv_read_latency_seconds{selector(eq('tier', 'l2'))})",
+                   "read, mean per chunk, worst pod ({{source}})")),
             "Shared NVMe pool I/O latency of the selected pods' reads and writes, per op, source and "
             "quantile (histogram_quantile over bucket rates). source curvine_fuse: each FUSE I/O; "
-            "lmcache_*: each LMCache remote request (pods without a Curvine FUSE target).",
+            "lmcache_*: each LMCache remote request (pods without a Curvine FUSE target). vLLM native "
+            "tiering exports no read histogram: its line is the mean time per chunk read from the fs tier.",
             min=0,
         ),
         Panel(

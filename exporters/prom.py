@@ -62,8 +62,18 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
     }
     usage = GaugeMetricFamily("tierpilot_kv_usage_ratio", "Fraction of this tier's capacity in use, 0..1.",
                               labels=TIER_LABELS)
+    read_seconds = CounterMetricFamily(
+        "tierpilot_kv_read_seconds", "Seconds spent reading chunks of this tier into the tier above (lifetime).",
+        labels=TIER_LABELS)
+    read_latency = GaugeMetricFamily(
+        "tierpilot_kv_read_latency_seconds", "Mean seconds to read one chunk from this tier over the window.",
+        labels=TIER_LABELS)
     for t in snap.tiers:
         labels = [t.pod, t.model, t.tier, t.source]
+        if t.read_seconds is not None:
+            read_seconds.add_metric(labels, t.read_seconds)
+        if t.read_latency_seconds is not None:
+            read_latency.add_metric(labels, t.read_latency_seconds)
         if t.lookup_tokens is not None:
             lookup.add_metric(labels, t.lookup_tokens)
         if t.hit_tokens is not None:
@@ -77,7 +87,7 @@ def tier_families(snap: Snapshot) -> Iterator[Metric]:
                 evicted[unit].add_metric(labels, value)
         if t.usage_ratio is not None:
             usage.add_metric(labels, t.usage_ratio)
-    yield from (lookup, hit, hit_ratio, cumulative, *evicted.values(), usage)
+    yield from (lookup, hit, hit_ratio, cumulative, *evicted.values(), usage, read_seconds, read_latency)
 
     ttft = GaugeMetricFamily("tierpilot_ttft_quantile_seconds",
                              "Time to first token quantile over the window (histogram_quantile), seconds.",

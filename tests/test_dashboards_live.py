@@ -50,6 +50,7 @@ ROUTES = {  # path -> (fixture, role, pod)
     "/fuse": ("curvine_fuse.prom", "curvine-fuse", "vllm-0"),
     "/master": ("curvine_master.prom", "curvine-master", "curvine-master-0"),
 }
+NATIVE_ROUTE = "/native"
 SETTINGS = BuildSettings()
 DASHBOARDS = build.dashboards(SETTINGS)
 QUERIES = [ref for d in DASHBOARDS for ref in dashboard_queries(d) if "variable" not in ref.where]
@@ -102,11 +103,15 @@ def tuner_metrics() -> TunerMetrics:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusServer, TunerMetrics]]:
+def live(tmp_path_factory: pytest.TempPathFactory, samples_dir: Path
+         ) -> Iterator[tuple[PrometheusServer, TunerMetrics]]:
     texts = {path: (FIXTURES / fixture).read_text() for path, (fixture, _, _) in ROUTES.items()}
+    # a pod running vLLM's native tiering (CPU and fs tiers): the real 0.32 capture
+    texts[NATIVE_ROUTE] = (samples_dir / "vllm_0_32_cpu_native_tiering_metrics.prom").read_text()
+    roles = {path: (role, pod) for path, (_, role, pod) in ROUTES.items()} | {NATIVE_ROUTE: ("vllm", "vllm-native")}
     stop = threading.Event()
     with MetricsServer() as srv:
-        targets = [Target(srv.route(path, text=texts[path]), role, pod) for path, (_, role, pod) in ROUTES.items()]
+        targets = [Target(srv.route(path, text=texts[path]), role, pod) for path, (role, pod) in roles.items()]
         targets.append(Target(srv.route("/broken", status=500), "vllm", "vllm-1"))
 
         def grow() -> None:
@@ -177,10 +182,12 @@ def test_variable_query_returns_values(live, uid, variable):
 
 def test_rules_evaluate_on_the_agents_data(live):
     prom, _ = live
-    # p95 TTFT of the fixture is 0.74 s, under the 1 s SLO: error ratio 0 for the model
+    # p95 TTFT of the fixture is 0.74 s, under the 1 s SLO: error ratio 0 for the model (the native
+    # tiering capture's model is a second one)
     errors = prom.wait_for("namespace_model:tierpilot_ttft_slo_errors:ratio_avg5m", timeout=20)
-    assert {r["metric"]["model"]: float(r["value"][1]) for r in errors} == {MODEL: 0.0}
-    total = prom.query_value("namespace_model:tierpilot_kv_total_hit_ratio:avg")
+    got = {r["metric"]["model"]: float(r["value"][1]) for r in errors}
+    assert set(got) == {MODEL, "tiny-llama"} and got[MODEL] == 0.0
+    total = prom.query_value(f'namespace_model:tierpilot_kv_total_hit_ratio:avg{{model="{MODEL}"}}')
     assert total == pytest.approx(0.625)
     # the broken target is down: its alert is pending (for: 5m) and names the role
     pending = prom.wait_for('ALERTS{alertname="TierpilotScrapeTargetsDown"}', timeout=20)

@@ -201,9 +201,14 @@ def _tier_views(pod: str, model: str, g: SeriesGroup, kvbpt: float | None,
             hit_ratio=ratio if ratio is not None else t.hit_ratio,  # idle window: lifetime totals
             cumulative_hit_ratio=cumulative.get(t.tier),
             evicted_chunks=t.evicted_chunks, evicted_files=t.evicted_files, evicted_bytes=t.evicted_bytes,
-            usage_ratio=t.usage,
+            usage_ratio=t.usage, read_seconds=t.read_seconds,
+            read_latency_seconds=_first_known(w.read_latency if w is not None else None, t.read_latency),
         ))
     return out
+
+
+def _first_known(window: float | None, lifetime: float | None) -> float | None:
+    return window if window is not None else lifetime
 
 
 def _rate(g: SeriesGroup, signal: str) -> float | None:

@@ -13,6 +13,9 @@ The L1/L2 split has several possible sources, tried in this fixed order (the win
 `source` label; an estimate says so in its name):
 
 1. `lmcache_mp`: LMCache MP per-tier lookup hits (exact);
+   `vllm_native_tiering`: vLLM's native tiering, per-tier chunk lookups and hits of the CPU
+   primary tier (L1) and the fs tier (L2), exact: the hit ratios are the engine's own. Chunks become
+   tokens at the offload chunk size, `offload_chunk_tokens`;
 2. `vllm_by_source`: vLLM `prompt_tokens_cached_by_source{source=host|disk}` (exact when the
    connector labels its hits by tier);
    LMCache's connectors never do: their hits are `external_unspecified` (vLLM's
@@ -26,6 +29,7 @@ The L1/L2 split has several possible sources, tried in this fixed order (the win
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from agent.collect.counter_math import ratio
 from contracts.tier_model import TIERS, Tier
 
-SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_by_source", "vllm_native_offload", "estimated_l2_read_bytes",
+SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_native_tiering", "vllm_by_source", "vllm_native_offload", "estimated_l2_read_bytes",
                                  "connector_combined")
 NATIVE_OFFLOAD_SIGNALS = ("offload_load_bytes", "offload_store_bytes")
 
@@ -48,12 +52,19 @@ class TierCounts:
     evicted_files: float | None = None
     evicted_bytes: float | None = None
     usage: float | None = None
+    read_seconds: float | None = None  # time spent reading this tier into the one above (native tiering)
+    read_chunks: float | None = None  # chunks read in that time
     hit_ratio_gauge: float | None = None  # only when no counters exist (vLLM V0 hit-rate gauge)
 
     @property
     def hit_ratio(self) -> float | None:
         r = ratio(self.hit, self.lookup)
         return r if r is not None else self.hit_ratio_gauge
+
+    @property
+    def read_latency(self) -> float | None:
+        """Mean seconds to read one chunk from this tier."""
+        return ratio(self.read_seconds, self.read_chunks)
 
 
 def _connector(values: Mapping[str, float], sources: Mapping[str, str]) -> tuple[float, float, str] | None:
@@ -64,6 +75,34 @@ def _connector(values: Mapping[str, float], sources: Mapping[str, str]) -> tuple
     return None
 
 
+def offload_chunk_tokens(values: Mapping[str, float]) -> float:
+    """Tokens per native-tiering chunk: the tokens vLLM counted as cached from host and disk per
+    chunk hit in the CPU and fs tiers, rounded to a multiple of the engine's block size (the offload
+    `block_size` must be one); the engine's block size while no chunk has hit; 1 (count chunks)
+    without either."""
+    block = values.get("gpu_block_size") or 0.0
+    hits = values.get("l1_chunk_hits", 0.0) + values.get("l2_chunk_hits", 0.0)
+    tokens = values.get("cached_host_tokens", 0.0)
+    if "l2_chunk_hits" in values:
+        tokens += values.get("cached_disk_tokens", 0.0)
+    if hits > 0 and tokens > 0:
+        per_chunk = tokens / hits
+        return max(1.0, round(per_chunk / block)) * block if block > 0 else per_chunk
+    return block if block > 0 else 1.0
+
+
+def _native_tiering(values: Mapping[str, float]
+                    ) -> tuple[str, tuple[float, float], tuple[float, float] | None] | None:
+    if "l1_chunk_queries" not in values or "l1_chunk_hits" not in values:
+        return None
+    per = offload_chunk_tokens(values)
+    l1 = (values["l1_chunk_queries"] * per, values["l1_chunk_hits"] * per)
+    l2 = None
+    if "l2_chunk_queries" in values and "l2_chunk_hits" in values:
+        l2 = (values["l2_chunk_queries"] * per, values["l2_chunk_hits"] * per)
+    return "vllm_native_tiering", l1, l2
+
+
 def split_l1_l2(
     values: Mapping[str, float], sources: Mapping[str, str], kv_bytes_per_token: float | None
 ) -> tuple[str, tuple[float, float], tuple[float, float] | None] | None:
@@ -72,6 +111,9 @@ def split_l1_l2(
         asked, l1 = values["mp_lookup_tokens"], values["mp_hit_l1_tokens"]
         l2 = values.get("mp_hit_l2_tokens", 0.0)
         return "lmcache_mp", (asked, l1), (max(asked - l1, 0.0), l2)
+    native = _native_tiering(values)
+    if native is not None:
+        return native
     conn = _connector(values, sources)
     if conn is None:
         return None
@@ -143,6 +185,9 @@ def derive_tiers(
         cur = out.get(tier) or TierCounts(tier, usage_src or "")  # type: ignore[arg-type]
         out[tier] = TierCounts(cur.tier, cur.source, cur.lookup, cur.hit, evicted_chunks=chunks,
                                evicted_files=files, evicted_bytes=nbytes, usage=_clip(usage))
+    if "l2" in out and "l2_read_seconds" in values:  # native tiering: fs-tier reads, one per chunk hit
+        out["l2"] = dataclasses.replace(out["l2"], read_seconds=values["l2_read_seconds"],
+                                        read_chunks=values.get("l2_chunk_hits"))
     return [out[t] for t in TIERS if t in out]
 
 

@@ -339,6 +339,13 @@ class TunerSection(_Frozen):
     """`tuner:` live tuning with optuna (tuners/), through the guardrails and the actuator."""
 
     enabled: bool = Field(False, description="run the tuning controller (the leader only)")
+    apply: Literal["none", "hot", "all"] = Field(
+        "hot", description="what the tuner changes without a person: hot = the router's knobs only (no engine "
+                           "restarts); all = restart-requiring changes too (chunk size, CPU buffer, eviction "
+                           "policies: the engines or the L2 master restart, their caches empty); none = nothing. "
+                           "A change outside it is a proposal (/proposals, `tierpilot k8s apply-proposal`)")
+    proposals_file: Path | None = Field(None, description="also write the proposals (the /proposals body) to this "
+                                                          "file, for `tierpilot k8s apply-proposal --file`")
     storage: str = Field("sqlite:///tierpilot.db", description="optuna storage URL (SQLite or PostgreSQL)")
     study: str = Field("tierpilot", min_length=1, description="study name; phases are <study>.phaseNNN")
     sampler: Literal["tpe", "random", "grid"] = "tpe"

@@ -48,7 +48,7 @@ from emulator.demo.sim_run import (
     score_run,
     workload,
 )
-from emulator.demo.tuning_setup import demo_deployment
+from emulator.demo.tuning_setup import APPLY, demo_deployment
 from tuners.payoff import WHOLE_RUN, scorecard_lines, speedup
 
 ROOM = 1.10  # the ceiling must beat held by this much on a statistic for its captured gain to count
@@ -177,6 +177,7 @@ def main() -> None:
     if pool is not None:
         pool.close()
         pool.join()
+    print(f"\ntuner.apply: {APPLY} (restart-requiring changes allowed: the restart scenarios are measured)")
     print(f"\n## Targets ({time.perf_counter() - t_all:.0f} s; ceiling: "
           f"{'quick grid, labelled' if args.quick else 'full space under the objective'})")
     print(f"- whole run tuned/held: p95 worst {worst['p95'][0]:.3f}x ({worst['p95'][1]}), mean worst "

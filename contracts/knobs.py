@@ -151,3 +151,14 @@ def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
 
 
 DEFAULT_KNOBS = Knobs()
+
+# The router's own knobs: a change to them restarts no process that holds KV cache (the router's
+# dynamic config is hot-reloaded; at most the router process restarts). Every other knob is read
+# by the engines (LMCache) or the L2 master at start: changing it restarts them and empties their
+# caches. The one list `tuner.apply: hot` and the planner's restart pricing go by.
+ROUTER_KNOBS: frozenset[str] = frozenset({"router", "router_temperature", "kv_penalty_host", "kv_penalty_external"})
+
+
+def restarting_knobs(before: Knobs, after: Knobs) -> tuple[str, ...]:
+    """The knobs of the change `before` -> `after` that restart cache-holding processes (sorted)."""
+    return tuple(sorted(set(before.diff(after)) - ROUTER_KNOBS))

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def runtime(kube, vllm, tmp_path, fake, storage: str, identity: str):  # noqa: F811
     _pod, srv = vllm
-    settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5}, tuner={"enabled": True, "storage": storage, "study": "ha", "sampler": "random", "seed": 7,
+    settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5}, tuner={"enabled": True, "apply": "all", "storage": storage, "study": "ha", "sampler": "random", "seed": 7,
                   "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
                   "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
                   "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},

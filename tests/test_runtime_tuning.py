@@ -53,7 +53,7 @@ def runtime_for(kube, vllm, tmp_path, fake: FakeTime, *, identity: str = "agent-
     settings = load_settings(env={}, **{
         "server": {"host": "127.0.0.1", "port": 0},
         "scrape": {"interval_s": 60, "timeout_s": 5},
-        "tuner": {"enabled": True, "storage": f"sqlite:///{tmp_path}/{identity}.db", "sampler": "random",
+        "tuner": {"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/{identity}.db", "sampler": "random",
                   "seed": 7, "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
                   "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
                   "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
@@ -199,7 +199,7 @@ def test_a_started_runtime_runs_every_job_and_stops_cleanly(kube, vllm, tmp_path
         targets={"static": [{"url": srv.url("/metrics"), "role": "vllm", "pod": "vllm-0"}]},
         kv_events={"enabled": True, "discovery": False, "endpoints": [
             {"pod": "vllm-0", "model": pod.model, "endpoint": "tcp://127.0.0.1:1"}]},
-        tuner={"enabled": True, "storage": f"sqlite:///{tmp_path}/s.db", "step_interval_s": 0.2,
+        tuner={"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/s.db", "step_interval_s": 0.2,
                "warm_start": {"trials": 0}, "live": {"settle_s": 0, "window_s": 1, "min_requests": 1}},
         actuation={"targets_file": str(targets_file(tmp_path)), "identity": "agent-a"})
     rt = build_runtime(settings, api_client=kube.api_client(), env={})
@@ -252,7 +252,7 @@ def test_each_leader_term_warm_starts_from_the_twin_on_the_fitted_workload(kube,
     kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
     fake = FakeTime()
     rt = runtime_for(kube, vllm, tmp_path, fake, tuner={
-        "enabled": True, "storage": f"sqlite:///{tmp_path}/w.db", "seed": 1, "limits": {"pods": 2},
+        "enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/w.db", "seed": 1, "limits": {"pods": 2},
         "warm_start": {"trials": 2, "top_k": 2, "max_requests": 20, "duration_s": 30},
         "drift": {"enabled": False}, "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
         "planner": {"enabled": False}})  # the warm start seeding the live search (the planner's: below)
@@ -277,7 +277,7 @@ def test_the_runtime_prices_plans_on_a_thread_of_their_own_by_default(kube, vllm
     fake = FakeTime()
     settings = load_settings(
         env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5},
-        tuner={"enabled": True, "storage": f"sqlite:///{tmp_path}/bg.db", "seed": 1, "limits": {"pods": 2},
+        tuner={"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/bg.db", "seed": 1, "limits": {"pods": 2},
                "warm_start": {"trials": 2, "top_k": 2, "max_requests": 20, "duration_s": 30},
                "drift": {"enabled": False}, "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
                "planner": {"enabled": False}},
@@ -322,7 +322,7 @@ def paying_runtime(kube, vllm, tmp_path, fake: FakeTime, **planner):
         {"kind": "router-configmap", "name": "router-dyn", "key": "dynamic_config.json",
          "restart": [{"kind": "Deployment", "name": "vllm-router"}]}],
         "rollout_poll_s": 1, "rollout_timeout_s": 30}))
-    tuner = {"enabled": True, "storage": f"sqlite:///{tmp_path}/p.db", "seed": 3, "step_interval_s": 60,
+    tuner = {"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/p.db", "seed": 3, "step_interval_s": 60,
              "limits": {"pods": 4, "node_memory_headroom_gib": 16},
              "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
              "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},

@@ -73,7 +73,7 @@ def test_sharded_leader_measures_the_fleet_and_skips_a_cycle_when_a_shard_is_not
             settings = load_settings(
                 env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5},
                 shard={"count": 2, "index": 0, "peers": [base], "token_file": str(leader_token)},
-                tuner={"enabled": True, "storage": f"sqlite:///{tmp_path}/study.db", "sampler": "random",
+                tuner={"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/study.db", "sampler": "random",
                        "seed": 7, "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
                        "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
                        "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},

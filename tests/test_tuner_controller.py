@@ -56,7 +56,7 @@ def build(*, warm: ListWarmStart, dry_run: bool = False, buckets: tuple[float, .
     registry = CollectorRegistry()
     registry.register(metrics)
     guard = Guardrails(actuator, SPACE, metrics,
-                       GuardrailSettings(cooldown_s=120, max_changes_per_hour=6, dry_run=dry_run), clock=clock)
+                       GuardrailSettings(apply="all", cooldown_s=120, max_changes_per_hour=6, dry_run=dry_run), clock=clock)
     ctl = TuningController(
         space=SPACE, objective=None, storage=storage or optuna.storages.InMemoryStorage(), guardrails=guard,
         evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),

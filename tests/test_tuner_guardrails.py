@@ -23,7 +23,7 @@ def make(dry_run: bool = False, cooldown: float = 600, cap: int = 3):
     metrics = TunerMetrics(target="ns/llm")
     registry = CollectorRegistry()
     registry.register(metrics)
-    g = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=cooldown, max_changes_per_hour=cap,
+    g = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=cooldown, max_changes_per_hour=cap,
                                                                dry_run=dry_run), clock=clock)
     return clock, actuator, g, registry
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def runtime(kube, vllm, tmp_path, fake: FakeTime, storage: str, study: str):  # noqa: F811
     _pod, srv = vllm
-    tuner = {"enabled": True, "storage": storage, "study": study, "sampler": "random", "seed": 7,
+    tuner = {"enabled": True, "apply": "all", "storage": storage, "study": study, "sampler": "random", "seed": 7,
              "step_interval_s": 60, "limits": {"pods": 2, "node_memory_headroom_gib": 16},
              "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
              "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
@@ -108,7 +108,7 @@ class _NoActuator:
 def test_guardrail_timers_ignore_wall_clock_jumps():
     wall, mono = [1_000_000.0], [50.0]
     space = SearchSpace.from_limits(DeploymentLimits())
-    g = Guardrails(_NoActuator(), space, TunerMetrics(), GuardrailSettings(cooldown_s=900, max_changes_per_hour=4),
+    g = Guardrails(_NoActuator(), space, TunerMetrics(), GuardrailSettings(apply="all", cooldown_s=900, max_changes_per_hour=4),
                    clock=lambda: wall[0], monotonic=lambda: mono[0])
     g._record_change(wall[0])
     wall[0] -= 86_400  # the wall clock goes back a day

@@ -61,7 +61,7 @@ def build(warm, *, drift: DriftDetector | None = None, horizon=None, executor=No
     actuator = FakeActuator(clock)
     fleet = FakeFleet(actuator, median, rate=1.0)
     metrics = TunerMetrics(target="demo")
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=120, max_changes_per_hour=6),
+    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=120, max_changes_per_hour=6),
                        clock=clock)
     ctl = TuningController(
         space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(), guardrails=guard,

@@ -243,7 +243,7 @@ def run_one_trial(counterfactual) -> tuple[str, TuningController, TunerMetrics]:
     actuator = FakeActuator(clock)
     fleet = MovingFleet(actuator, median, rate=2.0)
     metrics = TunerMetrics()
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=0, max_changes_per_hour=60),
+    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=0, max_changes_per_hour=60),
                        clock=clock)
     ctl = TuningController(space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(),
                            guardrails=guard,

@@ -15,7 +15,7 @@ from contracts.knobs import Knobs
 from tuners.objective import Evaluation
 
 # Terminal outcomes a trial can have (also the `state` label of tierpilot_tuner_trials_total).
-TRIAL_STATES: tuple[str, ...] = ("complete", "rolled_back", "failed", "rejected", "dry_run")
+TRIAL_STATES: tuple[str, ...] = ("complete", "rolled_back", "failed", "rejected", "dry_run", "proposed")
 
 
 @dataclasses.dataclass(frozen=True)

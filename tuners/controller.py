@@ -217,6 +217,10 @@ class TuningController:
             self.metrics.trial_finished("dry_run")
             self.guardrails.finish(cand.number)
             return StepReport(now, self.phase, "dry_run", cand.number, "proposed, not applied")
+        if res.status == "proposed":  # outside tuner.apply: kept for a person (tuners/proposals.py)
+            self.tuner.fail(cand, res.message, state="proposed")
+            self.metrics.trial_finished("proposed")
+            return StepReport(now, self.phase, "proposed", cand.number, res.message)
         if res.status == "rejected":
             self.tuner.fail(cand, res.message, state="rejected")
             self.metrics.trial_finished("rejected")

@@ -10,7 +10,9 @@
 - immediate rollback to the last good configuration (`rollback`) when `judge` finds a trial
   statistically worse (see `tuners.stats`);
 - dry-run: proposals are validated, logged and counted, the actuator is asked for a dry-run
-  only, and nothing changes.
+  only, and nothing changes;
+- the apply scope (`apply`: none | hot | all, tuners/proposals.py): a change outside it is not
+  applied but recorded in the `ProposalBook` for a person to apply (status `proposed`).
 
 Each proposal, apply and rollback is one structured log line and a `TunerMetrics` count.
 """
@@ -34,6 +36,7 @@ from contracts.knobs import Knobs
 from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import TtftObservations
+from tuners.proposals import APPLY_SCOPES, ApplyScope, Proposal, ProposalBook, held_back
 from tuners.space import CandidateError, SearchSpace
 from tuners.stats import RegressionSettings, Verdict, judge
 
@@ -43,11 +46,14 @@ HOUR_S = 3600.0
 @dataclasses.dataclass(frozen=True)
 class GuardrailSettings:
     """cooldown_s: minimum time between two changes. max_changes_per_hour: rolling-hour cap.
-    dry_run: propose and log, apply nothing. regression: the statistical regression test."""
+    dry_run: propose and log, apply nothing. regression: the statistical regression test.
+    apply: what may be applied without a person (tuners/proposals.py): none, hot (the router's
+    knobs only) or all (restart-requiring changes too)."""
 
     cooldown_s: float = 900.0
     max_changes_per_hour: int = 4
     dry_run: bool = False
+    apply: ApplyScope = "hot"
     regression: RegressionSettings = dataclasses.field(default_factory=RegressionSettings)
 
     def __post_init__(self) -> None:
@@ -55,17 +61,21 @@ class GuardrailSettings:
             raise ValueError(f"guardrails.cooldown_s: must be >= 0, got {self.cooldown_s}")
         if self.max_changes_per_hour < 1:
             raise ValueError(f"guardrails.max_changes_per_hour: must be >= 1, got {self.max_changes_per_hour}")
+        if self.apply not in APPLY_SCOPES:
+            raise ValueError(f"tuner.apply: {self.apply!r}; valid: {', '.join(APPLY_SCOPES)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class ApplyOutcome:
-    """What `Guardrails.apply` did. status: applied | dry_run | unchanged | retry | failed | rejected."""
+    """What `Guardrails.apply` did. status: applied | dry_run | unchanged | retry | failed | rejected |
+    proposed (outside the apply scope: recorded as `proposal`, nothing written)."""
 
     status: str
     result: ApplyResult | None = None
     message: str = ""
     retry_after_s: float = 0.0
     permanent: bool = False
+    proposal: Proposal | None = None
 
 
 class Guardrails:
@@ -74,13 +84,14 @@ class Guardrails:
     def __init__(self, actuator: Actuator, space: SearchSpace, metrics: TunerMetrics,
                  settings: GuardrailSettings = GuardrailSettings(), *,
                  clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] | None = None) -> None:
+                 monotonic: Callable[[], float] | None = None, proposals: ProposalBook | None = None) -> None:
         self.actuator = actuator
         self.space = space
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
         self.monotonic = monotonic  # times cooldown and the hourly cap when given
+        self.proposals = proposals if proposals is not None else ProposalBook(settings.apply)
         self.in_flight: int | None = None  # trial number currently applied and under evaluation
         self._changes: collections.deque[float] = collections.deque()
         self._last_change: float | None = None
@@ -128,6 +139,13 @@ class Guardrails:
             return ApplyOutcome("rejected", message=str(exc))
         dry = self.settings.dry_run
         current = self._current_or_none()
+        held = held_back(self.settings.apply, current if current is not None else self.space.fixed, knobs)
+        if held:  # outside the apply scope: a person decides (the cooldown and cap are not spent)
+            proposal = self.proposals.record(current if current is not None else self.space.fixed, knobs, held,
+                                             at=now)
+            log_event("proposed", trial=trial, id=proposal.id, knobs=knobs, restarts=list(proposal.restarts),
+                      reason=held, plan=proposal.plan)
+            return ApplyOutcome("proposed", message=proposal.describe(), proposal=proposal)
         log_event("proposal", trial=trial, knobs=knobs, dry_run=dry,
                   changed=current.diff(knobs) if current else None)
         try:
@@ -193,6 +211,8 @@ class Guardrails:
             log_event("rollback", trial=trial, reason=reason, dry_run=True)
             self.metrics.actuation("dry_run")
             return None
+        if self._held(self.actuator.last_good() or last_good, f"rollback: {reason}", trial):
+            return None
         try:
             if self.actuator.last_good() is None and last_good is not None:
                 result = self.actuator.apply(last_good)
@@ -212,6 +232,8 @@ class Guardrails:
         """Re-apply a known good configuration (after a restart), bypassing cooldown."""
         if self.settings.dry_run:
             log_event("reapply", reason=reason, knobs=knobs, dry_run=True)
+            return None
+        if self._held(knobs, f"reapply: {reason}", None):
             return None
         result = self.actuator.apply(self.space.validate(knobs))
         self.metrics.actuation("reapplied")
@@ -233,6 +255,19 @@ class Guardrails:
         t = self._timer(now)
         self._changes.append(t)
         self._last_change = t
+
+    def _held(self, target: Knobs | None, why: str, trial: int | None) -> bool:
+        """Whether restoring `target` is outside the apply scope (then it is recorded as a proposal:
+        a rollback or re-apply that restarts the engines waits for a person under `hot`)."""
+        if self.settings.apply == "all" or target is None:
+            return False
+        current = self._current_or_none() or self.space.fixed
+        held = held_back(self.settings.apply, current, target) if current != target else ""
+        if held:
+            proposal = self.proposals.record(current, target, held, at=self.clock())
+            log_event("proposed", trial=trial, id=proposal.id, knobs=target, restarts=list(proposal.restarts),
+                      reason=f"{why}; {held}")
+        return bool(held)
 
     def _current_or_none(self) -> Knobs | None:
         try:

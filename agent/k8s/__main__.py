@@ -6,6 +6,7 @@
     python -m agent.k8s diff    deploy/overlays/plain-vllm/targets.yaml best.yaml
     python -m agent.k8s apply   deploy/overlays/plain-vllm/targets.yaml best.yaml --dry-run
     python -m agent.k8s rollback deploy/overlays/plain-vllm/targets.yaml
+    python -m agent.k8s apply-proposal deploy/overlays/plain-vllm/targets.yaml --agent http://127.0.0.1:9400
 """
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ def main(ctx: click.Context, kubeconfig: str | None, namespace: str | None, cont
       tierpilot k8s current deploy/overlays/plain-vllm/targets.yaml --kubeconfig ~/.kube/prod -n llm
       tierpilot k8s diff deploy/overlays/plain-vllm/targets.yaml best.yaml --context prod
       tierpilot k8s apply deploy/overlays/plain-vllm/targets.yaml best.yaml --dry-run
+      tierpilot k8s apply-proposal deploy/overlays/plain-vllm/targets.yaml --agent http://127.0.0.1:9400
     """
     ctx.ensure_object(dict).update(kubeconfig=kubeconfig, namespace=namespace, context=context)
 
@@ -163,23 +165,30 @@ def current(targets: Path) -> None:
 def diff(targets: Path, config: Path) -> None:
     """Show what `apply TARGETS CONFIG` would change, changing nothing: each knob whose value
     differs from what the targets run now, the objects it is written to and whether they restart."""
-    from agent.k8s.offline import refusals
-
     knobs = Knobs.from_yaml_file(config)
     act = _actuator(targets)
-    for line in refusals(act.settings, load_mappings(), knobs):
+    _print_diff(act, knobs, str(config), "; `apply` makes the change, `apply --dry-run` validates it server-side")
+
+
+def _print_diff(act: KubernetesActuator, knobs: Knobs, source: str, then: str = "") -> tuple[int, int]:
+    """Print the refusals and each knob that would change with its objects (`diff`'s lines);
+    (knobs that would change (0 after a `no change` line), values refused)."""
+    from agent.k8s.offline import refusals
+
+    refused = refusals(act.settings, load_mappings(), knobs)
+    for line in refused:
         click.echo(f"refused: {line}")
     changes = act.current().diff(knobs)
     if not changes:
-        click.echo(f"no change: the targets already run every value of {config}")
-        return
+        click.echo(f"no change: the targets already run every value of {source}")
+        return 0, len(refused)
     for knob, (now, new) in changes.items():
         click.echo(f"{knob}: {now} -> {new}")
         for t in act.active:
             if knob in t.knobs:
                 click.echo(f"  {t.where} (takes effect by {t.mapping.takes_effect})")
-    click.echo(f"{len(changes)} knob(s) would change; `apply` makes the change, `apply --dry-run` validates it "
-               f"server-side")
+    click.echo(f"{len(changes)} knob(s) would change{then}")
+    return len(changes), len(refused)
 
 
 @main.command()
@@ -197,6 +206,79 @@ def apply(targets: Path, config: Path, dry_run: bool, mark_good: bool) -> None:
         click.echo(f"  restarts {name}")
     if mark_good and not result.dry_run:  # applied, or already running
         act.mark_good(result.knobs)
+
+
+@main.command("apply-proposal")
+@TARGETS
+@click.argument("proposal_id", metavar="[ID]", required=False)
+@click.option("--agent", "agent_url", default=None, metavar="URL",
+              help="The agent's base URL; its /proposals is read [default: http://127.0.0.1:9400].")
+@click.option("--file", "file", type=FILE, default=None,
+              help="A proposals file the agent writes (tuner.proposals_file), instead of --agent.")
+@cluster_options
+@click.option("--dry-run", is_flag=True, help="Server-side dry-run: validate everything, store nothing.")
+@click.option("--yes", is_flag=True, help="Apply without asking (the diff is printed first either way).")
+def apply_proposal(targets: Path, proposal_id: str | None, agent_url: str | None, file: Path | None,
+                   dry_run: bool, yes: bool) -> None:
+    """Apply a change the tuner proposed but did not make (tuner.apply: a restart-requiring move
+    under `hot`, or any move under `none`). ID is the proposal's id or a unique prefix [default: the
+    newest]. Prints the proposal's plan line and the diff, refuses if the cluster no longer runs
+    the configuration the proposal was made from, then applies it through the actuator and waits
+    for the rollout (pods restart).
+
+    \b
+    Examples:
+      tierpilot k8s apply-proposal deploy/overlays/plain-vllm/targets.yaml --agent http://127.0.0.1:9400
+      tierpilot k8s apply-proposal targets.yaml 3f9c0e1a2b --file /var/lib/tierpilot/proposals.json --yes
+    """
+    from tuners.proposals import load_proposals, pick
+
+    if agent_url is not None and file is not None:
+        raise click.UsageError("give --agent URL or --file PATH, not both")
+    source, doc = _proposals_doc(agent_url, file)
+    try:
+        chosen = pick(load_proposals(doc, source=source), proposal_id, source=source)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(chosen.describe())
+    act = _actuator(targets, dry_run)
+    running = act.current()
+    if running != chosen.current and running != chosen.knobs:
+        moved = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in chosen.current.diff(running).items())
+        raise click.ClickException(f"proposal {chosen.id} was made from another configuration: the cluster has "
+                                   f"changed since ({moved}); wait for the agent's next plan")
+    changes, refused = _print_diff(act, chosen.knobs, f"proposal {chosen.id}")
+    if refused:
+        raise click.ClickException(f"proposal {chosen.id}: {refused} value(s) the targets refuse")
+    if not changes:
+        return
+    if not (yes or dry_run) and not click.confirm("apply it now (the listed objects roll)?", default=False):
+        raise click.ClickException("not applied")
+    result = act.apply(chosen.knobs, dry_run=dry_run)
+    click.echo(result.message)
+    for name in result.restarted:
+        click.echo(f"  restarts {name}")
+
+
+def _proposals_doc(agent_url: str | None, file: Path | None) -> tuple[str, object]:
+    """(where it came from, the parsed JSON) of the agent's /proposals or a proposals file."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    if file is not None:
+        try:
+            return str(file), json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"{file}: cannot read proposals: {exc}") from None
+    url = (agent_url or "http://127.0.0.1:9400").rstrip("/")
+    url = url if url.endswith("/proposals") else url + "/proposals"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return url, json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise click.ClickException(f"{url}: cannot read proposals: {reason}") from None
 
 
 @main.command()

@@ -47,6 +47,7 @@ from agent.runtime.clock import SteadyWallClock
 from agent.runtime.peer_auth import PeerTokenError
 from agent.settings import AgentSettings, SettingsError
 from contracts.actuator import ActuationError
+from contracts.jsonsafe import dumps
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 
 if TYPE_CHECKING:  # imported where used: `tierpilot run` without KV events or tuner starts fast
@@ -87,6 +88,7 @@ class Runtime:
     fleet_overlap: Any = None  # sharded: the KV-event overlap merged from every shard (FleetOverlap)
     shard_peers: tuple[str, ...] = ()  # shard.peers without this replica's own URL
     plan_executor: Any = None  # where the tuner's plans run (a thread of their own by default)
+    proposals: Any = None  # tuners.proposals.ProposalBook: moves outside tuner.apply, for a person
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -375,6 +377,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from tuners.optuna_tuner import open_storage
     from tuners.planning.horizon import HorizonSettings, RegimeHorizon
     from tuners.planning.plan_runner import background_executor
+    from tuners.proposals import ProposalBook
     from tuners.space import DeploymentLimits, SearchSpace
     from tuners.stats import RegressionSettings
 
@@ -413,11 +416,16 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     rt.agent.add_collector(rt.tuner_metrics)
     g = t.guardrails
     quantile = 0.95 if t.objective == "ttft_p95" else 0.5
+    rt.proposals = ProposalBook(t.apply, plan_line=lambda a, b: rt.paying.plan_line(a, b) if rt.paying else None,
+                                path=t.proposals_file, target=act.namespace)
+    rt.agent.add_collector(rt.proposals)
+    rt.agent.add_route("/proposals", lambda _q: (dumps(rt.proposals.to_json()).encode(), "application/json"))
     guardrails = Guardrails(rt.actuator, space, rt.tuner_metrics, GuardrailSettings(
-        cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=act.dry_run,
+        cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=act.dry_run, apply=t.apply,
         regression=RegressionSettings(method=g.regression.method, alpha=g.regression.alpha,
                                       min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
-                                      min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic)
+                                      min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic,
+        proposals=rt.proposals)
     objective = ObjectiveSpec(metric=t.objective, memory_ms_per_gib=t.memory_ms_per_gib)
     source = StoreWindowSource(rt.fleet_store)
     d = t.drift
@@ -472,8 +480,9 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     rt.agent.add_health_check("tuner", rt.tuning.health)
     if rt.paying is not None:  # every priced candidate of the latest plan: gain/h, cost, payback, verdict
         rt.agent.add_health_info("tuner_plan", lambda: rt.paying.planner.last_plan)
-    log.info("tuning %s in %s: knobs %s; %s; leader election %s; %s", t.study, act.namespace,
-             ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live",
+    rt.agent.add_health_info("tuner_proposals", lambda: {"apply": t.apply, "pending": len(rt.proposals.proposals())})
+    log.info("tuning %s in %s: knobs %s; %s (apply: %s); leader election %s; %s", t.study, act.namespace,
+             ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live", t.apply,
              "on" if rt.elector is not None else "off",
              "planner on (transition costs, twin counterfactual)" if rt.paying is not None else "live search")
 

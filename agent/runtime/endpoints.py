@@ -24,6 +24,7 @@ DESCRIPTIONS = {
     "/snapshot": "the latest unified snapshot (JSON)",
     "/window": "this replica's window aggregate (Arrow IPC; ?window_s=S or ?since=T0&until=T1)",
     "/kv/sketch": "KV block sketches for the fleet merge (sharded KV events)",
+    "/proposals": "changes the tuner holds back for a person (tuner.apply; JSON)",
 }
 PEER_PATHS = ("/window", "/kv/sketch")
 ACCESS_TEXT = {

@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from contracts.actuator import ApplyResult, PermanentActuationError
-from contracts.knobs import DEFAULT_KNOBS, KnobError, Knobs
+from contracts.knobs import DEFAULT_KNOBS, ROUTER_KNOBS, KnobError, Knobs
 from emulator.cluster.fleet import EmulatedCluster
 
 log = logging.getLogger("tierpilot.local_actuator")
@@ -33,7 +33,7 @@ log = logging.getLogger("tierpilot.local_actuator")
 POD_RESTART_KNOBS = frozenset({"chunk_tokens", "cpu_gib", "cpu_eviction", "l2_min_prompt_tokens"})
 MASTER_RESTART_KNOBS = frozenset({"l2_eviction", "l2_high_watermark", "l2_low_watermark"})
 HOT_KNOBS = frozenset({"router"})
-ROUTER_RESTART_KNOBS = frozenset({"router_temperature", "kv_penalty_host", "kv_penalty_external"})
+ROUTER_RESTART_KNOBS = ROUTER_KNOBS - HOT_KNOBS  # the router's knobs (contracts.knobs) restart no cache
 
 ReconfigureHook = Callable[[Knobs], None]
 

@@ -92,7 +92,8 @@ def build_engine_tuning(*, actuator: Actuator, window_source: WindowSource, cloc
                                             replan_growth=timing.replan_growth))
     objective = ObjectiveSpec(memory_ms_per_gib=0.0)
     guardrails = Guardrails(actuator, space, metrics,
-                            GuardrailSettings(cooldown_s=timing.settle_s, max_changes_per_hour=60, dry_run=dry_run),
+                            GuardrailSettings(cooldown_s=timing.settle_s, max_changes_per_hour=60, dry_run=dry_run,
+                                              apply="hot"),  # the real engines' router only: no restarts
                             clock=clock)
     live = LiveEvaluator(guardrails, window_source, LiveSettings(settle_s=timing.settle_s, window_s=timing.window_s,
                                                                  min_requests=15, max_extensions=1))

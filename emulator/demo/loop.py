@@ -43,7 +43,7 @@ from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import action_counts, demo_scorecard, plan_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
-from emulator.demo.tuning_setup import CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
+from emulator.demo.tuning_setup import APPLY, CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
@@ -430,7 +430,8 @@ class Demo:
                  "time scale": f"{self.scale:g} cluster-seconds per second",
                  "workload": f"{self.workload.frame.height} requests; " + "; ".join(self.workload.labels),
                  "requests served": str(self.driver.served), "agent export": self.agent.url,
-                 "dry run": str(self.s.dry_run)}
+                 "dry run": str(self.s.dry_run),
+                 "tuner.apply": f"{APPLY} (restart-requiring changes allowed: the demo measures restart scenarios)"}
         margin = (2 * 0.5 + self.s.pods * self.s.restart_downtime_s) * self.scale  # scrapes + the rollout
         accuracy = report_lines(self.accuracy.samples, list(self.recorder.disturbances),
                                 window_s=DRIFT_SIGNALS_WINDOW_S, margin_s=margin)

@@ -43,6 +43,9 @@ WARM_START_TRIALS = 24  # twin trials searching restart-requiring knobs (the rou
 PLAN_WARM_S = 1200.0  # history replayed before the recent window when pricing a move (capacity needs it)
 HOT_MARGIN = 0.03  # a router switch must buy 3%: regimes flip, and a marginal switch costs the next one
 HORIZON = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.25)
+# the demo and the bench measure restart scenarios (chunk size, CPU buffer, L2 eviction), so restarts
+# are allowed: tuner.apply all (a live install's default is hot: restart-requiring moves are proposals)
+APPLY = "all"
 SETTLE_S = 90.0  # trace seconds after a rollout before measuring: restarted pods start cold
 WINDOW_S = 90.0
 DRIFT_SIGNALS_WINDOW_S = 60.0
@@ -158,7 +161,8 @@ def build_tuning(*, actuator: Actuator, window_source: WindowSource, clock: Call
     space = deployment.space()
     objective = deployment.objective
     guardrails = Guardrails(actuator, space, metrics,
-                            GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=dry_run),
+                            GuardrailSettings(cooldown_s=30.0, max_changes_per_hour=60, dry_run=dry_run,
+                                              apply=APPLY),
                             clock=clock)
     live = LiveEvaluator(guardrails, window_source,
                          LiveSettings(settle_s=SETTLE_S, window_s=WINDOW_S, min_requests=30, max_extensions=2))

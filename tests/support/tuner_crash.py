@@ -42,7 +42,7 @@ class FixedWarmStart:
 def controller(url: str, state: Path, clock: FakeClock) -> tuple[TuningController, FakeActuator]:
     actuator = FakeActuator(clock, path=state)
     metrics = TunerMetrics(target="crash")
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(cooldown_s=60), clock=clock)
+    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=60), clock=clock)
     ctl = TuningController(
         space=SPACE, objective=None, storage=open_storage(url), guardrails=guard,
         evaluator=LiveEvaluator(guard, FakeFleet(actuator, median), LiveSettings(settle_s=30, window_s=120)),

@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from contracts.knobs import Knobs
+from contracts.knobs import ROUTER_KNOBS, Knobs, restarting_knobs
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
 from tuners.calibration import LatencyFit, LatencyPoint, calibrated_profile, fit_prefill_latency
@@ -27,9 +27,6 @@ from tuners.planning.warmstart import WarmStart
 
 History = Callable[[float, float], pl.DataFrame]
 LatencyPoints = Callable[[float, float], Sequence[LatencyPoint]]
-# the router's own knobs: a hot reload, or a restart of the router alone (production-stack needs one
-# to enter or leave kvaware; vllm-project/router takes its policy at start-up): never the serving pods
-ROUTER_KNOBS = frozenset({"router", "router_temperature", "kv_penalty_host", "kv_penalty_external"})
 
 
 def restarts_serving_pods(before: Knobs, after: Knobs) -> bool:
@@ -37,7 +34,7 @@ def restarts_serving_pods(before: Knobs, after: Knobs) -> bool:
     beyond the router's knobs is priced as a rolling restart of the serving pods (cold GPU and CPU
     caches, a pod's capacity lost at a time). A Curvine-master-only change is priced the same way:
     it over-states that cost, so such a change is only made when it pays even then."""
-    return bool(set(before.diff(after)) - ROUTER_KNOBS)
+    return bool(restarting_knobs(before, after))
 
 
 # knobs the planner prices at every value on every plan: a handful of values, and the twin search's
@@ -56,6 +53,10 @@ class Paying:
     counterfactual: WindowTwin
     fits: list[tuple[float, LatencyFit]]  # (when, fit) of every calibration of the twin
     state: dict[str, Any]
+
+    def plan_line(self, _current: Knobs, knobs: Knobs) -> dict[str, Any] | None:
+        """The latest plan's priced line for a move to `knobs` (tuners/proposals.py)."""
+        return self.planner.priced(knobs)
 
     def profile(self) -> HardwareProfile | None:
         """The latest calibrated profile (None before the first fit): for the twin search too."""

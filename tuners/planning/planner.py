@@ -284,6 +284,14 @@ class TransitionPlanner:
                   priced=[{"knobs": now.diff(d.knobs), "decision": d.describe()} for d in self.decisions])
         return plan[:k]
 
+    def priced(self, knobs: Knobs) -> dict[str, Any] | None:
+        """The latest plan's priced line for the move to `knobs` (its numbers, verdict and the
+        sentence), or None if the latest plan did not price it."""
+        for d in self.decisions:
+            if d.knobs == knobs:
+                return {**d.to_dict(), "line": d.describe(), "at": self.last_plan.get("at") if self.last_plan else None}
+        return None
+
     @staticmethod
     def _too_young(est: Any, window_s: float) -> str:
         """Why restart-requiring moves wait ("" if they need not): a regime that began with a

@@ -45,6 +45,7 @@ from agent.kvevents.wire import (
 from agent.kvevents.workload import PodCounters
 
 if TYPE_CHECKING:
+    from agent.kvevents.rebuild.recorder import BlockRecorder
     from agent.kvevents.store_curve import StoreStream
 
 END_SEQ = END_SEQ_BYTES
@@ -154,6 +155,11 @@ class KvEventManager:
         """Keep the GPU stores for the CPU capacity curve (`agent.kvevents.store_curve`)."""
         with self._lock:
             self.signals.store_stream = stream
+
+    def enable_block_recorder(self, recorder: BlockRecorder) -> None:
+        """Record every engine's block stream for the rebuilt planning workload (rebuild/)."""
+        with self._lock:
+            self.signals.recorder = recorder
 
     def enable_block_sketches(self, sketches: BlockSketches) -> None:
         """Keep fleet-mergeable sketches of the stored blocks (sharded agents: fleet.py)."""

@@ -154,6 +154,29 @@ class LimitsSpec(BaseModel):
                            self.seen_fp_rate, self.shadow_l2)
 
 
+class RebuildSpec(BaseModel):
+    """The block-stream recorder and the planning workload rebuilt from it
+    (agent/kvevents/rebuild/)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    retain_s: float = Field(3600.0, gt=0, le=7 * 86400.0, description="stored chains kept this long")
+    max_refs: int = Field(64_000_000, ge=1024, le=2_000_000_000,
+                          description="block references kept, every model; beyond it the recorder samples by "
+                                      "root hash (about 10 bytes a reference)")
+    engine_refs_per_s: float = Field(50_000.0, gt=0, le=1e9,
+                                     description="block references one engine may record per second (a token "
+                                                 "bucket of 10 s); beyond it its chains are dropped and counted")
+    engine_share: float = Field(2.0, ge=1.0, le=1000.0,
+                                description="an engine's block references in a rebuilt window are capped at "
+                                            "this multiple of the median engine's")
+    join_s: float = Field(1.0, ge=0, le=60.0,
+                          description="a store that continues an engine's chain within this many seconds "
+                                      "belongs to the same request (chunked prefill)")
+    output_tokens: int = Field(200, ge=1, le=1_000_000,
+                               description="output length given to rebuilt requests (the events carry none)")
+
+
 class KvEventsSettings(BaseModel):
     """Everything the KV-event subscriber needs; validated once, then frozen."""
 
@@ -161,6 +184,7 @@ class KvEventsSettings(BaseModel):
 
     endpoints: tuple[EndpointSpec, ...] = ()
     limits: LimitsSpec = LimitsSpec()
+    rebuild: RebuildSpec = RebuildSpec()
     group_idx: int = Field(0, ge=0, le=1024, description="KV-cache group indexed (hybrid models have several)")
     replay_timeout_s: float = Field(2.0, gt=0, le=60.0, description="give up a replay request after this")
     replay_on_join: bool = Field(False, description="on the first message, replay the engine's buffer")

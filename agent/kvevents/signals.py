@@ -24,6 +24,7 @@ from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 from agent.kvevents.workload import EventTotals, OverlapReading, PodCounters, WorkloadWindow
 
 if TYPE_CHECKING:
+    from agent.kvevents.rebuild.recorder import BlockRecorder
     from agent.kvevents.store_curve import StoreStream
 
 
@@ -108,6 +109,7 @@ class KvSignals:
         self._windows: dict[str, WorkloadWindow] = {}
         self.blocks: BlockSketches | None = None  # fleet sketches for sharded agents (fleet.py)
         self.store_stream: StoreStream | None = None  # GPU stores for the CPU capacity curve (store_curve.py)
+        self.recorder: BlockRecorder | None = None  # the block stream for the rebuilt workload (rebuild/)
 
     # -- feeding ---------------------------------------------------------------------------
     def index(self, model: str) -> FleetIndex:
@@ -142,6 +144,8 @@ class KvSignals:
         idx = self.index(engine.model)
         if self.store_stream is not None:
             self._record_stores(engine, batch)
+        if self.recorder is not None:
+            self.recorder.record(engine.model, engine.key, batch)
         if self.blocks is None:
             idx.apply(engine.key, batch.ts, batch.events)
             return
@@ -181,6 +185,8 @@ class KvSignals:
         if not math.isfinite(ts):
             ts = st.last_event_ts if st.last_event_ts is not None else 0.0
         self.index(engine.model).clear_engine(engine.key, ts)
+        if self.recorder is not None:
+            self.recorder.clear(engine.model, engine.key, ts)
 
     def shed(self, engine: EngineId, nbytes: int) -> None:
         st = self.stream(engine)
@@ -216,6 +222,8 @@ class KvSignals:
         if not math.isfinite(ts):
             ts = st.last_event_ts if st.last_event_ts is not None else 0.0
         self.index(engine.model).clear_engine(engine.key, ts)
+        if self.recorder is not None:
+            self.recorder.clear(engine.model, engine.key, ts)
 
     def forget(self, engine: EngineId) -> None:
         """The pod left the fleet: drop its residency (its counters go with it)."""

@@ -1,0 +1,239 @@
+"""`RebuiltHistory`: the planner's recent history, rebuilt from the recorded block stream.
+
+`history(now, seconds)` (the object is callable, like `agent.runtime.paying_runtime.FittedHistory`)
+returns the requests that arrived in [now - seconds, now] as a `WORKLOAD_SCHEMA` frame:
+
+1. the requests rebuilt from the GPU stores (chains.py), their chains in 512-token ids (layout.py);
+2. outlier engines capped: an engine whose own stored blocks in the window exceed `engine_share`
+   times the lower median engine's keeps only the median's worth of its requests (those whose root
+   hashes mix lowest: the same ones on every replica), and is named in a log line and in
+   `outliers` (exported as `tierpilot_kv_rebuild_outlier_engines` by collector.py);
+3. requests that stored nothing (every block already on the GPU) are invisible in the events. The
+   counters give how many there were: per pod, finished requests in the window (`requests`)
+   minus the rebuilt ones, capped like (2). Each is synthesised as a repeat of a request the same
+   pod stored in the window (chosen with a fixed seed), cut to the pod's missing prompt tokens per
+   missing request, at an arrival time spread evenly over the window. The assumption: a fully
+   cached prompt repeats a prefix the pod served recently (true of its GPU cache by definition;
+   which prefix, and when it arrived, are not observable).
+
+`counts(since, until) -> {pod: PodRequests}` supplies the counters; `store_counts(store)` reads
+them from the agent's store (`vllm:request_success_total`, `vllm:prompt_tokens_total`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from agent.kvevents.rebuild.chains import Rebuilt, rebuild
+from agent.kvevents.rebuild.layout import to_frame, truncate
+from agent.kvevents.rebuild.log import ranges
+from agent.kvevents.rebuild.recorder import BlockRecorder, mix64
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodRequests:
+    """One pod's counters over a window: finished requests and their prompt tokens."""
+
+    requests: float
+    prompt_tokens: float | None = None
+
+
+Counts = Callable[[float, float], Mapping[str, PodRequests]]
+
+
+def store_counts(store: Any) -> Counts:
+    """The per-pod request and prompt-token increases of the agent's store over [since, until]."""
+    def counts(since: float, until: float) -> dict[str, PodRequests]:
+        w = store.window_between(since, until)
+        rows = w.filter(pl.col("le").is_null() & pl.col("signal").is_in(["requests", "prompt_tokens"]))
+        found: dict[str, dict[str, float]] = {}
+        for pod, signal, inc in rows.select("pod", "signal", "increase").iter_rows():
+            if inc is not None and math.isfinite(inc) and inc >= 0:
+                found.setdefault(pod, {})[signal] = found.get(pod, {}).get(signal, 0.0) + inc
+        return {pod: PodRequests(f["requests"], f.get("prompt_tokens")) for pod, f in found.items() if "requests" in f}
+    return counts
+
+
+def pod_of(engine: str) -> str:
+    """The pod of an engine key (`pod` or `pod/dp<rank>`)."""
+    return engine.split("/dp", 1)[0]
+
+
+def lower_median(values: np.ndarray) -> float:
+    if not len(values):
+        return 0.0
+    s = np.sort(values)
+    return float(s[(len(s) - 1) // 2])
+
+
+def cap_engines(r: Rebuilt, share: float) -> tuple[Rebuilt, dict[str, int]]:
+    """Cut every engine storing more than `share` x the lower median engine's blocks down to the
+    median's (its requests with the lowest mixed root hash first). Returns the outliers' blocks."""
+    if r.requests == 0:
+        return r, {}
+    per = np.bincount(r.eng, weights=r.own, minlength=len(r.engines))
+    active = per[per > 0]
+    med = lower_median(active)
+    if len(active) < 2 or med <= 0:
+        return r, {}
+    outliers = np.flatnonzero(per > share * med)
+    if not len(outliers):
+        return r, {}
+    keep = np.ones(r.requests, dtype=bool)
+    roots = r.flat[r.offsets[:-1]]
+    for e in outliers:
+        idx = np.flatnonzero(r.eng == e)
+        order = idx[np.argsort(mix64(roots[idx]), kind="stable")]
+        within = np.cumsum(r.own[order]) <= med
+        keep[order[~within]] = False
+    return r.take(keep), {r.engines[e]: int(per[e]) for e in outliers}
+
+
+def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, until: float, *, share: float,
+               seed: int) -> tuple[Rebuilt, dict[str, int]]:
+    """The fully cached requests the counters show beyond the rebuilt ones (module doc, step 3).
+    Returns them and how many per pod."""
+    pods = np.array([pod_of(e) for e in r.engines], dtype=object) if r.engines else np.zeros(0, dtype=object)
+    req_pod = pods[r.eng] if r.requests else np.zeros(0, dtype=object)
+    counted = {p: c for p, c in counts.items() if c.requests > 0}
+    med = lower_median(np.array([c.requests for c in counted.values()]))
+    rng = np.random.default_rng(seed)
+    picks: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    made: dict[str, int] = {}
+    for pod in sorted(counted):
+        c = counted[pod]
+        mine = np.flatnonzero(req_pod == pod)
+        want = min(c.requests, share * med) if len(counted) > 1 else c.requests
+        missing = round(want - len(mine))
+        if missing <= 0 or not len(mine):
+            continue
+        pick = rng.choice(mine, size=missing)
+        b = r.lengths[pick]
+        if c.prompt_tokens is not None:
+            seen = float((r.lengths[mine] * np.maximum(r.block_size[mine], 1)).sum())
+            per = max(c.prompt_tokens - seen, 0.0) / missing
+            bs = np.maximum(r.block_size[pick], 1)
+            b = np.minimum(b, np.maximum(per // bs, 1).astype(np.int64))
+        picks.append(pick)
+        blocks.append(b)
+        made[pod] = missing
+    if not picks:
+        return r.take(np.zeros(r.requests, dtype=bool)), made
+    pick = np.concatenate(picks)
+    cut = truncate(_select(r, pick), np.concatenate(blocks))
+    ts = since + (np.arange(len(pick)) + 0.5) * (until - since) / len(pick)
+    return dataclasses.replace(cut, ts=ts), made
+
+
+def _select(r: Rebuilt, idx: np.ndarray) -> Rebuilt:
+    """Requests `idx` (repeats allowed), in that order."""
+    lengths = r.lengths[idx]
+    offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = r.flat[ranges(r.offsets[:-1][idx], lengths)]
+    return Rebuilt(r.ts[idx], r.eng[idx], r.block_size[idx], np.zeros(len(idx), dtype=np.int64), flat, offsets,
+                   r.engines)
+
+
+def concat(a: Rebuilt, b: Rebuilt) -> Rebuilt:
+    """Both sets of requests, in arrival order."""
+    ts = np.concatenate([a.ts, b.ts])
+    order = np.argsort(ts, kind="stable")
+    lengths = np.concatenate([a.lengths, b.lengths])
+    flat_all = np.concatenate([a.flat, b.flat])
+    starts = np.concatenate([a.offsets[:-1], b.offsets[:-1] + len(a.flat)])
+    offsets = np.zeros(len(ts) + 1, dtype=np.int64)
+    np.cumsum(lengths[order], out=offsets[1:])
+    flat = flat_all[ranges(starts[order], lengths[order])]
+    return Rebuilt(ts[order], np.concatenate([a.eng, b.eng])[order], np.concatenate([a.block_size, b.block_size])[order],
+                   np.concatenate([a.own, b.own])[order], flat, offsets, a.engines)
+
+
+@dataclasses.dataclass(frozen=True)
+class RebuiltWindow:
+    """One window's rebuilt workload and what went into it."""
+
+    requests: Rebuilt  # stored + synthesised, arrival order
+    stored: int  # requests rebuilt from stores
+    synthesised: dict[str, int]  # per pod, fully cached requests added from the counters
+    outliers: dict[str, int]  # engines capped: their own stored blocks in the window
+    sample_level: int
+
+    @property
+    def pods(self) -> list[str]:
+        return [pod_of(self.requests.engines[e]) for e in self.requests.eng.tolist()]
+
+
+class RebuiltHistory:
+    """The planner's history from the block stream (module doc). `kind = "rebuilt"`."""
+
+    kind = "rebuilt"
+
+    def __init__(self, recorder: BlockRecorder, counts: Counts | None, clock: Callable[[], float], *,
+                 join_s: float, engine_share: float, output_tokens: int, model: str | None = None,
+                 seed: int = 0) -> None:
+        self.recorder, self.counts, self.clock = recorder, counts, clock
+        self.join_s, self.engine_share, self.output_tokens = join_s, engine_share, output_tokens
+        self.model, self.seed = model, seed
+        self.outliers: dict[str, int] = {}
+        self.last: RebuiltWindow | None = None
+
+    @classmethod
+    def from_settings(cls, recorder: BlockRecorder, counts: Counts | None, clock: Callable[[], float], spec: Any,
+                      **kw: Any) -> RebuiltHistory:
+        """From `KvEventsSettings.rebuild` (agent.kvevents.settings.RebuildSpec)."""
+        return cls(recorder, counts, clock, join_s=spec.join_s, engine_share=spec.engine_share,
+                   output_tokens=spec.output_tokens, **kw)
+
+    def _model(self) -> str | None:
+        if self.model is not None:
+            return self.model
+        models = self.recorder.models()
+        return models[0] if len(models) == 1 else None
+
+    def available(self) -> bool:
+        """True once GPU stores were recorded for the model (else the caller falls back)."""
+        model = self._model()
+        return model is not None and self.recorder.arrays(model) is not None
+
+    def window(self, now: float, seconds: float) -> RebuiltWindow:
+        since = now - seconds
+        model = self._model()
+        arr = self.recorder.arrays(model) if model is not None else None
+        if arr is None:
+            from agent.kvevents.rebuild.chains import empty
+            return RebuiltWindow(empty(), 0, {}, {}, 0)
+        r = rebuild(arr, since, now, join_s=self.join_s)
+        r, outliers = cap_engines(r, self.engine_share)
+        self._note_outliers(outliers, since, now)
+        made: dict[str, int] = {}
+        if self.counts is not None and arr.sample_level == 0:
+            extra, made = synthesise(r, self.counts(since, now), since, now, share=self.engine_share, seed=self.seed)
+            r = concat(r, extra)
+        stored = r.requests - sum(made.values())
+        self.last = RebuiltWindow(r, stored, made, outliers, arr.sample_level)
+        return self.last
+
+    def _note_outliers(self, outliers: dict[str, int], since: float, until: float) -> None:
+        if set(outliers) != set(self.outliers):
+            for eng in sorted(set(outliers) - set(self.outliers)):
+                log.warning("kv-events rebuild: engine %s stored %d blocks in [%.0f, %.0f], beyond %.1fx the "
+                            "median engine's: its share of the planning workload is capped at the median's",
+                            eng, outliers[eng], since, until, self.engine_share)
+        self.outliers = outliers
+
+    def __call__(self, now: float, seconds: float) -> pl.DataFrame:
+        w = self.window(now, seconds)
+        return to_frame(w.requests, output_tokens=self.output_tokens)
+
+
+__all__ = ["Counts", "PodRequests", "RebuiltHistory", "RebuiltWindow", "cap_engines", "store_counts", "synthesise"]

@@ -1,0 +1,171 @@
+"""One model's block stream as flat numpy columns (no Python object per block).
+
+Rows are the decoded events of every engine in arrival order:
+- a stored chain: `kind` STORED, its medium, `n` hashes at `hashes[off:off + n]` (prefix order),
+  the parent of the first (`has_parent`), the block size in tokens and the chain's `root` (the
+  first hash of the prompt it extends, when known: see `recorder.py` on sampling);
+- a clear (`AllBlocksCleared`, or a restart seen in the sequence numbers): `kind` CLEARED.
+
+Removals are kept as counts (`removed_*` columns: ts, engine, medium, blocks): the rebuilt
+workload needs what was stored, not what was evicted. Every column grows by doubling and is
+compacted when its oldest rows expire, so the cost is ~10 bytes a block reference plus ~40 bytes a
+chain (measured by bench/rebuild.py). Not thread-safe: the recorder holds the lock.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+STORED, CLEARED = 0, 1
+MEDIA = ("GPU", "CPU", "STORAGE", "OTHER")
+MEDIUM_CODE = {m: i for i, m in enumerate(MEDIA)}
+_CHAIN_COLUMNS = {"ts": np.float64, "eng": np.int32, "kind": np.int8, "medium": np.int8, "n": np.int32,
+                  "off": np.int64, "parent": np.uint64, "has_parent": np.bool_, "bsize": np.int32,
+                  "root": np.uint64}
+_REMOVED_COLUMNS = {"ts": np.float64, "eng": np.int32, "medium": np.int8, "n": np.int32}
+_INITIAL = 1024
+
+
+class _Table:
+    """Growable columns of equal length."""
+
+    def __init__(self, columns: dict[str, type]) -> None:
+        self.cols = {k: np.empty(_INITIAL, dtype=t) for k, t in columns.items()}
+        self.size = 0
+
+    def append(self, values: dict[str, object], count: int) -> None:
+        need = self.size + count
+        if need > len(next(iter(self.cols.values()))):
+            cap = max(need, 2 * len(next(iter(self.cols.values()))))
+            for k, a in self.cols.items():
+                grown = np.empty(cap, dtype=a.dtype)
+                grown[:self.size] = a[:self.size]
+                self.cols[k] = grown
+        for k, a in self.cols.items():
+            a[self.size:need] = values[k]
+        self.size = need
+
+    def view(self, name: str) -> np.ndarray:
+        return self.cols[name][:self.size]
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep the rows where `mask` (len == size) is true, shrinking the capacity to fit."""
+        n = int(mask.sum())
+        cap = max(_INITIAL, 1 << max(n - 1, 1).bit_length())
+        for k, a in self.cols.items():
+            kept = np.empty(cap, dtype=a.dtype)
+            kept[:n] = a[:self.size][mask]
+            self.cols[k] = kept
+        self.size = n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.cols.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainArrays:
+    """A read-only copy of a log's rows (what the pure rebuild works on), oldest first.
+    `engines[i]` names engine id i."""
+
+    ts: np.ndarray
+    eng: np.ndarray
+    kind: np.ndarray
+    medium: np.ndarray
+    n: np.ndarray
+    off: np.ndarray
+    parent: np.ndarray
+    has_parent: np.ndarray
+    bsize: np.ndarray
+    root: np.ndarray
+    hashes: np.ndarray
+    engines: tuple[str, ...]
+    sample_level: int = 0  # chains kept: root in the first 2**-level of hash space
+
+    @property
+    def refs(self) -> int:
+        return int(self.n[self.kind == STORED].sum())
+
+
+class ChainLog:
+    """The rows of one model (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.chains = _Table(_CHAIN_COLUMNS)
+        self.removed = _Table(_REMOVED_COLUMNS)
+        self.hashes = np.empty(_INITIAL * 8, dtype=np.uint64)
+        self.nhashes = 0
+        self.engine_ids: dict[str, int] = {}
+
+    def engine(self, key: str) -> int:
+        eid = self.engine_ids.get(key)
+        if eid is None:
+            eid = self.engine_ids[key] = len(self.engine_ids)
+        return eid
+
+    def add_hashes(self, flat: np.ndarray) -> int:
+        """Append hashes; returns the offset of the first."""
+        need = self.nhashes + len(flat)
+        if need > len(self.hashes):
+            grown = np.empty(max(need, 2 * len(self.hashes)), dtype=np.uint64)
+            grown[:self.nhashes] = self.hashes[:self.nhashes]
+            self.hashes = grown
+        at = self.nhashes
+        self.hashes[at:need] = flat
+        self.nhashes = need
+        return at
+
+    @property
+    def refs(self) -> int:
+        return self.nhashes
+
+    @property
+    def nbytes(self) -> int:
+        return self.chains.nbytes + self.removed.nbytes + self.hashes.nbytes
+
+    def keep_chains(self, mask: np.ndarray) -> None:
+        """Keep the chain rows where `mask` is true, with their hashes (compacted)."""
+        t = self.chains
+        n, off = t.view("n"), t.view("off")
+        starts = off[mask]
+        counts = n[mask].astype(np.int64)
+        idx = _ranges(starts, counts)
+        flat = self.hashes[idx]
+        t.keep(mask)
+        new_off = np.zeros(len(counts), dtype=np.int64)
+        new_off[1:] = np.cumsum(counts)[:-1]
+        t.view("off")[:] = new_off
+        cap = max(_INITIAL * 8, 1 << max(len(flat) - 1, 1).bit_length())
+        self.hashes = np.empty(cap, dtype=np.uint64)
+        self.hashes[:len(flat)] = flat
+        self.nhashes = len(flat)
+
+    def expire(self, cutoff: float) -> None:
+        """Drop the rows older than `cutoff`."""
+        if self.chains.size and self.chains.view("ts")[0] < cutoff:
+            self.keep_chains(self.chains.view("ts") >= cutoff)
+        if self.removed.size and self.removed.view("ts")[0] < cutoff:
+            self.removed.keep(self.removed.view("ts") >= cutoff)
+
+    def arrays(self, sample_level: int = 0) -> ChainArrays:
+        t = self.chains
+        names = [""] * len(self.engine_ids)
+        for k, i in self.engine_ids.items():
+            names[i] = k
+        cols = {k: t.view(k).copy() for k in _CHAIN_COLUMNS}
+        return ChainArrays(**cols, hashes=self.hashes[:self.nhashes].copy(), engines=tuple(names),
+                           sample_level=sample_level)
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenated aranges [starts[i], starts[i] + counts[i]) (int64)."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(counts)
+    first = np.repeat(starts - (ends - counts), counts)
+    return first + np.arange(total, dtype=np.int64)
+
+
+ranges = _ranges

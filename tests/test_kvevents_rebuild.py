@@ -1,0 +1,149 @@
+"""The planning workload rebuilt from the KV-event block stream (agent/kvevents/rebuild/).
+
+The twin serves a workload and its pods publish vLLM 0.33 event streams over real ZMQ
+(emulator/cluster/kv_publisher.py); the agent's subscriber records them, and the rebuilt requests
+must be exactly the ones the twin stored: each one's chain of chunk hashes equal to the chain the
+twin derived from the sent prompt, on the pod that served it, through a pod restart. With the
+pods' request counters, the fully cached requests are counted too.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+import polars as pl
+import pytest
+import zmq
+
+from agent.kvevents import KvEventManager
+from agent.kvevents.rebuild import BlockRecorder, PodRequests, RebuiltHistory
+from agent.kvevents.rebuild.chains import rebuild
+from agent.kvevents.rebuild.layout import block_ids, to_frame
+from agent.kvevents.settings import EndpointSpec, KvEventsSettings, RebuildSpec
+from contracts.knobs import Knobs
+from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
+from simulator.chunking import chunk_hashes
+from simulator.cluster import ClusterSpec
+from simulator.records import WORKLOAD_SCHEMA, check_workload
+from simulator.synthetic import synthetic
+from simulator.twin import Twin
+
+PODS = tuple(f"pod-{i}" for i in range(4))
+SUCCESS = 'vllm:request_success_total{finished_reason="length"}'
+OFFSET = 1_700_000_000.0
+
+
+def _served(preset: str, chunk: int, *, restart: bool, sink=None, cluster: dict | None = None):
+    twin = Twin(ClusterSpec(pods=4, pod_names=PODS, **(cluster or {"gpu_tokens": 30_000, "cpu_tokens": 30_000,
+                                                                    "l2_tokens": 100_000})),
+                Knobs(router="roundrobin", chunk_tokens=chunk), event_sink=sink)
+    rows = list(synthetic(preset, seed=3, duration_s=150).iter_rows(named=True))
+    sent = []
+    for i, row in enumerate(rows):
+        if restart and i == len(rows) // 2:
+            twin.restart_pod("pod-1", row["timestamp_ms"] / 1000.0)
+        sent.append((row, twin.submit(row)))
+    return twin, sent
+
+
+def _expected(sent, chunk: int) -> collections.Counter:
+    """(pod, chain) of every request that stored at least one block on its GPU."""
+    out: collections.Counter = collections.Counter()
+    for row, outcome in sent:
+        chain = tuple(chunk_hashes(row["hash_ids"], row["input_length"], chunk))
+        if outcome.gpu_hit_tokens < len(chain) * chunk:
+            out[(outcome.pod, chain)] += 1
+    return out
+
+
+def _got(r) -> collections.Counter:
+    return collections.Counter((r.engines[r.eng[i]], tuple(int(x) for x in r.chain(i))) for i in range(r.requests))
+
+
+def test_rebuilt_chains_equal_the_sent_ones_over_zmq() -> None:
+    ctx = zmq.Context()
+    publishers = open_pod_publishers(PODS, context=ctx)
+    specs = tuple(EndpointSpec(pod=p, model="m", endpoint=pub.endpoint, replay_endpoint=pub.replay_endpoint)
+                  for p, pub in publishers.items())
+    settings = KvEventsSettings(endpoints=specs, reorder_hold_s=1.0)
+    mgr = KvEventManager(settings, context=ctx)
+    recorder = BlockRecorder.from_settings(settings.rebuild, clock=lambda: OFFSET)
+    mgr.enable_block_recorder(recorder)
+    try:
+        mgr.start()
+        time.sleep(0.3)
+        sink = TwinEventPublisher(publishers, clock_offset=OFFSET)
+        twin, sent = _served("sessions", 256, restart=True, sink=sink)
+        sink.flush()
+        total = sum(pub.published for pub in publishers.values())
+        deadline = time.monotonic() + 60
+        while mgr.applied_batches < total:
+            assert time.monotonic() < deadline, f"applied {mgr.applied_batches} of {total} batches"
+            time.sleep(0.05)
+    finally:
+        mgr.stop()
+        for pub in publishers.values():
+            pub.close()
+        ctx.term()
+    arr = recorder.arrays("m")
+    assert arr is not None
+    r = rebuild(arr, OFFSET - 1, OFFSET + 1e4, join_s=settings.rebuild.join_s)
+    want = _expected(sent, 256)
+    assert r.requests == sum(want.values()) > 100
+    assert _got(r) == want
+    assert recorder.engine_stats("m")["pod-1"].clears >= 1  # the restart's AllBlocksCleared
+    # every request is counted: the stored ones rebuilt, the fully cached ones from the counters
+    counts = {p: PodRequests(twin.pod_counters(p)[SUCCESS], twin.pod_counters(p)["vllm:prompt_tokens_total"])
+              for p in PODS}
+    history = RebuiltHistory.from_settings(recorder, lambda since, until: counts, lambda: OFFSET + 1e4,
+                                           settings.rebuild)
+    frame = history(OFFSET + 1e4, 1e4 + 1)
+    assert check_workload(frame).height == len(sent)
+    assert history.kind == "rebuilt"
+
+
+def _feed(recorder: BlockRecorder, twin_events, model: str = "m", offset: float = 0.0) -> None:
+    """Twin events fed to the recorder one step (pod, ts) at a time, as the manager applies them."""
+    from agent.kvevents.wire import Batch, Cleared, Removed, Stored
+    from contracts import events as ce
+
+    steps: dict = collections.defaultdict(list)
+    for ev in twin_events:
+        steps[(ev.ts, ev.pod)].append(ev)
+    for (ts, pod), evs in steps.items():
+        out = []
+        for e in evs:
+            if isinstance(e, ce.BlockStored):
+                out.append(Stored(list(e.block_hashes), e.parent_block_hash, e.block_size, e.medium, None))
+            elif isinstance(e, ce.BlockRemoved):
+                out.append(Removed(list(e.block_hashes), e.medium, None))
+            else:
+                out.append(Cleared())
+        recorder.record(model, pod, Batch(b"", 0, offset + ts, 0, out, {}))
+
+
+@pytest.mark.parametrize("chunk", [256, 1024])
+def test_rebuilt_frame_replays_the_same_chunks(chunk: int) -> None:
+    """Through the 512-token ids, the twin derives chunks that share exactly where the sent ones do."""
+    events: list = []
+    _, sent = _served("rag", chunk, restart=False, sink=events.append,
+                      cluster={"gpu_tokens": 60_000, "cpu_tokens": 60_000, "l2_tokens": 0})
+    recorder = BlockRecorder.from_settings(RebuildSpec(), clock=lambda: 0.0)
+    _feed(recorder, events)
+    r = rebuild(recorder.arrays("m"), -1.0, 1e6, join_s=1.0)
+    assert _got(r) == _expected(sent, chunk)
+    frame = to_frame(r, output_tokens=200)
+    assert frame.schema == pl.Schema(WORKLOAD_SCHEMA)
+    _ids, _offsets, tokens = block_ids(r, 16)
+    assert (tokens == r.lengths * chunk).all()
+    # the rebuilt prompt's chunks are a renaming of the engine's blocks: equal exactly where they are equal
+    rebuilt = [tuple(chunk_hashes(list(h), n, chunk)) for h, n in zip(frame["hash_ids"].to_list(),
+                                                                       frame["input_length"].to_list(), strict=True)]
+    originals = [tuple(int(x) for x in r.chain(i)) for i in np.argsort(r.ts, kind="stable")]
+    rename: dict[int, int] = {}
+    for a, b in zip(rebuilt, originals, strict=True):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert rename.setdefault(x, y) == y
+    assert len(set(rename.values())) == len(rename)

@@ -194,7 +194,9 @@ class KubernetesActuator:
                 obj = self._read(t.ref, t)
                 wanted = {k: getattr(knobs, k) for k in t.knobs}
                 live = t.knob_values(obj)
-                if {k: live.get(k) for k in wanted} == wanted:  # the live tokens express it: keep them exactly
+                # the live tokens express it: keep them exactly (a setting absent with no known default,
+                # e.g. vLLM's offload block_size, is not read and was never written: its absence is kept)
+                if all(live[k] == v for k, v in wanted.items() if k in live):
                     tokens = t.read_tokens(obj)
                     restart = {r.name: workload_hash(self._read(r, t)) for r in t.restart_refs}
                 else:

@@ -18,7 +18,7 @@ from contracts.knobs import Knobs
 
 MAPPINGS_FILE = Path(__file__).with_name("mappings.yaml")
 SETTING_TYPES = ("int", "float", "enum")
-STORES = ("env", "args", "yaml-lines", "toml-lines", "router-config", "json-pointer")
+STORES = ("env", "args", "args-json", "yaml-lines", "toml-lines", "router-config", "json-pointer")
 TAKES_EFFECT = ("rollout", "restart-workloads", "hot-reload", "operator")
 RESOURCES = ("Deployment", "StatefulSet", "ConfigMap", "InferenceEndpointConfig")
 KNOB_NAMES = tuple(f.name for f in dataclasses.fields(Knobs))
@@ -42,9 +42,18 @@ class Setting:
     default: Any
     values: Mapping[str, str] | None = None  # knob value -> component spelling (enums)
     restart_values: tuple[str, ...] = ()  # hot-reload kinds: knob values that need a restart to enter or leave
+    scale: float | None = None  # component value = knob value x scale (e.g. GiB -> bytes)
+    above: float | None = None  # the component refuses values <= this (e.g. a CPU tier of 0 bytes)
+    multiple_of: str | None = None  # key of another setting of the same store the value must divide by
 
     def to_component(self, knob_value: Any) -> Any:
         """The component's value for a knob value; RefusedValue names the supported values."""
+        if self.above is not None and knob_value * (self.scale or 1) <= self.above:
+            raise RefusedValue(f"{self.knob}={knob_value!r} cannot be expressed as {self.key}: it must be above "
+                               f"{self.above:g}")
+        if self.scale is not None:
+            scaled = knob_value * self.scale
+            return round(scaled) if self.type == "int" else float(scaled)
         if self.type == "enum":
             assert self.values is not None
             if knob_value not in self.values:
@@ -69,6 +78,8 @@ class Setting:
             )
         if isinstance(value, bool):
             raise TypeError(f"{self.key}={value!r} is not a number")
+        if self.scale is not None:
+            return float(value) / self.scale
         if self.type == "int":
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(f"{self.key}={value!r} is not an integer")
@@ -154,7 +165,7 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
             if bad:
                 raise _fail(source, where + ".restart_values", f"{bad} are not values of this enum")
             settings.append(Setting(knob=knob, key=s["key"], type=typ, default=s.get("default"), values=values,
-                                    restart_values=restart_values))
+                                    restart_values=restart_values, **_numeric_rules(source, where, s, typ)))
         if not settings:
             raise _fail(source, kind, "no settings")
         knobs = [s.knob for s in settings]
@@ -173,6 +184,25 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
             couples=_couples(source, kind, spec.get("couples"), knobs),
         )
     return kinds
+
+
+def _numeric_rules(src: str, where: str, s: Mapping[str, Any], typ: str) -> dict[str, Any]:
+    """A setting's optional `scale`, `above` and `multiple_of` (numbers only)."""
+    out: dict[str, Any] = {}
+    for name in ("scale", "above"):
+        v = s.get(name)
+        if v is None:
+            continue
+        if typ == "enum" or isinstance(v, bool) or not isinstance(v, (int, float)) or (name == "scale" and v <= 0):
+            raise _fail(src, f"{where}.{name}", f"must be a {'positive ' if name == 'scale' else ''}number on an "
+                                                 f"int or float setting, got {v!r}")
+        out[name] = float(v)
+    m = s.get("multiple_of")
+    if m is not None:
+        if typ != "int" or not isinstance(m, str) or not m:
+            raise _fail(src, f"{where}.multiple_of", "must name a key (a flag) and needs type int")
+        out["multiple_of"] = m
+    return out
 
 
 def _couples(src: str, kind: str, raw: Any, knobs: list[str]) -> dict[str, dict[str, str]]:

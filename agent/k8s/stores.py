@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.k8s import textconf
+from agent.k8s.args_json import args_json_plan, args_json_read
 from agent.k8s.args_store import ArgsError, args_plan, args_read
 from agent.k8s.patches import (
     Patch,
@@ -42,6 +43,7 @@ def _env_encode(value: Any) -> str:
 ENCODERS: dict[str, Callable[[Any], str]] = {
     "env": _env_encode,
     "args": _env_encode,
+    "args-json": textconf.json_token,
     "yaml-lines": textconf.yaml_token,
     "toml-lines": textconf.toml_token,
     "json-pointer": textconf.json_token,
@@ -49,6 +51,7 @@ ENCODERS: dict[str, Callable[[Any], str]] = {
 DECODERS: dict[str, Callable[[str], Any]] = {
     "env": lambda tok: tok,
     "args": lambda tok: tok,
+    "args-json": textconf.json_value,
     "yaml-lines": textconf.yaml_value,
     "toml-lines": textconf.toml_value,
     "json-pointer": textconf.json_value,
@@ -227,9 +230,10 @@ def read_tokens(store: str, obj: Mapping[str, Any], keys: list[str], *, containe
                 data_key: str | None = None, where: str = "object") -> dict[str, str | None]:
     if store == "env":
         return env_read(obj, keys, container=container, where=where)
-    if store == "args":
+    if store in ("args", "args-json"):
+        read = args_read if store == "args" else args_json_read
         try:
-            return args_read(obj, _container_index(obj, container, where), keys, where)
+            return read(obj, _container_index(obj, container, where), keys, where)
         except ArgsError as exc:
             raise StoreError(str(exc)) from None
     if store == "json-pointer":
@@ -242,9 +246,10 @@ def plan_tokens(store: str, obj: Mapping[str, Any], tokens: Tokens, *, container
                 data_key: str | None = None, where: str = "object", reason: str = "") -> Patch:
     if store == "env":
         ops = env_plan(obj, tokens, container=container, where=where)
-    elif store == "args":
+    elif store in ("args", "args-json"):
+        plan = args_plan if store == "args" else args_json_plan
         try:
-            ops = args_plan(obj, _container_index(obj, container, where), tokens, where)
+            ops = plan(obj, _container_index(obj, container, where), tokens, where)
         except ArgsError as exc:
             raise StoreError(str(exc)) from None
     elif store == "json-pointer":

@@ -173,6 +173,8 @@ class Target:
                 component = s.to_component(getattr(knobs, s.knob))
             except RefusedValue as exc:
                 raise RefusedConfigError(f"{self.where}: {exc}") from None
+            if s.multiple_of is not None:
+                self._check_multiple(s, component, obj)
             tok = live[s.key]
             if tok is None and s.default is not None and s.same(s.to_component(s.default), component):
                 out[s.key] = None  # absent already means this value: do not write the default
@@ -188,6 +190,25 @@ class Target:
         if store == "router-config":
             out.update(self._session_tokens(knobs, live, text))
         return out
+
+    def _check_multiple(self, s: Setting, component: int, obj: Mapping[str, Any]) -> None:
+        """vLLM's offload `block_size` must be a multiple of the engine's `--block-size`; without
+        that flag the engine's block size is its platform's choice, unknown here: refused."""
+        try:
+            tok = stores.read_tokens(self.mapping.store, obj, [s.multiple_of], container=self.spec.container,
+                                     data_key=self.spec.key, where=self.where)[s.multiple_of]  # type: ignore[list-item]
+        except stores.StoreError as exc:
+            raise PermanentActuationError(str(exc)) from None
+        if tok is None:
+            raise RefusedConfigError(f"{self.where}: {s.knob}={component} needs {s.multiple_of} set explicitly (the "
+                                     f"value must be a multiple of it, and the engine's default is not known here)")
+        try:
+            base = int(tok)
+        except ValueError:
+            raise PermanentActuationError(f"{self.where}: {s.multiple_of}={tok!r} is not an integer") from None
+        if base <= 0 or component % base:
+            raise RefusedConfigError(f"{self.where}: {s.knob}={component} cannot be expressed as {s.key}: it must "
+                                     f"be a multiple of {s.multiple_of} {base}")
 
     def _session_tokens(self, knobs: Knobs, live: Mapping[str, str | None], text: str) -> dict[str, str | None]:
         if knobs.router != "session" or "router" not in self.knobs:

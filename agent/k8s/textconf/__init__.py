@@ -5,7 +5,8 @@ were, so a rollback that writes the old tokens back restores the file byte for b
 
 - flat YAML (LMCache config): top-level `key: value` lines (`yaml_text`);
 - TOML (Curvine cluster config): `key = value` lines inside `[section]` (`toml_text`);
-- JSON (production-stack router dynamic config): top-level `"key": value` members (`json_text`).
+- JSON (production-stack router dynamic config): top-level `"key": value` members; vLLM's
+  `--kv-transfer-config`: members of nested objects by key path (`json_text`).
 
 A token is the value's text as it appears in the file (`512`, `"lru"`, `LRU`); `None` = absent.
 
@@ -23,7 +24,14 @@ first one would tune a configuration that never runs; TOML forbids duplicates (C
 start).
 """
 from agent.k8s.textconf.base import ConfigTextError
-from agent.k8s.textconf.json_text import json_get, json_set, json_token, json_value
+from agent.k8s.textconf.json_text import (
+    json_get,
+    json_path_get,
+    json_path_set,
+    json_set,
+    json_token,
+    json_value,
+)
 from agent.k8s.textconf.toml_text import toml_flat, toml_get, toml_set, toml_token, toml_value
 from agent.k8s.textconf.yaml_text import yaml_get, yaml_set, yaml_token, yaml_value
 
@@ -31,7 +39,7 @@ _toml_flat = toml_flat  # the name the differential tests use
 
 __all__ = [
     "ConfigTextError",
-    "json_get", "json_set", "json_token", "json_value",
+    "json_get", "json_path_get", "json_path_set", "json_set", "json_token", "json_value",
     "toml_flat", "toml_get", "toml_set", "toml_token", "toml_value",
     "yaml_get", "yaml_set", "yaml_token", "yaml_value",
 ]

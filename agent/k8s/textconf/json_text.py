@@ -1,5 +1,6 @@
-"""JSON (the production-stack router's dynamic config): top-level `"key": value` members, edited
-in place and checked with `json.load`, the router's loader."""
+"""JSON edited in place, member by member, and checked with `json.load`: the production-stack
+router's dynamic config (top-level `"key": value` members) and vLLM's `--kv-transfer-config`
+(members of nested objects, reached by a path of keys: `json_path_get`, `json_path_set`)."""
 from __future__ import annotations
 
 import json
@@ -59,6 +60,15 @@ def _key_line(text: str, key: str) -> int:
     return text.count("\n", 0, at) + 1 if at >= 0 else 1
 
 
+def _colon(text: str, members: list[tuple[str, int, int, int]]) -> str:
+    """The text between key and value of the first member (`: `, or `:` in compact JSON)."""
+    if not members:
+        return ": "
+    _, start, vstart, _ = members[0]
+    _, key_end = _DECODER.raw_decode(text, start)
+    return text[key_end:vstart]
+
+
 def json_get(text: str, key: str) -> str | None:
     _, _, members = _members(text)
     idx = _unique(text, members, key)
@@ -84,7 +94,7 @@ def json_set(text: str, updates: Mapping[str, str | None]) -> str:
             else:  # last member: drop from the end of the previous value
                 text = text[: members[idx - 1][3]] + text[vend:]
         elif tok is not None:
-            member = f"{json.dumps(key)}: {tok}"
+            member = f"{json.dumps(key)}{_colon(text, members)}{tok}"
             if members:
                 first = members[0][1]
                 gap = text[open_at + 1:first]  # the indentation style of the file
@@ -105,3 +115,49 @@ def json_token(value: Any) -> str:
 
 def json_value(token: str) -> Any:
     return json.loads(token)
+
+
+def _object_span(text: str, path: tuple[str, ...]) -> tuple[int, int]:
+    """(start, end) of the object text at `path` (the whole text for ()); ConfigTextError when a
+    step is absent or not an object."""
+    start, end = 0, len(text)
+    for depth, key in enumerate(path):
+        sub = text[start:end]
+        _, _, members = _members(sub)
+        idx = _unique(sub, members, key)
+        where = "/".join(path[: depth + 1])
+        if idx is None:
+            raise ConfigTextError(f"{where} is absent; the agent does not create it")
+        _, _, vstart, vend = members[idx]
+        if not sub[vstart:vend].lstrip().startswith("{"):
+            raise ConfigTextError(f"{where} is not a JSON object")
+        start, end = start + vstart, start + vend
+    return start, end
+
+
+def json_path_get(text: str, path: tuple[str, ...]) -> str | None:
+    """The value token of the member at `path` (its last key inside the objects named before it)."""
+    start, end = _object_span(text, path[:-1])
+    return json_get(text[start:end], path[-1])
+
+
+def json_path_set(text: str, updates: Mapping[tuple[str, ...], str | None]) -> str:
+    """`text` with the members at the given paths set to their tokens (None removes one); every
+    other member, nested or not, keeps its text. The parent objects must exist."""
+    original = text
+    for path, tok in updates.items():
+        start, end = _object_span(text, path[:-1])
+        text = text[:start] + json_set(text[start:end], {path[-1]: tok}) + text[end:]
+    want = json.loads(original)
+    for path, tok in updates.items():
+        parent = want
+        for key in path[:-1]:
+            parent = parent[key]
+        if tok is None:
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = json_value(tok)
+    if json.loads(text) != want:
+        raise ConfigTextError("editing would change what json.load reads beyond the intended keys: the agent "
+                              "will not apply it")
+    return text

@@ -54,6 +54,10 @@ def test_demo_detects_drift_applies_config_and_beats_defaults_in_the_shifted_pha
     # the injected bad trial (a rolling restart, and its rollback: two) is counted against the tuner
     assert whole.actions.restarts >= 2 and whole.actions.rollbacks >= 1 and whole.actions.applies >= 3
     assert whole.actions.true_alarms + whole.actions.false_alarms >= 1
+    # the shift is logged at the moment it happens (not when a slow timeline sample notices it)
+    shift = [e for e in result.events if e.kind == "phase"]
+    assert len(shift) == 1 and shift[0].trace_s == demo.workload.phase_starts_s[1], shift
+    assert abs(shift[0].wall_s - shift[0].trace_s / demo.scale) < 1.0, shift
     assert whole.tuned.mean_s > 0 and whole.held.mean_s > 0 and whole.hindsight.p95_s <= whole.held.p95_s
     # after the shift the twin-planned hot router change leaves the phase no slower than the defaults
     # (the injected regression is phase 1's cost; bench/live_tuning.py measures the rest)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import logging
+import sys
 import threading
 from collections.abc import Callable
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, gzip_accepted
 
 LOOPBACK = "127.0.0.1"
+log = logging.getLogger(__name__)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -56,7 +59,18 @@ class _Server(http.server.ThreadingHTTPServer):
 
     def __init__(self, port: int, render: Callable[[], bytes]) -> None:
         self.render = render
+        self.client_disconnects = 0
         super().__init__((LOOPBACK, port), _Handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that drops its keep-alive connection (a scraper closing its session, a
+        timeout) is counted and logged at debug, not printed as a traceback; anything else is."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):  # reset, aborted, broken pipe
+            self.client_disconnects += 1
+            log.debug("client %s disconnected: %s", client_address, exc)
+            return
+        super().handle_error(request, client_address)
 
 
 class MetricsEndpoint:
@@ -75,6 +89,11 @@ class MetricsEndpoint:
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self._port}/metrics"
+
+    @property
+    def client_disconnects(self) -> int:
+        """Connections clients dropped (reset, broken pipe) since the last start()."""
+        return self._server.client_disconnects if self._server is not None else 0
 
     @property
     def running(self) -> bool:

@@ -32,7 +32,9 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
 @click.option("--inject-regression", is_flag=True,
               help="Put a known-bad configuration first in the tuner's queue (the first live trial), "
                    "to show the guardrails rolling it back.")
-@click.option("--no-live", is_flag=True, help="No live console view: progress lines instead (for logs and CI).")
+@click.option("--no-live", is_flag=True,
+              help="No live console view: progress lines instead (for logs and CI; always so when stdout "
+                   "is not a terminal).")
 @click.option("--pods-port", type=int, default=0, show_default=True,
               help="0: the emulated endpoints take free ports. Else fixed ports from PORT: pod i's vLLM "
                    "/metrics on PORT+i, its Curvine FUSE /metrics on PORT+PODS+i, the Curvine master on "
@@ -76,7 +78,8 @@ def demo(engine: str, duration: float | None, pods: int, trace: Path | None, see
     try:
         settings = DemoSettings(duration_s=duration, pods=pods, trace=trace, seed=seed, report_dir=report_dir,
                                 dry_run=dry_run, time_scale=time_scale, agent_port=agent_port,
-                                inject_regression=inject_regression, live_view=not no_live, pods_port=pods_port)
+                                inject_regression=inject_regression,
+                                live_view=wants_live_view(no_live, sys.stdout), pods_port=pods_port)
     except DemoSettingsError as exc:
         raise click.ClickException(str(exc)) from None
     from emulator.demo.loop import run_demo
@@ -85,6 +88,13 @@ def demo(engine: str, duration: float | None, pods: int, trace: Path | None, see
         run_demo(settings)
     except DemoSettingsError as exc:  # e.g. a --pods-port that is taken
         raise click.ClickException(str(exc)) from None
+
+
+def wants_live_view(no_live: bool, stdout: object) -> bool:
+    """The live view redraws a terminal; piped or redirected, it would print cut-down frames
+    ("58…"), so progress lines are printed instead."""
+    isatty = getattr(stdout, "isatty", None)
+    return not no_live and bool(isatty and isatty())
 
 
 def _engine_demo(duration: float | None, seed: int, report_dir: Path, dry_run: bool, agent_port: int) -> None:

@@ -17,6 +17,18 @@ EVENT_COLOURS = {"drift": "yellow", "apply": "green", "rollback": "red", "trial"
                  "keep": "green", "error": "bold red", "info": "white"}
 
 
+STATE_LABELS = {"improved": "kept as the last good configuration", "told": "measured, not better",
+                "rolled_back": "regressed, rolled back", "drift": ""}  # a drift event's kind says it
+
+
+def event_text(state: str, trial: int | None, message: str) -> str:
+    """The text of a tuner event (its kind is printed before it): `trial 3: regressed, rolled back:
+    p95 +41%`, or for a drift alarm only what moved (`prompt_tokens_mean down`)."""
+    label = STATE_LABELS.get(state, state.replace("_", " "))
+    head = (f"trial {trial}: " if trial is not None else "") + label
+    return f"{head}: {message}" if head and message else head or message
+
+
 def _pct(v: float | None) -> str:
     return "  -  " if v is None or not math.isfinite(v) else f"{v * 100:5.1f}%"
 

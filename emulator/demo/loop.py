@@ -38,7 +38,7 @@ from emulator.cluster.twin_adapter import TwinPortAdapter
 from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
 from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
-from emulator.demo.console import endpoint_lines, progress_line, render_view
+from emulator.demo.console import endpoint_lines, event_text, progress_line, render_view
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import action_counts, demo_scorecard, plan_lines
@@ -173,7 +173,7 @@ class Demo:
         starts = self.workload.phase_starts_s
         self.driver = ScaledRealtimeDriver(
             self.port, self.cluster, self.recorder, time_scale=self.scale,
-            phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self.kv_sink.flush_step)
+            phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self._driver_step)
         self.cluster.on_restart(self._restart_publisher)
         self.accuracy = AccuracyMeter(DRIFT_SIGNALS_WINDOW_S, self.recorder.recorded_between, self.recorder.evictions_at,
                                       ttft_bounds=DEMO_TTFT_BUCKETS, l2_bounds_s=L2_BOUNDS_S)
@@ -200,6 +200,15 @@ class Demo:
         self.controller = tuning.controller
         self.planner = tuning.planner
 
+    def _driver_step(self) -> None:
+        """After each driver step (its thread, its lock held): flush the KV events, and mark the
+        workload's shift the step it happens, stamped with the shift's own time."""
+        self.kv_sink.flush_step()
+        starts = self.workload.phase_starts_s
+        if self._boundary_knobs is None and len(starts) > 1 and self.driver.trace_now() >= starts[1]:
+            self._boundary_knobs = self._tuned_now()
+            self._event("phase", "the workload shifts: " + self.workload.labels[1], at_trace_s=starts[1])
+
     def _wall_of(self, cluster_t: float) -> float:
         """The wall time (unix seconds) of cluster time `cluster_t`."""
         return time.time() - (self.driver.trace_now() - cluster_t) / self.scale
@@ -216,10 +225,15 @@ class Demo:
         self.driver.reconfigure(knobs)
 
     # -- recording helpers -------------------------------------------------------------------------
-    def _event(self, kind: str, message: str) -> None:
-        self.recorder.add_event(DemoEvent(self.wall() - self._t0, self.driver.trace_now(), kind, message))
+    def _event(self, kind: str, message: str, at_trace_s: float | None = None) -> None:
+        """Record (and without the live view, print) an event, stamped now or at cluster time
+        `at_trace_s` (a moment just passed, in wall time too)."""
+        now = self.driver.trace_now()
+        at = now if at_trace_s is None else min(at_trace_s, now)
+        wall_s = self.wall() - self._t0 - (now - at) / self.scale
+        self.recorder.add_event(DemoEvent(wall_s, at, kind, message))
         if not self.s.live_view:  # the live view lists them; without it, they are progress lines
-            self.console.print(f"[{self.wall() - self._t0:5.0f} s] {kind}: {message}", soft_wrap=True,
+            self.console.print(f"[{wall_s:5.0f} s] {kind}: {message}", soft_wrap=True,
                                highlight=False, markup=False)
 
     def _new_study(self) -> None:
@@ -253,10 +267,7 @@ class Demo:
             self.status = "drift: re-tuning"
 
         if kind is not None:
-            label = {"improved": "kept as the last good configuration", "told": "measured, not better",
-                     "rolled_back": "regressed, rolled back"}.get(rep.state, rep.state.replace("_", " "))
-            trial = f"trial {rep.trial}: " if rep.trial is not None else ""
-            self._event(kind, f"{trial}{label}" + (f": {rep.message}" if rep.message else ""))
+            self._event(kind, event_text(rep.state, rep.trial, rep.message))
 
     def _trial_record(self, number: int | None):
         tuner = self.controller.tuner
@@ -297,9 +308,6 @@ class Demo:
                                               view.ttft_p95_s if view else None,
                                               view.cumulative_hit_ratio if view else None,
                                               dict(view.tier_hit_ratios) if view else {}, like))
-        if phase >= 1 and self._boundary_knobs is None:
-            self._boundary_knobs = self._tuned_now()
-            self._event("phase", "the workload shifts: " + self.workload.labels[1])
 
     def _publish_curves(self, now: float):
         """The capacity curves over everything served so far, at the knobs in force, on the

@@ -17,6 +17,7 @@ from emulator.engines.engine import (
     engine_environment,
     engine_venv,
 )
+from emulator.engines.tiering import TieringConfig, TieringError, kv_transfer_config
 
 
 def _spec(**kw) -> EngineSpec:
@@ -49,6 +50,54 @@ def test_spec_refuses_what_the_cpu_backend_refuses() -> None:
         _spec(kv_cache_tokens=1024)
     with pytest.raises(EngineError, match="dtype 'int8'"):
         _spec(dtype="int8")
+
+
+def test_tiering_adds_the_kv_transfer_config_and_the_worker_on_the_path(tmp_path: Path) -> None:
+    tiering = TieringConfig(cpu_bytes=64 << 20, chunk_tokens=64, eviction_policy="arc", fs_root=Path("/l2"),
+                            extra=(("store_threshold", 0),))
+    spec = _spec(tiering=tiering)
+    cmd = engine_command(spec, Path("/p"), "tierpilot-8100-x")
+    cfg = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert cfg == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "engine_id": "tierpilot-8100-x",
+                   "kv_connector_extra_config": {
+                       "spec_name": "CpuTieringOffloadingSpec", "spec_module_path": "emulator.engines.cpu_offload_spec",
+                       "cpu_bytes_to_use": 64 << 20, "block_size": 64, "eviction_policy": "arc",
+                       "self_describing_kv_events": False, "store_threshold": 0,
+                       "secondary_tiers": [{"type": "fs", "root_dir": "/l2", "enable_kv_events": True}]}}
+    bare = kv_transfer_config(TieringConfig(cpu_bytes=1 << 20))["kv_connector_extra_config"]
+    assert "block_size" not in bare and "secondary_tiers" not in bare and bare["eviction_policy"] == "lru"
+    assert "--kv-transfer-config" not in engine_command(_spec(), Path("/p"))
+    env = engine_environment(spec, tmp_path, base={"PYTHONPATH": "/elsewhere"})
+    assert (Path(env["PYTHONPATH"]) / "emulator" / "engines" / "cpu_offload_spec.py").is_file()
+    assert env["PYTHONHASHSEED"] == "0"  # block hashes, so the fs tier's file names, agree across engines
+    assert "PYTHONPATH" not in engine_environment(_spec(), tmp_path, base={"PYTHONPATH": "/elsewhere"})
+
+
+def test_tiering_refuses_what_vllm_refuses() -> None:
+    with pytest.raises(TieringError, match="eviction_policy 'lfu'"):
+        TieringConfig(cpu_bytes=1, eviction_policy="lfu")
+    with pytest.raises(TieringError, match="positive size"):
+        TieringConfig(cpu_bytes=0)
+    with pytest.raises(EngineError, match="chunk_tokens 48: must be a multiple of the engine's block size 32"):
+        _spec(tiering=TieringConfig(cpu_bytes=1, chunk_tokens=48))
+
+
+def test_stop_removes_the_shared_region_a_killed_engine_leaves(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    started = []
+    eng = EngineProcess(_spec(tiering=TieringConfig(cpu_bytes=1 << 20)), tmp_path, venv=tmp_path, shm=shm,
+                        launcher=lambda cmd, **kw: started.append(cmd) or _FakeProc())
+    eng.start()
+    cfg = json.loads(started[0][started[0].index("--kv-transfer-config") + 1])
+    assert cfg["engine_id"] == eng.offload_id
+    left = shm / f"vllm_offload_{eng.offload_id}.mmap"
+    other = shm / "vllm_offload_someone-else.mmap"
+    left.write_bytes(b"x")
+    other.write_bytes(b"x")
+    eng.proc = None  # as if the process group were already gone
+    eng.stop()
+    assert not left.exists() and other.exists()
 
 
 def test_dtype_is_bf16_only_where_the_processor_has_it_natively() -> None:

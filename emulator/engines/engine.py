@@ -23,7 +23,11 @@ Facts this follows (../shared/reference/real-components.md, kv-events.md):
   bytes vLLM takes at that dtype, so every machine holds the same blocks;
 - a KV-event endpoint `tcp://*:PORT` makes the engine bind its PUB socket; the replay ROUTER
   socket is always bound;
-- scratch directories keep its caches out of /tmp and ~/.cache.
+- scratch directories keep its caches out of /tmp and ~/.cache;
+- `tiering` adds vLLM's native tiered KV offload (emulator/engines/tiering.py): the
+  `--kv-transfer-config` JSON, and the repository on PYTHONPATH for the CPU worker it loads;
+  PYTHONHASHSEED stays 0 (the default here), so block hashes, and the fs tier's file names, are
+  the same in every engine.
 """
 from __future__ import annotations
 
@@ -31,12 +35,14 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
 
 from emulator.engines.child import ChildProcess, EngineError, Launcher, http_status
+from emulator.engines.tiering import SHM, TieringConfig, TieringError, kv_transfer_arg, shared_regions
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV_ENV = "TIERPILOT_ENGINE_VENV"
@@ -112,6 +118,7 @@ class EngineSpec:
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     dtype: str = field(default_factory=engine_dtype)
+    tiering: TieringConfig | None = None  # vLLM's native CPU tier (and fs tier) below the KV cache
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -127,6 +134,11 @@ class EngineSpec:
             raise EngineError(f"block_size {self.block_size}: the vLLM CPU backend needs a multiple of 32")
         if self.replay_port is not None and self.kv_events_port is None:
             raise EngineError("replay_port needs kv_events_port (replay is part of the KV-event publisher)")
+        if self.tiering is not None:
+            try:
+                self.tiering.check_block_size(self.block_size)
+            except TieringError as exc:
+                raise EngineError(str(exc)) from None
 
 
 def kv_events_config(spec: EngineSpec) -> dict[str, Any] | None:
@@ -139,8 +151,8 @@ def kv_events_config(spec: EngineSpec) -> dict[str, Any] | None:
     return cfg
 
 
-def engine_command(spec: EngineSpec, python: Path) -> list[str]:
-    """The engine's argv (pure)."""
+def engine_command(spec: EngineSpec, python: Path, offload_id: str | None = None) -> list[str]:
+    """The engine's argv (pure). `offload_id`: the engine id naming its CPU tier's shared region."""
     cmd = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(spec.model),
            "--host", "127.0.0.1", "--port", str(spec.port),
            "--served-model-name", spec.served_model,
@@ -154,6 +166,8 @@ def engine_command(spec: EngineSpec, python: Path) -> list[str]:
     cfg = kv_events_config(spec)
     if cfg is not None:
         cmd += ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
+    if spec.tiering is not None:
+        cmd += kv_transfer_arg(spec.tiering, offload_id)
     return cmd + list(spec.extra_args)
 
 
@@ -172,6 +186,8 @@ def engine_environment(spec: EngineSpec, scratch: Path, base: Mapping[str, str] 
     })
     if spec.cpu_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_bind
+    if spec.tiering is not None:
+        env["PYTHONPATH"] = str(REPO)  # the engine imports the tiering spec's CPU worker from here
     env.update(dict(spec.extra_env))
     return env
 
@@ -184,11 +200,13 @@ class EngineProcess(ChildProcess):
     def __init__(self, spec: EngineSpec, scratch: Path, *, venv: Path | None = None,
                  launcher: Launcher = subprocess.Popen, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, probe: Callable[[str, float], int] = http_status,
-                 log: IO[bytes] | None = None) -> None:
+                 log: IO[bytes] | None = None, shm: Path = SHM) -> None:
         super().__init__(scratch, f"engine-{spec.port}.log", launcher=launcher, clock=clock, sleep=sleep,
                          probe=probe, log=log)
         self.spec = spec
         self.venv = venv or engine_venv()
+        self.shm = shm
+        self.offload_id: str | None = None  # names the CPU tier's /dev/shm region of the running process
 
     @property
     def base_url(self) -> str:
@@ -211,8 +229,18 @@ class EngineProcess(ChildProcess):
             raise EngineError(f"engine on port {self.spec.port} is already running (pid {self.proc.pid})")
         for sub in ("vllm-cache", "inductor", "tmp", "hf"):
             (self.scratch / sub).mkdir(parents=True, exist_ok=True)
-        self._launch(engine_command(self.spec, engine_python(self.venv)), engine_environment(self.spec, self.scratch))
+        self.offload_id = f"tierpilot-{self.spec.port}-{uuid.uuid4().hex[:12]}" if self.spec.tiering else None
+        self._launch(engine_command(self.spec, engine_python(self.venv), self.offload_id),
+                     engine_environment(self.spec, self.scratch))
         return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the process group, then remove the CPU tier's shared region if the engine left it."""
+        super().stop(timeout)
+        if self.offload_id is not None:
+            for path in shared_regions(self.offload_id, self.shm):
+                path.unlink(missing_ok=True)
+            self.offload_id = None
 
     def _healthy(self) -> bool:
         return self.probe(f"{self.base_url}/health", 2.0) == 200

@@ -1,0 +1,184 @@
+"""vLLM's native tiered KV offload on real CPU engines, with the project's CPU worker
+(emulator/engines/cpu_offload_spec.py): a CPU tier (L1) and an fs tier (L2) on one shared directory.
+
+Two engines for the module (one per core), both with a 40 MiB CPU tier and the same fs `root_dir`,
+as pods share a Curvine mount. `/reset_prefix_cache` (the engines' dev API) empties the KV cache
+alone, or the KV cache and the CPU tier (`reset_external=true`), so the next request must reload
+from the tier below. Checked against the engines' own counters and outputs:
+- a block stored and loaded back through the worker is byte-identical (no engine: the worker on a
+  real SharedOffloadRegion, in the engine venv);
+- greedy output with logprobs after a CPU-tier reload and after an fs-tier reload equals the cold
+  prefill exactly, with `kv_offload_tiering_chunk_hits{tier="0:primary"|"1:fs"}` showing the tier;
+- engine B hits, in its own fs-tier counters, every chunk engine A wrote (the cross-pod L2 hit);
+- a restarted engine hits the files its previous process wrote.
+The restart comes last (tests run in file order).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from emulator.engines.engine import EngineProcess, engine_python, kv_bytes_per_token
+from emulator.engines.tiering import TieringConfig
+from tests.conftest import REPO_ROOT
+from tests.support.real_engine import MODEL, engine_spec, http_get, skip_reason, start_engines
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+PROMPT_TOKENS, BLOCK = 2000, 32
+CHUNKS = (PROMPT_TOKENS - 1) // BLOCK  # full blocks before the last prompt token: 62
+CPU, FS = "0:primary", "1:fs"
+
+
+def _spec(core: str, fs_root: Path, inductor: Path):
+    """A tiered engine; the dev API on (`/reset_prefix_cache`); one inductor cache for the module, so
+    the sampler's logprobs kernels (compiled at the first request asking for logprobs, ~20 s) are
+    compiled once."""
+    return engine_spec(cpu_bind=core, kv_events=False, tiering=TieringConfig(cpu_bytes=40 << 20, fs_root=fs_root),
+                       extra_env=(("VLLM_SERVER_DEV_MODE", "1"), ("TORCHINDUCTOR_CACHE_DIR", str(inductor))),
+                       extra_args=("--enable-prompt-tokens-details",))
+
+
+@pytest.fixture(scope="module")
+def fs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("l2")
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory, fs_root: Path):
+    scratch = tmp_path_factory.mktemp("tiered")
+    procs = start_engines([_spec("0", fs_root, scratch / "inductor"), _spec("1", fs_root, scratch / "inductor")],
+                          scratch)
+    yield procs
+    for e in procs:
+        e.stop()
+
+
+def _prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(4, 4096) for _ in range(PROMPT_TOKENS)]
+
+
+def _generate(engine: EngineProcess, prompt: list[int]) -> dict:
+    """Greedy, 8 tokens, top-5 logprobs: the text and the logprobs, to compare exactly."""
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+                       "logprobs": 5}).encode()
+    req = urllib.request.Request(f"{engine.base_url}/v1/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        choice = json.loads(resp.read())["choices"][0]
+    return {"text": choice["text"], "logprobs": choice["logprobs"]}
+
+
+def _reset(engine: EngineProcess, *, cpu_tier: bool) -> None:
+    """Empty the KV cache (and the CPU tier when `cpu_tier`); the fs tier keeps its files."""
+    url = f"{engine.base_url}/reset_prefix_cache" + ("?reset_external=true" if cpu_tier else "")
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=30) as resp:
+        assert json.loads(resp.read())["success"] is True
+
+
+def _counters(engine: EngineProcess) -> dict[tuple[str, str], float]:
+    """(metric, tier or source) -> value, from the engine's own /metrics."""
+    status, text = http_get(engine.metrics_url)
+    assert status == 200
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith(("vllm:kv_offload_tiering_", "vllm:prompt_tokens_cached_by_source")):
+                key = (s.name, s.labels.get("tier") or s.labels.get("source", ""))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _delta(before: dict, after: dict, name: str, label: str) -> float:
+    return after.get((name, label), 0.0) - before.get((name, label), 0.0)
+
+
+def _chunk_bytes(engine: EngineProcess) -> int:
+    return BLOCK * kv_bytes_per_token(engine.spec.dtype)
+
+
+def _wait_fs_written(engine: EngineProcess, before: dict, chunks: int, timeout: float = 60.0) -> None:
+    """Until the engine's fs tier counted `chunks` chunks written since `before` (writes are asynchronous)."""
+    deadline = time.monotonic() + timeout
+    written = 0.0
+    while time.monotonic() < deadline:
+        written = _delta(before, _counters(engine), "vllm:kv_offload_tiering_write_bytes_total", FS)
+        if written >= chunks * _chunk_bytes(engine):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"engine {engine.spec.port}: the fs tier wrote {written:.0f} bytes, not {chunks} chunks, "
+                         f"in {timeout:.0f} s")
+
+
+def test_worker_round_trip_is_byte_identical() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("VIRTUAL_ENV", None)
+    out = subprocess.run([str(engine_python()), str(REPO_ROOT / "tests/support/offload_roundtrip.py")], env=env,
+                         capture_output=True, text=True, timeout=180, check=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["equal"] and got["layout"], got
+    assert got["padding_untouched"] and got["others_untouched"], got
+    assert got["results"] == [[1, True, 3 * (4096 + 6144)], [2, True, 3 * (4096 + 6144)]]
+    assert got["after"] == 0
+
+
+def test_cpu_tier_and_fs_tier_reloads_equal_the_cold_prefill(engines: list[EngineProcess]) -> None:
+    a = engines[0]
+    prompt = _prompt(1)
+    c0 = _counters(a)
+    cold = _generate(a, prompt)
+    _wait_fs_written(a, c0, CHUNKS)
+
+    _reset(a, cpu_tier=False)
+    c1 = _counters(a)
+    assert _generate(a, prompt) == cold
+    c2 = _counters(a)
+    assert _delta(c1, c2, "vllm:kv_offload_tiering_chunk_hits_total", CPU) == CHUNKS
+    assert _delta(c1, c2, "vllm:kv_offload_tiering_chunk_hits_total", FS) == 0
+    assert _delta(c1, c2, "vllm:prompt_tokens_cached_by_source_total", "host") == CHUNKS * BLOCK
+
+    _reset(a, cpu_tier=True)
+    c3 = _counters(a)
+    assert _generate(a, prompt) == cold
+    c4 = _counters(a)
+    assert _delta(c3, c4, "vllm:kv_offload_tiering_chunk_hits_total", CPU) == 0
+    assert _delta(c3, c4, "vllm:kv_offload_tiering_chunk_hits_total", FS) == CHUNKS
+    assert _delta(c3, c4, "vllm:kv_offload_tiering_read_bytes_total", FS) == CHUNKS * _chunk_bytes(a)
+    assert _delta(c3, c4, "vllm:prompt_tokens_cached_by_source_total", "disk") == CHUNKS * BLOCK
+
+
+def test_an_engine_hits_the_l2_blocks_another_engine_wrote(engines: list[EngineProcess]) -> None:
+    a, b = engines
+    prompt = _prompt(2)
+    ca = _counters(a)
+    cold = _generate(a, prompt)
+    _wait_fs_written(a, ca, CHUNKS)
+    before = _counters(b)
+    assert _generate(b, prompt) == cold
+    after = _counters(b)
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_queries_total", FS) == CHUNKS
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits_total", FS) == CHUNKS  # 100% cross-engine
+    assert _delta(before, after, "vllm:prompt_tokens_cached_by_source_total", "disk") == CHUNKS * BLOCK
+
+
+def test_a_restarted_engine_hits_the_files_it_wrote(engines: list[EngineProcess]) -> None:
+    a = engines[0]
+    prompt = _prompt(3)
+    c0 = _counters(a)
+    cold = _generate(a, prompt)
+    _wait_fs_written(a, c0, CHUNKS)
+    a.restart()
+    before = _counters(a)
+    assert _generate(a, prompt) == cold
+    after = _counters(a)
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits_total", CPU) == 0
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits_total", FS) == CHUNKS

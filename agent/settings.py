@@ -335,10 +335,28 @@ class WarmStartSection(_Frozen):
         return self
 
 
+class ShadowSection(_Frozen):
+    """`tuner.shadow:` what shadow mode (`tuner.mode: shadow`) reads and keeps (agent/runtime/shadow.py)."""
+
+    running_file: Path | None = Field(None, description="knobs YAML of what the fleet runs, kept by your deploy "
+                                      "pipeline and re-read at every look: how the shadow sees a change made by "
+                                      "anyone (unset: the targets file's fixed_knobs over the defaults)")
+    log_file: Path | None = Field(None, description="append every plan, priced move, configuration change and "
+                                  "score as one JSON line (the record of a weeks-long shadow run)")
+    settle_s: float | None = Field(None, ge=0, le=86_400.0, description="after a change, wait this long before "
+                                   "measuring it (default: tuner.live.settle_s)")
+    window_s: float | None = Field(None, gt=0, le=86_400.0, description="TTFT window before and after a change "
+                                   "(default: tuner.live.window_s; keep settle_s + window_s under store.retention_s)")
+    keep: int = Field(500, ge=1, le=100_000, description="priced moves and scores kept in memory (/healthz)")
+
+
 class TunerSection(_Frozen):
     """`tuner:` live tuning with optuna (tuners/), through the guardrails and the actuator."""
 
     enabled: bool = Field(False, description="run the tuning controller (the leader only)")
+    mode: Literal["live", "shadow"] = Field(
+        "live", description="live: act through the Kubernetes actuator (within `apply`); shadow: no Kubernetes, "
+                            "plan as the live tuner would, apply nothing, record and score every plan (tuner.shadow)")
     apply: Literal["none", "hot", "all"] = Field(
         "hot", description="what the tuner changes without a person: hot = the router's knobs only (no engine "
                            "restarts); all = restart-requiring changes too (chunk size, CPU buffer, eviction "
@@ -364,6 +382,7 @@ class TunerSection(_Frozen):
     drift: DriftSection = DriftSection()
     warm_start: WarmStartSection = WarmStartSection()
     planner: PlannerSection = PlannerSection()
+    shadow: ShadowSection = ShadowSection()
 
     @field_validator("storage")
     @classmethod

@@ -121,6 +121,26 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "Workload change points by the signal that moved.",
             min=0,
         ),
+        Panel(
+            "Shadow plans and proposals per hour", "timeseries", "short",
+            (Query(f"sum by (would) (increase(tierpilot_tuner_shadow_moves_total{s}[1h]))", "shadow: would {{would}}"),
+             Query(f"sum by (kind) (increase(tierpilot_tuner_proposals_total{s}[1h]))", "proposal ({{kind}})")),
+            "Shadow mode (tuner.mode: shadow): the moves each plan priced, by what a live tuner with tuner.apply "
+            "would have done (apply; propose: outside tuner.apply, a restart under hot; decline). Live: moves held "
+            "back as proposals (restart: restarts the engines or the L2 master). Apply one with "
+            "`tierpilot k8s apply-proposal`.",
+            min=0,
+        ),
+        Panel(
+            "Shadow: predicted against measured", "timeseries", "percentunit",
+            (Query(f"max(tierpilot_tuner_shadow_measured_gain_ratio{s})", "measured p95 gain"),
+             Query(f"max(tierpilot_tuner_shadow_prediction_error_ratio{s})", "measured - predicted"),
+             Query(f"max(tierpilot_tuner_proposal_pending{s})", "proposals pending")),
+            "Each time the fleet's configuration changed (by anyone), the shadow tuner compared the TTFT p95 "
+            "before and after with the gain it had predicted for that change: near 0 = its predictions hold. "
+            "Proposals pending: moves the live tuner keeps for a person.",
+            draw_points=True,
+        ),
         _capacity_panel("What if the CPU buffer were N GiB", "cpu", "per pod",
                         "LMCache's CPU buffer: the share of the tokens that missed the GPU it would serve"),
         _capacity_panel("What if the L2 pool were N GiB", "l2", "for the fleet",

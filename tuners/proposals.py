@@ -44,7 +44,7 @@ def held_back(scope: str, before: Knobs, after: Knobs) -> str:
     if scope == "all":
         return ""
     if scope == "none":
-        return "tuner.apply is none: every change is a proposal"
+        return "nothing is applied (tuner.apply none, or tuner.mode shadow)"
     if scope != "hot":
         raise ValueError(f"tuner.apply: {scope!r}; valid: {', '.join(APPLY_SCOPES)}")
     knobs = restarting_knobs(before, after)

@@ -104,8 +104,14 @@ def _banner_parts(settings, runtime) -> list[str]:
     if runtime.kv is not None:
         parts.append("KV events on")
     if runtime.tuning is not None:
-        parts.append(f"tuning every {settings.tuner.step_interval_s:g}s"
-                     + (" (DRY-RUN)" if settings.dry_run or runtime.actuator.settings.dry_run else "")
+        t = settings.tuner
+        if t.mode == "shadow":
+            mode = f" (SHADOW: plans as apply {t.apply} would, applies nothing)"
+        elif settings.dry_run or runtime.actuator.settings.dry_run:
+            mode = " (DRY-RUN)"
+        else:
+            mode = f" (apply: {t.apply})"
+        parts.append(f"tuning every {t.step_interval_s:g}s" + mode
                      + (", leader election on" if runtime.elector is not None else ""))
     return parts
 

@@ -20,26 +20,33 @@ class KubeconfigError(ValueError):
     """No usable cluster credentials: one line naming the file and what is wrong with it."""
 
 
-def load_api_client(kubeconfig: str | None = None, *, context: str | None = None) -> k8s.ApiClient:
+CLI_HINT = "pass --kubeconfig or set KUBECONFIG"
+
+
+def load_api_client(kubeconfig: str | None = None, *, context: str | None = None,
+                    hint: str = CLI_HINT) -> k8s.ApiClient:
     """`kubeconfig` if given; else in-cluster service-account credentials, or the default
     kubeconfig outside a cluster. `context`: that kubeconfig context instead of its
     current-context (a kubeconfig is then read even inside a cluster). Never touches the client's
-    global default configuration. Raises KubeconfigError (one line) when none of them is usable."""
+    global default configuration. Raises KubeconfigError (one line) when none of them is usable;
+    `hint` says how the caller's user gives credentials (a CLI option, a settings key)."""
     if kubeconfig or context:
-        return _from_file(kubeconfig, context)
+        return _from_file(kubeconfig, context, hint)
     try:
         cfg = k8s.Configuration()
         k8s_config.load_incluster_config(client_configuration=cfg)
         return k8s.ApiClient(cfg)
     except k8s_config.ConfigException:
-        return _from_file(None)
+        return _from_file(None, hint=hint)
 
 
-def _from_file(path: str | None, context: str | None = None) -> k8s.ApiClient:
+def _from_file(path: str | None, context: str | None = None, hint: str = CLI_HINT) -> k8s.ApiClient:
     where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if path is not None and not Path(path).expanduser().is_file():
+        raise KubeconfigError(f"kubeconfig {path}: no such file ({hint})")
     if path is None and not any(Path(p).expanduser().is_file() for p in where.split(os.pathsep) if p):
         raise KubeconfigError(f"no Kubernetes credentials: not in a cluster, and no kubeconfig at {where} "
-                              f"(pass --kubeconfig or set KUBECONFIG)")
+                              f"({hint})")
     try:
         return k8s_config.new_client_from_config(config_file=path, context=context)
     except (k8s_config.ConfigException, yaml.YAMLError, OSError, TypeError, AttributeError,

@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # imported where used: `tierpilot run` without KV events or t
 
 log = logging.getLogger("tierpilot.runtime")
 TARGETS_ENV = "TIERPILOT_K8S_TARGETS"
+KUBE_HINT = ("set actuation.kubeconfig or $KUBECONFIG; to see what the tuner would do without a cluster, "
+             "use tuner.mode: shadow")
 
 
 class RuntimeConfigError(SettingsError):
@@ -89,6 +91,7 @@ class Runtime:
     shard_peers: tuple[str, ...] = ()  # shard.peers without this replica's own URL
     plan_executor: Any = None  # where the tuner's plans run (a thread of their own by default)
     proposals: Any = None  # tuners.proposals.ProposalBook: moves outside tuner.apply, for a person
+    shadow: Any = None  # tuners.shadow.ShadowLog: tuner.mode shadow's record of plans and scores
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -149,23 +152,27 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
                   monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                   now: Callable[[], datetime.datetime] = _utcnow, targets: TargetSource | None = None,
                   pod_api: PodApi | None = None, kv_context: Any = None,
-                  env: Mapping[str, str] | None = None, plan_executor: Executor | None = None) -> Runtime:
+                  env: Mapping[str, str] | None = None, plan_executor: Executor | None = None,
+                  running_knobs: Callable[[], Knobs] | None = None) -> Runtime:
     """Compose the runtime from `settings` (see the module docstring). Raises RuntimeConfigError
     (or the subsystem's own error, naming the file and key) before anything starts. `clock` is the
     data clock (default: wall time that advances with `monotonic`, agent/runtime/clock.py).
     `plan_executor`: where the tuner's plans (twin warm start, transition planner) run; default a
-    thread of their own, so a tuning step never waits on one (tests pass an inline executor)."""
+    thread of their own, so a tuning step never waits on one (tests pass an inline executor).
+    `running_knobs`: shadow mode's reader of the running configuration (default: tuner.shadow)."""
     env = os.environ if env is None else env
     clock = clock if clock is not None else SteadyWallClock(time.time, monotonic)
-    act = actuation_settings(settings, env) if settings.tuner.enabled else None  # config errors first
-    needs_kube = (settings.tuner.enabled or (settings.export.fleet == "leader" and settings.actuation.leader_election)
+    shadow = settings.tuner.enabled and settings.tuner.mode == "shadow"
+    act = actuation_settings(settings, env, required=not shadow) if settings.tuner.enabled else None  # errors first
+    live_tuner = settings.tuner.enabled and not shadow  # shadow mode needs no Kubernetes
+    needs_kube = (live_tuner or (settings.export.fleet == "leader" and settings.actuation.leader_election)
                   or (settings.kv_events.enabled and settings.kv_events.discovery
                       and settings.targets.kubernetes.enabled))
     if api_client is None and needs_kube:
         from agent.k8s.wiring import load_api_client
 
         kubeconfig = settings.actuation.kubeconfig
-        api_client = load_api_client(str(kubeconfig) if kubeconfig else None)
+        api_client = load_api_client(str(kubeconfig) if kubeconfig else None, hint=KUBE_HINT)
     if pod_api is None and api_client is not None:
         from kubernetes import client as k8s
 
@@ -186,7 +193,7 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
         _add_kv_events(rt, settings, pod_api, clock, kv_context)
     if settings.tuner.enabled:
         _add_tuning(rt, settings, act, api_client, clock=clock, monotonic=monotonic, sleep=sleep, now=now,
-                    plan_executor=plan_executor)
+                    plan_executor=plan_executor, running_knobs=running_knobs)
     if settings.export.fleet == "leader":
         _export_on_lease(rt, settings, api_client, monotonic=monotonic, now=now)
     return rt
@@ -334,14 +341,17 @@ def observed_workload(store: Any, kv: Any, window_s: float) -> ObservedWorkload:
                             requests_waiting=gpu.get("requests_waiting"), preemption_rate=gpu.get("preemption_rate"))
 
 
-def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
+def actuation_settings(settings: AgentSettings, env: Mapping[str, str], *, required: bool = True) -> Any:
     """The actuator settings the runtime uses: the targets file, with the agent config's lease,
-    identity and global dry-run applied. Errors name the key or the file."""
+    identity and global dry-run applied. Errors name the key or the file. Not `required` (shadow
+    mode): None without a targets file."""
     from agent.k8s import ActuationConfigError
     from agent.k8s import load_settings as load_actuation
 
     act_cfg = settings.actuation
     path = act_cfg.targets_file or (Path(env[TARGETS_ENV]) if env.get(TARGETS_ENV) else None)
+    if path is None and not required:
+        return None
     if path is None:
         raise RuntimeConfigError(f"key 'actuation.targets_file': tuner.enabled needs the actuator's targets "
                                  f"file (or ${TARGETS_ENV})")
@@ -360,7 +370,8 @@ def actuation_settings(settings: AgentSettings, env: Mapping[str, str]) -> Any:
 
 def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any, *,
                 clock: Callable[[], float], monotonic: Callable[[], float], sleep: Callable[[float], None],
-                now: Callable[[], datetime.datetime], plan_executor: Executor | None) -> None:
+                now: Callable[[], datetime.datetime], plan_executor: Executor | None,
+                running_knobs: Callable[[], Knobs] | None = None) -> None:
     import optuna
 
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
@@ -388,22 +399,32 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     except ValueError as exc:
         raise RuntimeConfigError(f"key 'tuner.storage': {exc}") from None
     rt.last_good_store = StudyLastGood(storage, t.study, now=now)
-    rt.actuation_metrics = ActuationMetrics()
-    rt.agent.add_collector(ActuationCollector(rt.actuation_metrics))
-    if act.lease.enabled:
-        lease_ns = settings.actuation.lease_namespace or act.namespace
-        rt.elector = LeaseElector(KubeApi(api_client, field_manager=act.field_manager), lease_ns, act.lease,
-                                  act.identity, clock=monotonic, now=now, metrics=rt.actuation_metrics)
-    rt.actuator = build_actuator(api_client, act, elector=rt.elector, metrics=rt.actuation_metrics,
-                                 clock=monotonic, sleep=sleep, now=now,
-                                 on_mark_good=rt.last_good_store.on_mark_good,
-                                 load_last_good=rt.last_good_store.load_last_good)
+    shadow = t.mode == "shadow"
+    namespace = act.namespace if act is not None else "default"
+    identity = act.identity if act is not None else (settings.actuation.identity or os.uname().nodename)
+    dry_run = act.dry_run if act is not None else settings.dry_run
+    if shadow:  # no Kubernetes: the running configuration is read, nothing is written
+        from agent.runtime.shadow import open_acceptance, shadow_actuator
+
+        rt.actuator = shadow_actuator(settings, act, running_knobs)
+    else:
+        rt.actuation_metrics = ActuationMetrics()
+        rt.agent.add_collector(ActuationCollector(rt.actuation_metrics))
+        if act.lease.enabled:
+            lease_ns = settings.actuation.lease_namespace or act.namespace
+            rt.elector = LeaseElector(KubeApi(api_client, field_manager=act.field_manager), lease_ns, act.lease,
+                                      act.identity, clock=monotonic, now=now, metrics=rt.actuation_metrics)
+        rt.actuator = build_actuator(api_client, act, elector=rt.elector, metrics=rt.actuation_metrics,
+                                     clock=monotonic, sleep=sleep, now=now,
+                                     on_mark_good=rt.last_good_store.on_mark_good,
+                                     load_last_good=rt.last_good_store.load_last_good)
     limits = DeploymentLimits(**t.limits.model_dump())
-    fixed = _running_knobs(rt.actuator, act.fixed_knobs)
+    fixed = _running_knobs(rt.actuator, act.fixed_knobs if act is not None else {})
     # only what the targets accept (the mapping's values per knob); unowned knobs keep what runs now;
     # a knob coupled to an owned one (LMCache cache_policy with a local-disk L2) moves with it
     coupled = rt.actuator.coupled_knobs()
-    acc = acceptance(act, load_mappings(), source="actuation.targets_file")
+    acc = (acceptance(act, load_mappings(), source="actuation.targets_file") if act is not None
+           else open_acceptance())
     acc = dataclasses.replace(
         acc, fixed={k: getattr(fixed, k) for k in acc.fixed if k not in coupled},
         accepts={**acc.accepts, **{c: acc.accepts[d] for c, d in coupled.items() if d in acc.accepts}})
@@ -412,16 +433,17 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     if not space.dimensions:
         raise RuntimeConfigError(f"actuation.targets_file: the targets own no knob of the search space "
                                  f"(they own: {', '.join(sorted(rt.actuator.tunable_knobs())) or 'none'})")
-    rt.tuner_metrics = TunerMetrics(target=act.namespace)
+    rt.tuner_metrics = TunerMetrics(target=namespace)
     rt.agent.add_collector(rt.tuner_metrics)
     g = t.guardrails
     quantile = 0.95 if t.objective == "ttft_p95" else 0.5
-    rt.proposals = ProposalBook(t.apply, plan_line=lambda a, b: rt.paying.plan_line(a, b) if rt.paying else None,
-                                path=t.proposals_file, target=act.namespace)
+    scope = "none" if shadow else t.apply  # the shadow applies nothing; its record says what `apply` would do
+    rt.proposals = ProposalBook(scope, plan_line=lambda a, b: rt.paying.plan_line(a, b) if rt.paying else None,
+                                path=t.proposals_file, target=namespace)
     rt.agent.add_collector(rt.proposals)
     rt.agent.add_route("/proposals", lambda _q: (dumps(rt.proposals.to_json()).encode(), "application/json"))
     guardrails = Guardrails(rt.actuator, space, rt.tuner_metrics, GuardrailSettings(
-        cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=act.dry_run, apply=t.apply,
+        cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=dry_run, apply=scope,
         regression=RegressionSettings(method=g.regression.method, alpha=g.regression.alpha,
                                       min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
                                       min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic,
@@ -467,7 +489,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                 max_extensions=live.max_extensions)),
             metrics=rt.tuner_metrics, warm_start=warm, drift=drift, counterfactual=counterfactual,
             horizon=horizon, plan_executor=plans,
-            settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=act.identity,
+            settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=identity,
                                         trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
                                         min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries,
                                         **paying))
@@ -481,8 +503,13 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     if rt.paying is not None:  # every priced candidate of the latest plan: gain/h, cost, payback, verdict
         rt.agent.add_health_info("tuner_plan", lambda: rt.paying.planner.last_plan)
     rt.agent.add_health_info("tuner_proposals", lambda: {"apply": t.apply, "pending": len(rt.proposals.proposals())})
-    log.info("tuning %s in %s: knobs %s; %s (apply: %s); leader election %s; %s", t.study, act.namespace,
-             ", ".join(d.name for d in space.dimensions), "DRY-RUN" if act.dry_run else "live", t.apply,
+    if shadow:
+        from agent.runtime.shadow import add_shadow_log
+
+        add_shadow_log(rt, settings, clock=clock, namespace=namespace)
+    mode = "SHADOW" if shadow else "DRY-RUN" if dry_run else "live"
+    log.info("tuning %s in %s: knobs %s; %s (apply: %s); leader election %s; %s", t.study, namespace,
+             ", ".join(d.name for d in space.dimensions), mode, t.apply,
              "on" if rt.elector is not None else "off",
              "planner on (transition costs, twin counterfactual)" if rt.paying is not None else "live search")
 

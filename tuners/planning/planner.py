@@ -119,6 +119,7 @@ class Decision:
     steady_gain_p95: float = math.nan
     steady_gain_mean: float = math.nan
     reason: str = ""
+    memory_p95: float = 0.0  # the memory price taken off both p95 gains (share of the p95 TTFT)
 
     @property
     def verdict(self) -> str:
@@ -139,7 +140,7 @@ class Decision:
                 "steady_gain_p95": num(self.steady_gain_p95), "steady_gain_mean": num(self.steady_gain_mean),
                 "horizon_s": num(self.horizon_s, 1), "gain_per_hour_s": num(self.gain_per_hour_s, 1),
                 "transition_cost_s": num(self.transition_cost_s, 1), "payback_s": num(self.payback_s, 1),
-                "verdict": self.verdict, "reason": self.reason}
+                "memory_p95": num(self.memory_p95), "verdict": self.verdict, "reason": self.reason}
 
 
 def price(stay: np.ndarray, transition: np.ndarray, steady: np.ndarray, transition_s: float,
@@ -175,6 +176,7 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
         g95, gmean = net_gain(stay, trans, steady, twin.transition_s, horizon_s)
         s95, smean = net_gain(stay, steady, steady, 0.0, horizon_s)
         base95 = weighted_p95_mean(stay, np.ones(stay.size))[0]
+        extra = 0.0
         if base95 > 0 and math.isfinite(g95):  # the memory price of memory added, on the p95 objective
             extra = max(mem(knobs) - mem(current), 0.0) / base95
             g95, s95 = g95 - extra, s95 - extra
@@ -196,7 +198,8 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
         else:
             pay = "never" if not math.isfinite(payback) else f"{payback:,.0f} s"
             reason = f"transition not repaid within the horizon (payback {pay}, horizon {horizon_s:,.0f} s)"
-        out.append(Decision(knobs, restart, g95, gmean, ok, horizon_s, per_hour, cost, payback, s95, smean, reason))
+        out.append(Decision(knobs, restart, g95, gmean, ok, horizon_s, per_hour, cost, payback, s95, smean, reason,
+                            memory_p95=extra))
     out.sort(key=lambda d: (not d.accepted, -(d.gain_p95 + d.gain_mean)))
     return out
 

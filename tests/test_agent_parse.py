@@ -87,13 +87,20 @@ def test_nan_inf_escapes_and_timestamps():
     text = ('a{x="q\\"uote",y="back\\\\slash",z="new\\nline"} NaN\n'
             "b +Inf 1700000000000\n"
             "c{} -Inf\n"
-            "d 1e3\r\n")
+            "d 1e3\n")
     p = parse(text)
     (a,) = p.by_name["a"]
     assert a.labels == {"x": 'q"uote', "y": "back\\slash", "z": "new\nline"} and math.isnan(a.value)
     assert p.by_name["b"][0].value == math.inf and p.by_name["b"][0].timestamp == 1700000000000.0
     assert p.by_name["c"][0].value == -math.inf
     assert p.by_name["d"][0].value == 1000.0
+
+
+def test_crlf_line_ends_are_refused_like_prometheus():
+    # Prometheus reads `1e3\r` as the value, which is not a number: the scrape fails
+    with pytest.raises(ParseError) as err:
+        parse("c 1\nd 1e3\r\n")
+    assert err.value.line == 2 and "carriage return" in err.value.why
 
 
 @pytest.mark.parametrize("bad, line", [

@@ -1,61 +1,53 @@
 """Exposition text -> samples. Pure functions, no I/O.
 
-Reads the classic Prometheus text format (0.0.4) and OpenMetrics 1.0 text with one line parser:
-both share the sample-line grammar; OpenMetrics adds `# EOF`, `# UNIT`, float timestamps and
-exemplars (` # {...} v [ts]` after the value), which are accepted and dropped.
+Reads the classic Prometheus text format (0.0.4) and OpenMetrics 1.0 text exactly as Prometheus
+2.42 does (the grammar of one line is agent/collect/exposition.py): a payload Prometheus refuses
+is refused here, with the line and the reason. The format comes from the Content-Type, as in
+Prometheus (`openmetrics=True` for `application/openmetrics-text`); a caller without one
+(`openmetrics=None`) gets OpenMetrics when a line is exactly `# EOF`.
 
 - Names keep their colons (`vllm:prefix_cache_hits_total`).
 - `_created` series are ordinary samples here; the mappings simply never ask for them.
-- Duplicate families (the same `# TYPE` twice) are accepted; samples are kept in order.
-- `NaN`, `+Inf`, `-Inf` parse as floats; judging them is the normaliser's job. Digit separators
-  (`1_000_000`), which Python's float() takes, are refused as prometheus_client refuses them.
-- A payload declared OpenMetrics (`openmetrics=True`, from its Content-Type) must end with
-  `# EOF`: without it the payload was cut short and is refused; nothing may follow `# EOF`.
+- Duplicate families (the same `# TYPE` twice) are accepted; samples are kept in order. A series
+  seen twice keeps its first sample (Prometheus drops the later one as a duplicate too).
+- `NaN`, `+Inf`, `-Inf` parse as floats; judging them is the normaliser's job.
+- Exemplars are checked and dropped; timestamps are kept as written (milliseconds in the classic
+  format, seconds in OpenMetrics).
+- Deliberately stricter than Prometheus in two corners: a NUL byte at the start of a line (which
+  Prometheus' classic lexer takes as the end of the input) and a raw line break inside a quoted
+  label value are refused.
 
-Speed: common lines are split with plain string operations (the full grammar regex is the
-fallback for unusual ones), and a caller that only needs some names passes `wanted`: every line's
-name is checked and must end in a number, but label sets are only validated and decoded for
-wanted names. That keeps the agent's
-parse+normalise path several times faster than prometheus_client's parser, which remains the
-oracle in the tests.
+Speed: Prometheus keeps a per-target cache from the series text (`name{labels}`) to its parsed
+labels; so does this parser, shared by all targets and bounded, because the series text of a pod
+repeats from one scrape to the next (and across the pods of one model). A line whose series is
+cached costs one split and one float check; a caller that only needs some names passes `wanted`:
+every line is still held to the whole grammar, but only wanted samples are built. That keeps the
+agent's parse+normalise path several times faster than prometheus_client's parser, which remains
+an oracle in the tests.
 
 Strictness follows Prometheus: one malformed line fails the whole payload (`ParseError` names the
 line), because a half-read payload would silently skew counters.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from agent.collect.exposition import (
+    GrammarError,
+    go_float,
+    labels_of,
+    om_comment,
+    om_timestamp,
+    prom_comment,
+    prom_timestamp,
+    read_sample,
+    series_block,
+)
 from contracts.tier_model import Sample
 
-# Every pattern below is linear in its input: possessive quantifiers (`*+`, `?+`) never give back
-# what they matched, label values are an unrolled loop (`[^"\\]*+(?:\\.[^"\\]*+)*+`, no
-# alternation inside a repeat, so no per-character backtracking state), and labels need a comma
-# between them (as in Prometheus and prometheus_client), so a run of spaces has one reading only.
-# tests/test_parse_hostile.py counts the regex engine's steps on adversarial lines.
-_VALUE = r'"([^"\\\n]*+(?:\\.[^"\\\n]*+)*+)"'
-_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
-_BLOCK = (r"[ \t]*+(?:" + _LABEL + r"(?:[ \t]*+,[ \t]*+" + _LABEL + r")*+[ \t]*+,?+[ \t]*+)?+")
-# name, optional label block, value, optional timestamp, optional exemplar
-_LINE = re.compile(
-    r"([a-zA-Z_:][a-zA-Z0-9_:]*+)"
-    r"(?:\{(" + _BLOCK + r")\})?+"
-    r"[ \t]++([^ \t#]++)"
-    r"(?:[ \t]++([-+]?+[0-9.eE+-]++))?+"
-    r"[ \t]*+(?:#[ \t]*+\{.*+)?+"
-)
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*+")
-_GOOD_NAMES: set[str] = set()
-_CACHED_NAME_CHARS = 200
-_LABELS = re.compile(_BLOCK)
-_LABEL_PAIR = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+" + _VALUE)
-_METRIC_TYPES = frozenset(
-    {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset", "gaugehistogram"}
-)
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-_ESCAPE = re.compile(r'\\[\\"n]')
+_CACHE_ENTRIES = 200_000  # series and comment lines remembered (cleared when full)
+_CACHED_CHARS = 512  # longer series or comment lines are never cached
 
 
 class ParseError(ValueError):
@@ -113,193 +105,167 @@ class Payload:
         return sum(len(group) for group in self.by_name.values())
 
 
-def unescape(value: str) -> str:
-    return _ESCAPE.sub(lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """What a series text (`name{labels}`) holds, parsed once."""
+
+    name: str
+    labels: dict[str, str]  # never handed out: samples get a copy
+    ident: frozenset
+    longest_name: int  # characters of the longest label name
+    longest_value: int  # characters of the longest label value
 
 
-def parse_labels(block: str) -> dict[str, str]:
-    """`a="1",b="x\\"y"` -> {'a': '1', 'b': 'x"y'}."""
-    if not block:
-        return {}
-    if "\\" not in block:
-        return dict(_LABEL_PAIR.findall(block))
-    return {k: unescape(v) for k, v in _LABEL_PAIR.findall(block)}
-
-
-def parse_value(text: str) -> float:
-    """Exposition float: accepts NaN, +Inf, -Inf (any case) and Go-style numbers."""
-    return float(text)
-
-
-def check_labels(labels: dict[str, str], limits: Limits, lineno: int) -> None:
-    """Raise LimitExceeded when one series' labels break `limits`."""
-    if limits.labels and len(labels) > limits.labels:
-        raise LimitExceeded(lineno, "label_limit", f"{len(labels)} labels > label_limit {limits.labels}")
-    if limits.label_name_length or limits.label_value_length:
-        for key, value in labels.items():
-            if limits.label_name_length and len(key) > limits.label_name_length:
-                raise LimitExceeded(lineno, "label_length",
-                                    f"label name of {len(key)} chars > {limits.label_name_length}")
-            if limits.label_value_length and len(value) > limits.label_value_length:
-                raise LimitExceeded(lineno, "label_length",
-                                    f"label value of {len(value)} chars > {limits.label_value_length}")
+# series text -> _Series, and comment line -> its TYPE (or None), one pair per format
+_CACHES: dict[bool, tuple[dict[str, _Series], dict[str, tuple[str, str] | None]]] = {False: ({}, {}), True: ({}, {})}
 
 
 def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS,
-          openmetrics: bool = False) -> Payload:
+          openmetrics: bool | None = None) -> Payload:
     """Parse exposition text. Only samples whose name is in `wanted` are kept (all if None).
-    `openmetrics`: the payload was served as OpenMetrics, so it must end with `# EOF`.
+    `openmetrics`: the payload was served as OpenMetrics (it must then end with `# EOF`); None
+    when the Content-Type is unknown (OpenMetrics if a line is exactly `# EOF`).
 
     Raises ParseError on the first malformed line and LimitExceeded (a ParseError) on the first
-    line over `limits`; every line is held to the limits, wanted or not. A wanted sample whose
-    name and label set were already seen is dropped and counted in `Payload.duplicates`."""
-    out = Payload()
+    line over `limits`; every line is held to the grammar and the limits, wanted or not. A wanted
+    sample whose name and label set were already seen is dropped and counted in
+    `Payload.duplicates`."""
+    om = _is_openmetrics(text) if openmetrics is None else openmetrics
+    lines = _om_body(text) if om else text.split("\n")
+    out = Payload(openmetrics=om)
+    series_cache, comment_cache = _CACHES[om]
+    if len(series_cache) > _CACHE_ENTRIES or len(comment_cache) > _CACHE_ENTRIES:
+        series_cache.clear()
+        comment_cache.clear()
     by_name = out.by_name
-    good_names = _GOOD_NAMES  # names already checked against the grammar (shared, bounded)
-    if len(good_names) > 100_000:
-        good_names.clear()
+    types = out.types
     max_samples = limits.samples
-    label_limited = bool(limits.labels or limits.label_name_length or limits.label_value_length)
-    # a line shorter than this cannot hold a label name or value over the length limits
-    short_line = min(x for x in (limits.label_name_length, limits.label_value_length, 1 << 62) if x)
+    limited = limits != NO_LIMITS
     seen: dict[str, set] = {}
-    lines = 0
-    eof = 0
-    all_lines = text.split("\n")
-    for lineno, line in enumerate(all_lines, 1):
+    count = 0
+    for lineno, line in enumerate(lines, 1):
         if not line:
+            if om:
+                raise ParseError(lineno, "blank line (OpenMetrics has none)")
             continue
-        if line[0] == "#":
-            if line.startswith("# HELP"):
-                continue
-            _comment(line, lineno, out)
-            if out.openmetrics and line.startswith("# EOF"):
-                eof = lineno
-                break
+        first = line[0]
+        if first == "#" or (not om and first in " \t" and line.lstrip(" \t")[:1] in ("#", "")):
+            kind = comment_cache.get(line, False)
+            if kind is False:
+                kind = _comment(line, lineno, om, comment_cache)
+            if kind is not None:
+                types[kind[0]] = kind[1]
             continue
-        if line[-1] == "\r":
-            line = line[:-1]
-            if not line:
-                continue
-        lines += 1
-        if max_samples and lines > max_samples:
+        count += 1
+        if max_samples and count > max_samples:
             raise LimitExceeded(lineno, "sample_limit", f"more than sample_limit {max_samples} samples")
-        brace = line.find("{")
-        space = line.find(" ")
-        name = line[:brace] if brace != -1 and (space == -1 or brace < space) else line[:space]
-        if name not in good_names:
-            if _NAME.fullmatch(name) is None:
-                if not line.strip():
-                    lines -= 1
-                    continue
-                raise ParseError(lineno, "bad metric name" if name else "not a sample line")
-            if limits.label_value_length and len(name) > limits.label_value_length:  # __name__ is a label
-                raise LimitExceeded(lineno, "metric_name_length",
-                                    f"metric name of {len(name)} chars > {limits.label_value_length}")
-            if len(name) <= _CACHED_NAME_CHARS:  # the cache stays small whatever targets send
-                good_names.add(name)
+        # fast path: `series value [timestamp]` with single spaces and a series seen before
+        value = ts = None
+        if om and " # {" in line:
+            series = None
+        elif "{" in line:
+            close = line.rfind("}") + 1
+            series, rest = line[:close], line[close:]
+        else:
+            space = line.find(" ")
+            series, rest = (line[:space], line[space:]) if space > 0 else (None, "")
+        info = series_cache.get(series) if series else None
+        if info is None and series:
+            info = _new_series(series, om, lineno, series_cache)
+        if info is not None:
+            parts = rest.split(" ")
+            if len(parts) == 2 and not parts[0]:
+                value = go_float(parts[1])
+            elif len(parts) == 3 and not parts[0]:
+                value = go_float(parts[1])
+                ts = (om_timestamp if om else prom_timestamp)(parts[2])
+                if ts is None:
+                    value = None
+        if value is None:  # anything else: the whole line through the grammar
+            info, value, ts = _slow_line(line, lineno, om, series_cache)
+        if limited:
+            _check_series(info, limits, lineno)
+        name = info.name
         if wanted is not None and name not in wanted:
-            # not needed: check it ends in a number (value, timestamp or exemplar value) and that
-            # it keeps to the label limits (cheap bounds first; the full grammar only when needed)
-            if label_limited and brace != -1 and (
-                    len(line) > short_line or (limits.labels and line.count("=") > limits.labels)):
-                m = _LINE.fullmatch(line)
-                if m is None:
-                    raise ParseError(lineno, "not a sample line")
-                check_labels(parse_labels(m.group(2) or ""), limits, lineno)
-            try:
-                float(line[line.rfind(" ") + 1:])
-                after = line[line.rfind("}") + 1:] if brace != -1 else line[len(name):]
-                if "_" in after.partition("#")[0]:
-                    raise ValueError  # a digit separator in the value or timestamp
-            except ValueError:
-                m = _LINE.fullmatch(line)
-                if m is None:
-                    raise ParseError(lineno, "not a sample line") from None
-                _value(m.group(3), lineno)
-                if m.group(4):
-                    _value(m.group(4), lineno)
             continue
-        parsed = _split(line)
-        if parsed is None:  # unusual spacing, quotes or braces inside values: the full grammar
-            m = _LINE.fullmatch(line)
-            if m is None:
-                raise ParseError(lineno, "not a sample line")
-            parsed = (m.group(1), m.group(2) or "", m.group(3), m.group(4))
-        name, block, value_text, ts_text = parsed
-        value = _value(value_text, lineno)
-        if block and _LABELS.fullmatch(block) is None:
-            raise ParseError(lineno, "bad label set")
-        ts = _value(ts_text, lineno) if ts_text else None
-        labels = parse_labels(block)
-        if label_limited:
-            check_labels(labels, limits, lineno)
         names_seen = seen.get(name)
         if names_seen is None:
-            seen[name] = {frozenset(labels.items())}
-            by_name[name] = [Sample(name, labels, value, ts)]
-            continue
-        ident = frozenset(labels.items())
-        if ident in names_seen:
+            seen[name] = {info.ident}
+            by_name[name] = [Sample(name, info.labels.copy(), value, ts)]
+        elif info.ident in names_seen:
             out.duplicates += 1
-            continue
-        names_seen.add(ident)
-        by_name[name].append(Sample(name, labels, value, ts))
-    if eof and any(rest.strip() for rest in all_lines[eof:]):
-        raise ParseError(eof + 1, "content after # EOF")
-    if openmetrics and not eof:
-        raise ParseError(len(all_lines), "OpenMetrics payload without # EOF (cut short)")
-    out.lines = lines
+        else:
+            names_seen.add(info.ident)
+            by_name[name].append(Sample(name, info.labels.copy(), value, ts))
+    out.lines = count
     return out
 
 
-def _split(line: str) -> tuple[str, str, str, str | None] | None:
-    """Fast split of a common sample line into (name, label block, value, timestamp); None when
-    the line needs the full grammar. Raises nothing: validation is the caller's."""
-    if "\t" in line:
-        return None
-    brace = line.find("{")
-    space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        close = line.find("}", brace)
-        if close == -1:
-            return None
-        block = line[brace + 1:close]
-        if block.count('"') % 2 or "\\" in block:
-            return None
-        name, rest = line[:brace], line[close + 1:]
-    else:
-        if space == -1:
-            return None
-        name, block, rest = line[:space], "", line[space:]
-    parts = rest.split()
-    if not parts or not rest.startswith(" "):
-        return None
-    if len(parts) == 1:
-        return name, block, parts[0], None
-    if parts[1] == "#":  # OpenMetrics exemplar
-        return name, block, parts[0], None
-    if len(parts) == 2:
-        return name, block, parts[0], parts[1]
-    if parts[2] == "#":
-        return name, block, parts[0], parts[1]
-    return None
+def _is_openmetrics(text: str) -> bool:
+    return text.startswith("# EOF") and text[5:6] in ("", "\n") or "\n# EOF\n" in text or text.endswith("\n# EOF")
 
 
-def _value(text: str, lineno: int) -> float:
-    if "_" in text:
-        raise ParseError(lineno, "bad value (digit separator)")
+def _om_body(text: str) -> list[str]:
+    """The lines of an OpenMetrics payload before its final `# EOF` (which may end the text with
+    or without a line break); raises ParseError when the payload does not end so."""
+    lines = text.split("\n")
+    if lines[-1] == "# EOF":
+        return lines[:-1]
+    if len(lines) > 1 and lines[-1] == "" and lines[-2] == "# EOF":
+        return lines[:-2]
+    if "# EOF" in lines:
+        raise ParseError(lines.index("# EOF") + 2, "content after # EOF")
+    raise ParseError(len(lines), "OpenMetrics payload without # EOF (cut short)")
+
+
+def _comment(line: str, lineno: int, om: bool, cache: dict) -> tuple[str, str] | None:
     try:
-        return float(text)
-    except ValueError:
-        raise ParseError(lineno, "bad value") from None
+        kind = om_comment(line) if om else prom_comment(line)
+    except GrammarError as exc:
+        raise ParseError(lineno + (str(exc) == "content after # EOF"), str(exc)) from None
+    if len(line) <= _CACHED_CHARS:
+        cache[line] = kind
+    return kind
 
 
-def _comment(line: str, lineno: int, out: Payload) -> None:
-    if line.startswith("# TYPE "):
-        parts = line.split()
-        if len(parts) != 4 or parts[3] not in _METRIC_TYPES:
-            raise ParseError(lineno, "bad TYPE line")
-        out.types[parts[2]] = parts[3]
-    elif line.startswith(("# EOF", "# UNIT ")):
-        out.openmetrics = True
+def _new_series(series: str, om: bool, lineno: int, cache: dict[str, _Series]) -> _Series | None:
+    """The parsed series text, cached; None when it is not a plain `name{labels}` (the whole
+    line is then read by the grammar, which names the problem)."""
+    parts = series_block(series, om)
+    if parts is None:
+        return None
+    try:
+        info = _series_of(parts[0], labels_of(parts[1]) if parts[1] else {})
+    except GrammarError as exc:
+        raise ParseError(lineno, str(exc)) from None
+    if len(series) <= _CACHED_CHARS:
+        cache[series] = info
+    return info
+
+
+def _slow_line(line: str, lineno: int, om: bool, cache: dict[str, _Series]) -> tuple[_Series, float, float | None]:
+    try:
+        name, block, value, ts = read_sample(line, om)
+        labels = labels_of(block) if block else {}
+    except GrammarError as exc:
+        raise ParseError(lineno, str(exc)) from None
+    return _series_of(name, labels), value, ts
+
+
+def _series_of(name: str, labels: dict[str, str]) -> _Series:
+    return _Series(name, labels, frozenset(labels.items()), max(map(len, labels), default=0),
+                   max(map(len, labels.values()), default=0))
+
+
+def _check_series(info: _Series, limits: Limits, lineno: int) -> None:
+    if limits.label_value_length and len(info.name) > limits.label_value_length:  # __name__ is a label
+        raise LimitExceeded(lineno, "metric_name_length",
+                            f"metric name of {len(info.name)} chars > {limits.label_value_length}")
+    if limits.labels and len(info.labels) > limits.labels:
+        raise LimitExceeded(lineno, "label_limit", f"{len(info.labels)} labels > label_limit {limits.labels}")
+    if limits.label_name_length and info.longest_name > limits.label_name_length:
+        raise LimitExceeded(lineno, "label_length",
+                            f"label name of {info.longest_name} chars > {limits.label_name_length}")
+    if limits.label_value_length and info.longest_value > limits.label_value_length:
+        raise LimitExceeded(lineno, "label_length",
+                            f"label value of {info.longest_value} chars > {limits.label_value_length}")

@@ -183,10 +183,11 @@ def _scrape_once(payloads: dict[str, tuple[str, str]], lmcache: str = "auto"):
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent
     from agent.settings import load_settings
-    from tests.support.fake_targets import MetricsServer
+    from tests.support.fake_targets import OPENMETRICS, MetricsServer
 
-    with MetricsServer() as srv:
-        targets = [Target(srv.route(path, text=text), role, "v0") for path, (role, text) in payloads.items()]
+    with MetricsServer() as srv:  # OpenMetrics text (it ends with `# EOF`) is served as such
+        targets = [Target(srv.route(path, text=text, **({"content_type": OPENMETRICS} if text.endswith("# EOF\n") else {})),
+                          role, "v0") for path, (role, text) in payloads.items()]
         settings = load_settings(None, env={"TIERPILOT_TIERS__LMCACHE": lmcache})
         return Agent(settings, StaticTargets(targets)).scrape_now()
 

@@ -14,7 +14,7 @@ from agent.runtime.app import Agent
 from agent.settings import load_settings
 from contracts.tier_model import Snapshot, Target
 from exporters.prom import build_registry
-from tests.support.fake_targets import MetricsServer
+from tests.support.fake_targets import OPENMETRICS, MetricsServer
 from tests.support.prometheus import prometheus_factory  # noqa: F401
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -109,7 +109,8 @@ def test_every_served_name_is_in_the_catalogue():
         targets = [Target(srv.route("/v", text=(FIXTURES / "vllm_0_33_dp2.prom").read_text()), "vllm", "v0"),
                    Target(srv.route("/f", text=(FIXTURES / "curvine_fuse.prom").read_text()), "curvine-fuse", "v0"),
                    Target(srv.route("/m", text=(FIXTURES / "curvine_master.prom").read_text()), "curvine-master", "m"),
-                   Target(srv.route("/l", text=(FIXTURES / "lmcache_mp.om").read_text()), "lmcache", "v0")]
+                   Target(srv.route("/l", text=(FIXTURES / "lmcache_mp.om").read_text(), content_type=OPENMETRICS),
+                          "lmcache", "v0")]
         agent = Agent(load_settings(), StaticTargets(targets))
         agent.scrape_now()
         served = set(re.findall(r"^# TYPE (tierpilot_[a-z0-9_]+) ", agent.metrics_text(), re.MULTILINE))

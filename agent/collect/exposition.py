@@ -26,6 +26,8 @@ _LNAME = r"[a-zA-Z_][a-zA-Z0-9_]*+"
 # the inside of a label block, up to (not including) its closing brace
 _BLOCK_PROM = re.compile(r"[ \t]*+(?:" + _LNAME + r"[ \t]*+=[ \t]*+" + _LVAL + r"[ \t]*+(?:,[ \t]*+)?+)*+")
 _BLOCK_OM = re.compile(r"(?:" + _LNAME + "=" + _LVAL + r"(?:," + _LNAME + "=" + _LVAL + r")*+)?+")
+_SERIES_PROM = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*+)(?:[ \t]*+\{(" + _BLOCK_PROM.pattern + r")\})?+")
+_SERIES_OM = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*+)(?:\{(" + _BLOCK_OM.pattern + r")\})?+")
 _LABEL_PAIR = re.compile(r"(" + _LNAME + r")[ \t]*+=[ \t]*+\"([^\"\\]*+(?:\\.[^\"\\]*+)*+)\"")
 _TOKEN_PROM = re.compile(r"[^{ \t]++")  # the classic lexer's value token
 _TOKEN_PROM_TS = re.compile(r"[^ \t]++")
@@ -91,19 +93,8 @@ def labels_of(block: str) -> dict[str, str]:
 def series_block(series: str, om: bool) -> tuple[str, str] | None:
     """(name, label block) of the series part of a sample (`name` or `name{...}`), or None when
     it is not one (the caller then reads the whole line with `read_sample`)."""
-    m = NAME.match(series)
-    if m is None:
-        return None
-    end = m.end()
-    if end == len(series):
-        return series, ""
-    pos = _WS.match(series, end).end() if not om else end
-    if series[pos] != "{" or series[-1] != "}":
-        return None
-    b = (_BLOCK_OM if om else _BLOCK_PROM).match(series, pos + 1)
-    if b.end() != len(series) - 1:
-        return None
-    return m.group(), series[pos + 1:-1]
+    m = (_SERIES_OM if om else _SERIES_PROM).fullmatch(series)
+    return None if m is None else (m.group(1), m.group(2) or "")
 
 
 def read_sample(line: str, om: bool) -> tuple[str, str, float, float | None]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agent.collect.exposition import (
     GrammarError,
@@ -105,19 +106,23 @@ class Payload:
         return sum(len(group) for group in self.by_name.values())
 
 
-@dataclass(frozen=True, slots=True)
-class _Series:
+class _Series(NamedTuple):
     """What a series text (`name{labels}`) holds, parsed once."""
 
     name: str
     labels: dict[str, str]  # never handed out: samples get a copy
-    ident: frozenset
-    longest_name: int  # characters of the longest label name
-    longest_value: int  # characters of the longest label value
+    chars: int  # characters of its label block: no label name or value is longer
 
 
 # series text -> _Series, and comment line -> its TYPE (or None), one pair per format
 _CACHES: dict[bool, tuple[dict[str, _Series], dict[str, tuple[str, str] | None]]] = {False: ({}, {}), True: ({}, {})}
+
+
+def forget_series() -> None:
+    """Empty the parser's series cache (benchmarks: the cost of a target's first scrape)."""
+    for caches in _CACHES.values():
+        for cache in caches:
+            cache.clear()
 
 
 def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS,
@@ -188,15 +193,17 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
         name = info.name
         if wanted is not None and name not in wanted:
             continue
+        labels = info.labels
+        ident = frozenset(labels.items())
         names_seen = seen.get(name)
         if names_seen is None:
-            seen[name] = {info.ident}
-            by_name[name] = [Sample(name, info.labels.copy(), value, ts)]
-        elif info.ident in names_seen:
+            seen[name] = {ident}
+            by_name[name] = [Sample(name, labels.copy(), value, ts)]
+        elif ident in names_seen:
             out.duplicates += 1
         else:
-            names_seen.add(info.ident)
-            by_name[name].append(Sample(name, info.labels.copy(), value, ts))
+            names_seen.add(ident)
+            by_name[name].append(Sample(name, labels.copy(), value, ts))
     out.lines = count
     return out
 
@@ -234,8 +241,9 @@ def _new_series(series: str, om: bool, lineno: int, cache: dict[str, _Series]) -
     parts = series_block(series, om)
     if parts is None:
         return None
+    name, block = parts
     try:
-        info = _series_of(parts[0], labels_of(parts[1]) if parts[1] else {})
+        info = _Series(name, labels_of(block) if block else {}, len(block))
     except GrammarError as exc:
         raise ParseError(lineno, str(exc)) from None
     if len(series) <= _CACHED_CHARS:
@@ -249,23 +257,19 @@ def _slow_line(line: str, lineno: int, om: bool, cache: dict[str, _Series]) -> t
         labels = labels_of(block) if block else {}
     except GrammarError as exc:
         raise ParseError(lineno, str(exc)) from None
-    return _series_of(name, labels), value, ts
-
-
-def _series_of(name: str, labels: dict[str, str]) -> _Series:
-    return _Series(name, labels, frozenset(labels.items()), max(map(len, labels), default=0),
-                   max(map(len, labels.values()), default=0))
+    return _Series(name, labels, len(block)), value, ts
 
 
 def _check_series(info: _Series, limits: Limits, lineno: int) -> None:
-    if limits.label_value_length and len(info.name) > limits.label_value_length:  # __name__ is a label
+    name, labels, chars = info
+    if limits.label_value_length and len(name) > limits.label_value_length:  # __name__ is a label
         raise LimitExceeded(lineno, "metric_name_length",
-                            f"metric name of {len(info.name)} chars > {limits.label_value_length}")
-    if limits.labels and len(info.labels) > limits.labels:
-        raise LimitExceeded(lineno, "label_limit", f"{len(info.labels)} labels > label_limit {limits.labels}")
-    if limits.label_name_length and info.longest_name > limits.label_name_length:
-        raise LimitExceeded(lineno, "label_length",
-                            f"label name of {info.longest_name} chars > {limits.label_name_length}")
-    if limits.label_value_length and info.longest_value > limits.label_value_length:
-        raise LimitExceeded(lineno, "label_length",
-                            f"label value of {info.longest_value} chars > {limits.label_value_length}")
+                            f"metric name of {len(name)} chars > {limits.label_value_length}")
+    if limits.labels and len(labels) > limits.labels:
+        raise LimitExceeded(lineno, "label_limit", f"{len(labels)} labels > label_limit {limits.labels}")
+    most = limits.label_name_length
+    if most and chars > most and (longest := max(map(len, labels))) > most:
+        raise LimitExceeded(lineno, "label_length", f"label name of {longest} chars > {most}")
+    most = limits.label_value_length
+    if most and chars > most and (longest := max(map(len, labels.values()))) > most:
+        raise LimitExceeded(lineno, "label_length", f"label value of {longest} chars > {most}")

@@ -69,6 +69,8 @@ SAMPLE_LINES: list[tuple[str, str, bool, bool]] = [
     ("timestamp-huge", "m_total 1 1" + "0" * 30, False, True),
     ("timestamp-underscore", "m_total 1 1_000", False, False),
     ("value-negative", "m_total -1", True, True),
+    ("value-leading-zeros", "m_total 007", True, True),
+    ("timestamp-leading-zeros", "m_total 1 0017", True, True),
     ("value-plus", "m_total +1", True, True),
     ("value-exp", "m_total 1.5e+3", True, True),
     ("value-exp-upper", "m_total 1E3", True, True),
@@ -184,6 +186,8 @@ PROM_CASES: list[Case] = [
     _prom("type-bad-name", "# TYPE 1m counter\nm 1\n", False),
     _prom("type-dash", "# TYPE m-x counter\nm 1\n", False),
     _prom("type-cr", "# TYPE m counter\r\nm 1\n", False),
+    _prom("type-indented", "  # TYPE m counter\nm 1\n", True),
+    _prom("label-value-raw-newline", 'm_total{a="x\ny"} 1\n', True),
     _prom("type-twice", "# TYPE m counter\n# TYPE m counter\nm 1\n", True),
     _prom("unit-is-comment", "# UNIT m_seconds seconds\nm_seconds 1\n", True),
     _prom("eof-is-comment", "m_total 1\n# EOF\nm_total{a=\"1\"} 2\n", True),
@@ -233,6 +237,7 @@ OM_CASES: list[Case] = [
     _om("unit-no-text", "# UNIT m_seconds\nm_seconds 1\n", False),
     _om("unit-two-spaces", "# UNIT m_seconds  seconds\nm_seconds 1\n", False),
     _om("eof-lowercase", OM_HEAD + "m_total 1\n# eof\n", False, eof=False),
+    _om("label-value-raw-newline", 'm_total{a="x\ny"} 1\n', False),
     _om("duplicate-series", "m_total 1\nm_total 2\n", True),
 ] + [_om(id_, OM_HEAD + line + "\n", ok) for id_, line, _, ok in SAMPLE_LINES]
 
@@ -243,4 +248,7 @@ STRICTER: dict[str, str] = {
     # Prometheus' classic lexer treats a NUL byte at the start of a line as the end of the input
     # and keeps what came before; the agent refuses a payload with bytes that are not text.
     "prom-nul-line": "control bytes are not exposition text",
+    # Prometheus' classic lexer lets a quoted label value run over a line break; the agent reads
+    # one sample per line (the exposition format escapes a line break as \n).
+    "prom-label-value-raw-newline": "a raw line break inside a label value",
 }

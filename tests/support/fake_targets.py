@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Self
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
 
 @dataclass
 class Route:

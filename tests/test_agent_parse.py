@@ -35,7 +35,8 @@ def mine(text: str) -> list[tuple]:
 
 SAMPLE_FILES = [
     "datadog_ray_vllm_metrics.prom", "datadog_sglang_metrics.prom", "datadog_vllm_metrics.prom",
-    "lmcache_metrics_test_fixture.prom", "vllm_metrics_docs_design_excerpt.prom",
+    "lmcache_metrics_test_fixture.prom", "vllm_0_32_cpu_native_tiering_metrics.prom",
+    "vllm_metrics_docs_design_excerpt.prom",
     "vllm_metrics_docs_usage_excerpt.prom",
 ]
 

@@ -46,6 +46,9 @@ METRICS: dict[str, tuple[str, str, list[str]]] = {
     "tierpilot_kv_external_hits": ("counter", ("GPU block stores of blocks the pod held on a lower tier "
                                    "(loaded from LMCache, not a miss)."), []),
     "tierpilot_kv_external_hit_tokens": ("counter", "Tokens in those external-hit blocks.", []),
+    "tierpilot_kv_l2_hits": ("counter", ("Of the external hits, GPU block stores of blocks read from the shared "
+                             "L2 (vLLM native tiering's fs tier, 'STORAGE' events)."), []),
+    "tierpilot_kv_l2_hit_tokens": ("counter", "Tokens in those L2-hit blocks.", []),
     "tierpilot_kv_rereported_blocks": ("counter", "Stores of blocks already resident on the pod's GPU.", []),
     "tierpilot_kv_unknown_removed_blocks": ("counter", ("Removals of blocks the index did not hold "
                                             "(stored before the agent joined, or aged out)."), []),
@@ -64,11 +67,13 @@ METRICS: dict[str, tuple[str, str, list[str]]] = {
     "tierpilot_kv_overlap_prompt_tokens": ("gauge", "Prompt tokens in the overlap window (denominator).", []),
     "tierpilot_kv_duplicated_blocks": ("gauge", "Blocks resident on more than one pod (GPU or CPU).", []),
     "tierpilot_kv_resident_hashes": ("gauge", "Distinct block hashes resident anywhere in the fleet.", []),
+    "tierpilot_kv_shared_l2_blocks": ("gauge", ("Block hashes in the shared L2 ('STORAGE' stores less removals; "
+                                      "fleet-resident, not per pod)."), []),
     "tierpilot_kv_index_sketch_bytes": ("gauge", "Memory of the 'ever seen' sketch.", []),
 }
 MODEL_LEVEL = {"tierpilot_kv_workload_overlap_ratio", "tierpilot_kv_prompt_token_ratio", "tierpilot_kv_overlap_prompt_tokens",
                "tierpilot_kv_duplicated_blocks", "tierpilot_kv_resident_hashes",
-               "tierpilot_kv_index_sketch_bytes"}
+               "tierpilot_kv_index_sketch_bytes", "tierpilot_kv_shared_l2_blocks"}
 
 
 def _family(name: str) -> Metric:
@@ -113,6 +118,8 @@ def build_families(snap: KvSnapshot) -> list[Metric]:
             add("tierpilot_kv_miss_tokens", [*base, cause], e.miss_tokens[cause])
         add("tierpilot_kv_external_hits", base, e.external_hit_blocks)
         add("tierpilot_kv_external_hit_tokens", base, e.external_hit_tokens)
+        add("tierpilot_kv_l2_hits", base, e.l2_hit_blocks)
+        add("tierpilot_kv_l2_hit_tokens", base, e.l2_hit_tokens)
         add("tierpilot_kv_rereported_blocks", base, e.rereported_blocks)
         add("tierpilot_kv_unknown_removed_blocks", base, e.unknown_removed_blocks)
         add("tierpilot_kv_index_aged_out", base, e.aged_out)
@@ -134,6 +141,7 @@ def build_families(snap: KvSnapshot) -> list[Metric]:
                     add("tierpilot_kv_prompt_token_ratio", [m.model, cls], share)
         add("tierpilot_kv_duplicated_blocks", [m.model], m.duplicated_blocks)
         add("tierpilot_kv_resident_hashes", [m.model], m.resident_hashes)
+        add("tierpilot_kv_shared_l2_blocks", [m.model], m.shared_l2_blocks)
         add("tierpilot_kv_index_sketch_bytes", [m.model], m.sketch_bytes)
     return list(fam.values())
 

@@ -8,12 +8,23 @@ and "ever seen" is a fixed-size generational Bloom filter (`SeenSketch`).
 
 Miss attribution for a block stored on the GPU tier (`medium` "GPU") of engine E, first match:
   1. already resident on E's GPU            -> re-report, not counted as a miss
-  2. resident on a lower tier of E (CPU...) -> external hit (loaded from LMCache), not a miss
+  2. resident on a lower tier of E (CPU...) -> external hit (loaded from LMCache or E's CPU tier),
+                                               not a miss; an L2 hit when that CPU copy was promoted
+                                               from the shared L2 (see below)
   3. resident on another engine             -> routing miss
   4. removed from E earlier (any tier)      -> capacity miss
   5. never seen anywhere in the fleet       -> cold miss
   6. seen, but held nowhere now             -> capacity miss (the fleet had it and lost it)
 Blocks stored on other tiers (CPU offload copies) update residency but are never misses.
+
+vLLM's native tiering publishes its CPU tier as `medium` "CPU" (per engine) and its fs tier as
+"STORAGE". The fs tier's directory is shared by the engines (a Curvine mount), so a STORAGE block
+is fleet-resident: it is kept once per model (`storage`), not per engine, and never makes an engine
+a holder. vLLM reads a block from the fs tier into the engine's CPU tier first (a promotion: a CPU
+store of a hash the engine does not hold on its GPU but the shared L2 does), then loads it onto the
+GPU: that GPU store counts as an L2 hit, as the engine's `chunk_hits{tier="1:fs"}` does. A block in
+the shared L2 stored on a GPU without a promotion was computed (its file was gone, e.g. evicted by
+the mount's quota without an event): a miss, attributed as above.
 """
 from __future__ import annotations
 
@@ -28,8 +39,11 @@ from agent.kvevents.wire import Cleared, Event, Removed, Stored
 
 CAUSES = ("cold", "capacity", "routing")
 GPU = 1
+CPU = 2
+STORAGE = 4
 _TIER_BITS = {"GPU": 1, "CPU": 2, "STORAGE": 4}
 _OTHER_TIER = 8
+PROMOTED = 16  # residency flag, not a tier: the CPU copy was read from the shared L2
 TIER_NAMES = {1: "GPU", 2: "CPU", 4: "STORAGE", 8: "OTHER"}
 # Reuse distance histogram bounds (seconds): 10 ms .. 1 day.
 REUSE_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
@@ -63,10 +77,11 @@ class IndexLimits:
     seen_generations: int = 2
     seen_fp_rate: float = 0.001
     shadow_l2: int = 1_048_576  # hashes whose last fleet-wide store order is kept (L2 inference)
+    storage_blocks: int = 1_048_576  # hashes kept as resident in the shared L2 ("STORAGE" stores)
 
     def __post_init__(self) -> None:
         for name in ("resident_per_engine", "history_per_engine", "seen_capacity", "seen_generations",
-                     "shadow_l2"):
+                     "shadow_l2", "storage_blocks"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
 
@@ -121,6 +136,8 @@ class EngineStats:
     miss_tokens: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     external_hit_blocks: int = 0
     external_hit_tokens: int = 0
+    l2_hit_blocks: int = 0  # GPU stores of blocks read from the shared L2 (part of the external hits)
+    l2_hit_tokens: int = 0
     rereported_blocks: int = 0
     stored_blocks: dict[str, int] = dataclasses.field(default_factory=dict)  # by medium
     removed_blocks: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -165,6 +182,7 @@ class FleetIndex:
         # store that was not an L1 hit (computed or read from L2: exactly what touches L2).
         self.l2_shadow = TwoGenMap(self.limits.shadow_l2)
         self.l2_seq = 0
+        self.storage = TwoGenMap(self.limits.storage_blocks)  # hashes in the shared L2 (fs tier)
         self.duplicated = 0  # hashes held by >= 2 engines
         # when a list: the hashes of every cold miss are appended (a sharded agent sketches them,
         # agent/kvevents/fleet.py); None (the default) costs nothing
@@ -281,12 +299,19 @@ class FleetIndex:
         if gpu and ev.block_size > 0:
             stats.block_size = ev.block_size
         _bump(stats.stored_blocks, ev.medium, len(ev.hashes))
+        if tb == STORAGE:  # the shared L2: resident for the fleet, not for this engine
+            for h in ev.hashes:
+                next(seen)
+                self.storage.put(h, True)
+            return
+        storage = self.storage
+        promote = tb == CPU and len(storage) > 0  # a CPU store may be a read from the shared L2
         res, hist = st.resident, st.history
         ry, ro, half = res.young, res.old, res.half
         hy, ho = hist.young, hist.old
         holders, bit = self.holders, st.bit
         others = ~bit
-        cold = capacity = routing = external = rereported = added = 0
+        cold = capacity = routing = external = l2_hits = rereported = added = 0
         shadow = self.l2_shadow
         cold_sink = self.cold_sink
         cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
@@ -305,6 +330,9 @@ class FleetIndex:
                     rereported += 1
                 elif mask:
                     external += 1
+                    if mask & PROMOTED:
+                        l2_hits += 1
+                        mask &= ~PROMOTED
                 else:
                     last = shadow.get(h)
                     bucket = FAR if last is None else distance_bucket(self.l2_seq - last)  # type: ignore[operator]
@@ -331,6 +359,8 @@ class FleetIndex:
                 if held.bit_count() == 1:
                     self.duplicated += 1
                 holders[h] = held | bit
+            if promote and not mask & (GPU | tb) and storage.get(h) is not None:
+                mask |= PROMOTED  # read back from the shared L2 into this engine's CPU tier
             ry[h] = mask | tb
             if len(ry) >= half:
                 dropped, res.old, res.young = ro, ry, {}
@@ -341,6 +371,8 @@ class FleetIndex:
             stats.rereported_blocks += rereported
             stats.external_hit_blocks += external
             stats.external_hit_tokens += external * size
+            stats.l2_hit_blocks += l2_hits
+            stats.l2_hit_tokens += l2_hits * size
             for cause, n in (("cold", cold), ("capacity", capacity), ("routing", routing)):
                 stats.miss_blocks[cause] += n
                 stats.miss_tokens[cause] += n * size
@@ -360,6 +392,11 @@ class FleetIndex:
         stats = st.stats
         tb = tier_bit(ev.medium)
         _bump(stats.removed_blocks, ev.medium, len(ev.hashes))
+        if tb == STORAGE:
+            for h in ev.hashes:
+                if self.storage.pop(h) is None:
+                    stats.unknown_removed_blocks += 1
+            return
         res, hist = st.resident, st.history
         removal = (tb, ts)
         unknown = gone = 0
@@ -373,7 +410,7 @@ class FleetIndex:
                 unknown += 1
             else:
                 gone += 1
-                mask &= ~tb
+                mask &= ~(tb | PROMOTED) if tb == CPU else ~tb
                 if mask:
                     (ry if in_young else res.old)[h] = mask
                 else:

@@ -69,6 +69,8 @@ class EngineSnapshot:
     external_hit_blocks: int
     external_hit_tokens: int
     rereported_blocks: int
+    l2_hit_blocks: int  # of the external hits: read from the shared L2 ("STORAGE" events)
+    l2_hit_tokens: int
     stored_blocks: Mapping[str, int]
     removed_blocks: Mapping[str, int]
     unknown_removed_blocks: int
@@ -86,6 +88,7 @@ class ModelSnapshot:
     resident_hashes: int
     overlap: OverlapReading | None
     sketch_bytes: int
+    shared_l2_blocks: int = 0  # hashes in the shared L2 ("STORAGE" stores, fleet-resident)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,16 +246,17 @@ class KvSignals:
         idx = self.indexes.get(model)
         if idx is None:
             return EventTotals()
-        cold = capacity = routing = l1 = 0
+        cold = capacity = routing = l1 = l2 = 0
         by_cap = np.zeros(DISTANCE_BUCKETS)
         by_rout = np.zeros(DISTANCE_BUCKETS)
         for e in idx.engines.values():
             t = e.stats.miss_tokens
             cold, capacity, routing = cold + t["cold"], capacity + t["capacity"], routing + t["routing"]
-            l1 += e.stats.external_hit_tokens
+            l1 += e.stats.external_hit_tokens - e.stats.l2_hit_tokens
+            l2 += e.stats.l2_hit_tokens
             by_cap += e.stats.miss_distance["capacity"]
             by_rout += e.stats.miss_distance["routing"]
-        return EventTotals(cold, capacity, routing, l1, by_cap, by_rout)
+        return EventTotals(cold, capacity, routing, l1, by_cap, by_rout, l2)
 
     def observe_counters(self, pod: str, model: str, counters: PodCounters, ts: float | None = None) -> None:
         """Feed one pod's scraped token counters (cumulative; resets are handled)."""
@@ -299,13 +303,15 @@ class KvSignals:
                 engine=eid, stream=dataclasses.replace(st, events=dict(st.events), rejected=dict(st.rejected)),
                 miss_blocks=dict(s.miss_blocks), miss_tokens=dict(s.miss_tokens),
                 external_hit_blocks=s.external_hit_blocks, external_hit_tokens=s.external_hit_tokens,
-                rereported_blocks=s.rereported_blocks, stored_blocks=dict(s.stored_blocks),
+                rereported_blocks=s.rereported_blocks, l2_hit_blocks=s.l2_hit_blocks,
+                l2_hit_tokens=s.l2_hit_tokens, stored_blocks=dict(s.stored_blocks),
                 removed_blocks=dict(s.removed_blocks), unknown_removed_blocks=s.unknown_removed_blocks,
                 resident_blocks={TIER_NAMES[t]: n for t, n in s.resident.items()},
                 aged_out=s.aged_out, clears=s.clears, reuse_buckets=buckets, reuse_sum=dict(s.reuse_sum),
             ))
         models = tuple(
-            ModelSnapshot(m, idx.duplicated, idx.resident_blocks(), self.overlap(m), idx.sketch.nbytes)
+            ModelSnapshot(m, idx.duplicated, idx.resident_blocks(), self.overlap(m), idx.sketch.nbytes,
+                          len(idx.storage))
             for m, idx in sorted(self.indexes.items())
         )
         return KvSnapshot(tuple(engines), models, self.clock())

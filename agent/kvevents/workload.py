@@ -5,6 +5,9 @@ Events alone cannot see two things the definitions need:
   capacity or routing miss (it is stored on the GPU, seen before, not on the pod's own CPU);
 - the partial last chunk of each prompt ("tail"): it is never hashed, so it never appears.
 
+(vLLM's native tiering publishes its shared fs tier as "STORAGE" events: those L2 hits are seen
+and counted as such, `EventTotals.l2_hits`; only the rest is inferred.)
+
 vLLM's counters close both gaps, per pod (cumulative, as scraped):
 - `vllm:prompt_tokens_total` = P;
 - `vllm:external_prefix_cache_hits_total` = X, tokens the connector (LMCache L1 + L2) supplied.
@@ -51,6 +54,7 @@ class EventTotals:
     # capacity / routing miss tokens by store distance bucket (index.DISTANCE_BUCKETS), or None
     capacity_by_distance: np.ndarray | None = None
     routing_by_distance: np.ndarray | None = None
+    l2_hits: float = 0.0  # seen in events: GPU stores of blocks read from the shared L2 ("STORAGE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +117,15 @@ def estimate(model: str, base: _Sample, end: _Sample) -> OverlapReading | None:
     cold = e1.cold - e0.cold
     cap, rout = e1.capacity - e0.capacity, e1.routing - e0.routing
     l1 = e1.l1_hits - e0.l1_hits
-    l2: float | None = None
+    seen_l2 = e1.l2_hits - e0.l2_hits  # already not misses
+    l2: float | None = seen_l2 if seen_l2 > 0 else None
     unmatched = 0.0
     x = end.external - base.external
     if not math.isnan(x):
-        l2 = max(0.0, x - l1)
-        unmatched = min(cold, max(0.0, l2 - (cap + rout)))
-        cap, rout = _remove_l2_hits(l2, cap, rout, e0, e1)
+        inferred = max(0.0, x - l1 - seen_l2)
+        l2 = seen_l2 + inferred
+        unmatched = min(cold, max(0.0, inferred - (cap + rout)))
+        cap, rout = _remove_l2_hits(inferred, cap, rout, e0, e1)
     tail: float | None = None
     c = end.compute - base.compute
     computed = None if math.isnan(c) else c

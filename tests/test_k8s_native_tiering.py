@@ -13,7 +13,9 @@ from agent.k8s.offline import acceptance
 from agent.k8s.settings import settings_from_mapping
 from agent.k8s.textconf import ConfigTextError, json_path_get, json_path_set
 from contracts.actuator import PermanentActuationError
-from tests.support.kube import NS, FakeTime, actuator_for, deployment, serve
+from emulator.cluster.curvine_config import quota_from_toml
+from emulator.cluster.curvine_quota import QuotaError
+from tests.support.kube import NS, FakeTime, actuator_for, configmap, deployment, serve
 from tuners.space import SearchSpace
 
 GIB = 1 << 30
@@ -143,3 +145,20 @@ def test_json_path_edits_keep_every_other_byte():
     assert split_key("--kv-transfer-config/kv_connector_extra_config/block_size") == (
         "--kv-transfer-config", ("kv_connector_extra_config", "block_size"))
     assert split_key("--block-size") == ("--block-size", ())
+
+
+def test_the_l2_quota_policy_reaches_the_emulated_curvine_master(kube):
+    """The fs tier never evicts; the shared mount's master does. The emulated master reads the
+    `[master]` keys the curvine-configmap target writes, so a tuned policy is the one it runs."""
+    toml = '[master]\nhostname = "curvine-master"\nenable_quota_eviction = true\n'
+    kube.put(configmap("curvine", {"curvine-cluster.toml": toml}))
+    kube.put(deployment("curvine-master", kind="StatefulSet", replicas=1))
+    act = actuator_for(kube, [{"kind": "curvine-configmap", "name": "curvine", "key": "curvine-cluster.toml",
+                               "restart": [{"kind": "StatefulSet", "name": "curvine-master"}]}], FakeTime())
+    before = quota_from_toml(toml, capacity_bytes=GIB)
+    assert (before.policy, before.high_watermark, before.low_watermark) == ("lru", 0.8, 0.6)
+    act.apply(act.current().replace(l2_eviction="lfu", l2_high_watermark=0.9, l2_low_watermark=0.7))
+    after = quota_from_toml(kube.get("ConfigMap", NS, "curvine")["data"]["curvine-cluster.toml"], capacity_bytes=GIB)
+    assert (after.policy, after.high_watermark, after.low_watermark, after.capacity_bytes) == ("lfu", 0.9, 0.7, GIB)
+    with pytest.raises(QuotaError, match="policy 'arc'"):
+        quota_from_toml('[master]\nquota_eviction_policy = "arc"\n', capacity_bytes=GIB)

@@ -64,8 +64,10 @@ def test_verdict_table_has_units_and_a_trial_verdict_reads_as_a_sentence():
     from tuners.stats import RegressionSettings, TtftObservations, judge
 
     header = scorecard_lines(score_phases(["p1"], {0: [1.0]}, {0: [1.0]}, {0: [1.0]}))[0]
-    for col in ("TTFT p95 held (ms)", "TTFT mean tuned (ms)", "p95 / mean (x)", "captured gain p95 / mean (%)"):
+    for col in ("TTFT p95 (ms): held / tuned / hindsight", "TTFT mean (ms): held / tuned / hindsight",
+                "tuned vs held: p95; mean", "hindsight's gain captured: p95 / mean"):
         assert col in header, header
+    assert header.count("|") <= 9, header  # eight columns, not fifteen
     same = TtftObservations(samples=tuple(0.5 + 0.001 * i for i in range(200)))
     verdict = judge(same, same, RegressionSettings(method="mannwhitney"))
     assert verdict.reason.startswith("TTFT p95 stayed at 0.689 s; the TTFTs as a whole are not significantly "

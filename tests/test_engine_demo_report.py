@@ -1,11 +1,12 @@
-"""The real-engine demo's verdict from recorded passes (no engine): pairing, the bootstrap ratio,
-the scorecard in report.md, the demo-scale workload, and the settings' one-line errors."""
+"""The real-engine demo's verdict from recorded passes (no engine): pairing, the answer sentence
+(noise or effect), the plans priced when nothing was applied, the scorecard, the charts and the
+hit ratios' definitions in report.md, the demo-scale workload, and the settings' one-line errors."""
 from __future__ import annotations
 
 import pytest
 
 from contracts.knobs import DEFAULT_KNOBS
-from emulator.demo.engine_report import RunRecord, tuned_vs_held, write_engine_report
+from emulator.demo.engine_report import RunRecord, write_engine_report
 from emulator.demo.engine_run import MAX_PROMPT, EngineDemoSettings, engine_workload
 from emulator.engines.client import Completion
 from emulator.engines.process_actuator import Restart
@@ -18,36 +19,55 @@ def _record(name: str, workload, latency, failed=()) -> RunRecord:
     return RunRecord(name, comps, events, DEFAULT_KNOBS, None, 0.25, {})
 
 
+PLAN = {"at": 40.0, "horizon": {"horizon_s": 60.0, "basis": "configured"}, "priced": [
+    {"knobs": {"router": ("roundrobin", "prefixaware")}, "restart": False, "gain_p95": 0.05, "gain_mean": -0.08,
+     "gain_per_hour_s": -120.0, "transition_cost_s": 1.5, "payback_s": None, "verdict": "decline",
+     "reason": "mean slower once settled (p95 5.0% faster, mean 8.0% slower, against staying)"}]}
+
+
 def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
-    wl = engine_workload(30.0, 7, 3.0)
-    assert wl.frame.height > 20 and wl.frame["input_length"].max() <= MAX_PROMPT
-    tuned = _record("tuned", wl, lambda i: 0.08, failed={0})
-    held = _record("held", wl, lambda i: 0.10)
+    wl = engine_workload(60.0, 7, 3.0)
+    assert wl.frame.height > 100 and wl.frame["input_length"].max() <= MAX_PROMPT
+    tuned = _record("tuned", wl, lambda i: 0.08 if i * 0.1 >= 3.0 else 0.10 * (1 + 0.05 * (i % 3)), failed={0})
+    held = _record("held", wl, lambda i: 0.10 * (1 + 0.05 * (i % 3)))
     path = write_engine_report(tmp_path, wl, [tuned, held], [Restart("router", 1.0, 1.2, "policy -> cache_aware")],
                                {"engines": "2 x 2"})
     text = path.read_text()
-    assert "| **whole run** |" in text and "1.25x / 1.25x" in text  # p95 and mean, held / tuned
+    verdict = text.split("## Verdict: did tuning pay for itself?\n\n", 1)[1].splitlines()[0]
+    assert verdict.startswith("Yes: from its first change at 3 s on, tuned served 1.31x faster"), verdict
+    assert "x faster" in verdict and "noise floor" in verdict
     whole = next(line for line in text.splitlines() if line.startswith("| **whole run**"))
-    assert whole.endswith("| 0 | 1 | 0 | 0 / 0 |")  # one apply (the trial), counted once
+    assert "| same speed; 1.24x faster |" in whole and whole.endswith("| 0 / 1 / 0 | 0 / 0 |"), whole  # one apply, counted once
     assert f"requests in both passes: {wl.frame.height - 1}" in text and "tuned 1, held 0" in text
     assert "router at 1.0 s (monotonic): policy -> cache_aware, healthy after 1.2 s" in text
     assert "Every move the planner priced" not in text  # no plan, no section
-    tuned.plans.append({"at": 40.0, "horizon": {"horizon_s": 60.0, "basis": "configured"}, "priced": [
-        {"knobs": {"router": ("roundrobin", "prefixaware")}, "restart": False, "gain_p95": 0.05, "gain_mean": 0.08,
-         "gain_per_hour_s": 120.0, "transition_cost_s": 1.5, "payback_s": 45.0, "verdict": "apply", "reason": ""}]})
+    for png in ("ttft_p95.png", "hit_ratios.png"):
+        assert f"]({png})" in text and (tmp_path / png).stat().st_size > 10_000, png
+    section = text.split("## Hit ratios: what each counts", 1)[1]
+    for name in ("engines' counters", "the agent's cumulative", "the client's"):
+        assert f"**{name}**" in section, name
+    assert "hit ratios (defined above): engines' counters" in text
+    tuned.plans.append(PLAN)
     text = write_engine_report(tmp_path, wl, [tuned, held], [], {"engines": "2 x 2"}).read_text()
     assert "- plan at 40 s: horizon 60 s (configured)" in text
-    assert "router prefixaware (hot reload): p95 +5.0%, mean +8.0% over the horizon" in text and "**apply**" in text
-    line = tuned.summary_lines(held)[0]
-    assert "held/tuned = 1.25x" in line and "not worse than held" in line
+    assert "router prefixaware (hot reload): p95 5.0% faster, mean 8.0% slower over the horizon" in text
+    assert "**decline**" in text and "+" not in text.split("## What the tuner did")[1].split("## Process")[0]
     assert tuned.hit_ratio() == pytest.approx(0.25)
 
 
-def test_bootstrap_interval_brackets_the_ratio_of_means() -> None:
-    tuned = [0.1, 0.2, 0.3, 0.4] * 25
-    held = [0.12, 0.2, 0.36, 0.5] * 25
-    ratio, lo, hi = tuned_vs_held(tuned, held)
-    assert ratio == pytest.approx(sum(held) / sum(tuned)) and lo < ratio < hi
+def test_nothing_applied_reads_no_change_noise_and_lists_the_plans(tmp_path) -> None:
+    wl = engine_workload(30.0, 7, 3.0)
+    tuned = _record("tuned", wl, lambda i: 0.10 * (1 + 0.3 * ((i // 20) % 2)))  # slow stretches: noise
+    tuned.events = [(12.0, "planner: best move router prefixaware (mean -8.0% on the twin): decline")]
+    tuned.plans.append(PLAN)
+    held = _record("held", wl, lambda i: 0.10)
+    text = write_engine_report(tmp_path, wl, [tuned, held], [], {"engines": "2 x 2"}).read_text()
+    verdict = text.split("## Verdict: did tuning pay for itself?\n\n", 1)[1]
+    assert verdict.startswith("No change, noise: the tuner applied nothing"), verdict[:300]
+    head = verdict.split("| phase |", 1)[0]
+    assert "Every move it priced, with the reason it was not applied" in head
+    assert "router prefixaware (hot reload)" in head and "mean slower once settled" in head
+    assert tuned.summary_lines(held)[0].startswith("No change, noise")
 
 
 def test_settings_refuse_what_cannot_run() -> None:

@@ -5,7 +5,15 @@ import math
 
 import pytest
 
-from tuners.payoff import WHOLE_RUN, ActionCounts, TtftSummary, captured_gain, score_phases, scorecard_lines
+from tuners.payoff import (
+    WHOLE_RUN,
+    ActionCounts,
+    TtftSummary,
+    answer_line,
+    captured_gain,
+    score_phases,
+    scorecard_lines,
+)
 
 
 def test_summary_of_a_hand_made_series() -> None:
@@ -53,6 +61,22 @@ def test_phases_and_whole_run_pool_the_requests() -> None:
     assert whole.actions == ActionCounts(restarts=1, applies=3, rollbacks=1, true_alarms=1)
     lines = scorecard_lines(scores)
     assert len(lines) == 2 + 3 and "**whole run**" in lines[-1] and "67%" in lines[-1]
+    assert "| 1,500 / 1,000 / 750 |" in lines[-1] and "| 1.50x faster |" not in lines[-1]
+    assert "; 1.50x faster |" in lines[-1] and "+" not in "".join(lines)  # faster is a ratio > 1, labelled
+    answer = answer_line(scores)
+    assert answer.startswith("Yes: over the whole run, against the defaults held, tuned TTFT p95 was ")
+    assert "the mean 1.50x faster" in answer
+    assert "67% (mean) of what hindsight could" in answer and "1 rolling restart and 3 configuration changes (1 " \
+        "rolled back)" in answer, answer
+
+
+def test_the_answer_says_no_change_when_nothing_was_applied() -> None:
+    scores = score_phases(["p1"], {0: [1.0, 1.1]}, {0: [1.0, 1.1]}, {0: [0.9, 1.0]})
+    assert answer_line(scores).startswith("No change: over the whole run, against the defaults held, tuned TTFT p95 "
+                                          "was unchanged and the mean unchanged")
+    slower = score_phases(["p1"], {0: [1.0] * 5}, {0: [1.3] * 5}, {0: [1.0] * 5}, {0: ActionCounts(applies=1)})
+    assert answer_line(slower).startswith("No: over the whole run, against the defaults held, tuned TTFT p95 was "
+                                          "1.30x slower")
 
 
 def test_phase_without_requests_is_left_out() -> None:

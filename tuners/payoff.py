@@ -57,6 +57,25 @@ def speedup(held: float, tuned: float) -> float:
     return held / tuned if tuned > 0 and math.isfinite(held) and math.isfinite(tuned) else math.nan
 
 
+def speed_text(ratio: float) -> str:
+    """A speed ratio (before / after, or held / tuned) as people read it: `1.12x faster`,
+    `1.19x slower`; `n/a` when unknown."""
+    if not math.isfinite(ratio) or ratio <= 0:
+        return "n/a"
+    if ratio == 1.0:
+        return "same speed"
+    return f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
+
+
+def change_text(gain: float) -> str:
+    """A relative TTFT gain (positive: less TTFT) as people read it: `5.0% faster`, `35.5% slower`."""
+    if not math.isfinite(gain):
+        return "n/a"
+    if round(gain * 100, 1) == 0:
+        return "no change"
+    return f"{abs(gain) * 100:.1f}% {'faster' if gain > 0 else 'slower'}"
+
+
 @dataclasses.dataclass(frozen=True)
 class ActionCounts:
     """What the tuner did over a span: restarts (rolling restarts of the vLLM pods), applies
@@ -146,25 +165,51 @@ def _pct(g: float) -> str:
 
 
 def scorecard_lines(scores: Sequence[PhaseScore]) -> list[str]:
-    """The headline table (markdown): held / tuned / hindsight TTFT p95 and mean in ms, tuned and
-    hindsight speed-ups over held, captured gain, and what the tuner did."""
-    lines = [("| phase | requests | TTFT p95 held (ms) | TTFT p95 tuned (ms) | TTFT p95 hindsight (ms)"
-             " | TTFT mean held (ms) | TTFT mean tuned (ms) | TTFT mean hindsight (ms)"
-             " | speed-up tuned vs held, p95 / mean (x) | speed-up hindsight vs held, p95 / mean (x)"
-             " | captured gain p95 / mean (%) | restarts | applies | rollbacks | drift alarms true / false |"),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """The headline table (markdown): TTFT p95 and mean as held / tuned / hindsight (ms), tuned
+    against held as `1.07x faster`, the share of hindsight's gain captured, and what the tuner did."""
+    lines = [("| phase | requests | TTFT p95 (ms): held / tuned / hindsight | TTFT mean (ms): held / tuned / hindsight"
+              " | tuned vs held: p95; mean | hindsight's gain captured: p95 / mean"
+              " | restarts / applies / rollbacks | drift alarms: true / false |"),
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in scores:
         name = f"**{s.label}**" if s.label == WHOLE_RUN else s.label
         a = s.actions
         lines.append(
-            f"| {name} | {s.tuned.requests} | {_ms(s.held.p95_s)} | {_ms(s.tuned.p95_s)} | {_ms(s.hindsight.p95_s)}"
-            f" | {_ms(s.held.mean_s)} | {_ms(s.tuned.mean_s)} | {_ms(s.hindsight.mean_s)}"
-            f" | {_x(s.speedup_p95)} / {_x(s.speedup_mean)}"
-            f" | {_x(s.hindsight_speedup_p95)} / {_x(s.hindsight_speedup_mean)}"
-            f" | {_pct(s.gain_p95)} / {_pct(s.gain_mean)} | {a.restarts} | {a.applies} | {a.rollbacks}"
+            f"| {name} | {s.tuned.requests} | {_ms(s.held.p95_s)} / {_ms(s.tuned.p95_s)} / {_ms(s.hindsight.p95_s)}"
+            f" | {_ms(s.held.mean_s)} / {_ms(s.tuned.mean_s)} / {_ms(s.hindsight.mean_s)}"
+            f" | {speed_text(s.speedup_p95)}; {speed_text(s.speedup_mean)}"
+            f" | {_pct(s.gain_p95)} / {_pct(s.gain_mean)} | {a.restarts} / {a.applies} / {a.rollbacks}"
             f" | {a.true_alarms} / {a.false_alarms} |")
     return lines
 
 
-__all__ = ["WHOLE_RUN", "ActionCounts", "PhaseScore", "TtftSummary", "captured_gain", "score_phases",
-           "scorecard_lines", "speedup"]
+SAME_WITHIN = 0.02  # tuned within 2% of held on a statistic: about even on it
+
+
+def answer_line(scores: Sequence[PhaseScore]) -> str:
+    """One sentence answering "did tuning pay for itself?" from the whole run: TTFT p95 and mean
+    against the defaults held, the share of hindsight's gain captured, and the changes it cost."""
+    whole = next((s for s in scores if s.label == WHOLE_RUN), None)
+    if whole is None or not whole.tuned.requests:
+        return "No verdict: no request was served."
+    a = whole.actions
+    p95, mean = whole.speedup_p95, whole.speedup_mean
+    signs = {1 if r > 1 + SAME_WITHIN else -1 if r < 1 - SAME_WITHIN else 0 for r in (p95, mean) if math.isfinite(r)}
+    word = ("About even" if signs <= {0} else "Yes" if signs <= {0, 1} else "No" if signs <= {0, -1} else "Partly")
+    if a.applies == 0:
+        word = "No change"
+    captured = "" if not (math.isfinite(whole.gain_p95) or math.isfinite(whole.gain_mean)) else (
+        f", capturing {_pct(whole.gain_p95)} (p95) and {_pct(whole.gain_mean)} (mean) of what hindsight could")
+    cost = ("the tuner applied nothing" if a.applies == 0 else
+            f"at the cost of {a.restarts} rolling restart{'s' * (a.restarts != 1)} and {a.applies} configuration "
+            f"change{'s' * (a.applies != 1)} ({a.rollbacks} rolled back)")
+    def said(r: float) -> str:
+        text = speed_text(r)
+        return "unchanged" if text == "same speed" else text
+
+    return (f"{word}: over the whole run, against the defaults held, tuned TTFT p95 was {said(p95)} and the mean "
+            f"{said(mean)}{captured}; {cost}.")
+
+
+__all__ = ["WHOLE_RUN", "ActionCounts", "PhaseScore", "TtftSummary", "answer_line", "captured_gain", "change_text", "score_phases",
+           "scorecard_lines", "speed_text", "speedup"]

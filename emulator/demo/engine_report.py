@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from contracts.knobs import Knobs
-from emulator.demo.scorecard import plan_lines
+from emulator.demo.engine_charts import plot_engine_hit_ratios, plot_engine_ttft
+from emulator.demo.paired_verdict import PairedVerdict, paired_verdict
+from emulator.demo.scorecard import PLAN_NOTE, plan_lines
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import Completion
 from emulator.engines.process_actuator import Restart
@@ -21,7 +21,20 @@ METHOD = ("tuned = every request of the tuned pass as the client saw it (TTFT = 
           "completion through vllm-router, router restarts included); held = the same stream (same lengths, "
           "sharing and arrival times; fresh token content, so nothing is cached from the other pass) with the "
           "defaults held (round-robin). Hindsight is not measured on real engines (it needs one more real pass "
-          "per static configuration), so captured gain is n/a.")
+          "per static configuration), so captured gain is n/a. Noise or effect: the requests sent before the "
+          "tuner's first change went to two fleets with the same configuration, so they measure the noise floor of "
+          "this machine (fleet bias included); the effect is the ratio after the change over that one, each from "
+          "four consecutive blocks of requests (Student's t over the blocks, 95%), and is stated only when its "
+          "interval excludes no change (emulator/demo/paired_verdict.py).")
+HIT_RATIOS = (
+    "- **engines' counters**: `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` summed over the "
+    "fleet's engines since they started: the warm-up requests included, and every lookup vLLM makes;\n"
+    "- **the agent's cumulative**: `tierpilot_kv_cumulative_hit_ratio`, the share of prompt tokens served from "
+    "any cache tier over the agent's last window ({window}) at the end of the pass, averaged over the engines: "
+    "the end of the stream only;\n"
+    "- **the client's**: `cached_tokens / prompt_tokens` summed over every request of this pass that succeeded "
+    "(vLLM's `usage.prompt_tokens_details.cached_tokens`: whole blocks of the prompt found cached), the whole "
+    "pass and nothing else.")
 
 
 @dataclasses.dataclass
@@ -45,36 +58,26 @@ class RunRecord:
         prompt = sum(c.prompt_tokens for c in ok)
         return sum(c.cached_tokens or 0 for c in ok) / prompt if prompt else math.nan
 
-    def summary_lines(self, held: RunRecord) -> list[str]:
-        pairs = _paired(self, held)
+    def changed_at(self) -> float | None:
+        """When the tuner first changed this pass's configuration (seconds from its start), or None."""
+        return next((t for t, msg in self.events if msg.startswith("tuner: trial_started")), None)
+
+    def verdict(self, held: RunRecord) -> PairedVerdict | None:
+        """Noise or effect, on the requests both passes served (None: there are none)."""
+        h = {c.index: c.latency_s for c in held.ok()}
+        pairs = [(c.sent_s, c.latency_s, h[c.index]) for c in self.ok() if c.index in h]
         if not pairs:
+            return None
+        sent, tuned, held_s = zip(*pairs, strict=True)
+        return paired_verdict(sent, tuned, held_s, self.changed_at())
+
+    def summary_lines(self, held: RunRecord) -> list[str]:
+        verdict = self.verdict(held)
+        if verdict is None:
             return ["no request was served in both passes: no verdict"]
-        ratio, lo, hi = tuned_vs_held([t for t, _ in pairs], [h for _, h in pairs])
-        t = np.asarray([t for t, _ in pairs])
-        h = np.asarray([h for _, h in pairs])
-        verdict = "not worse than" if ratio >= 1.0 else "SLOWER than"
-        return [(f"tuned mean TTFT {t.mean() * 1e3:.1f} ms vs held {h.mean() * 1e3:.1f} ms: held/tuned = {ratio:.2f}x "
-                f"(90% bootstrap interval {lo:.2f}-{hi:.2f}x over {len(pairs)} paired requests); "
-                f"p95 {np.quantile(t, 0.95) * 1e3:.1f} vs {np.quantile(h, 0.95) * 1e3:.1f} ms; "
-                f"tuned is {verdict} held on the mean"),
-                f"GPU hit ratio: tuned {self.hit_ratio():.3f}, held {held.hit_ratio():.3f} (engines' cached_tokens)"]
-
-
-def tuned_vs_held(tuned: list[float], held: list[float], *, seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
-    """held mean / tuned mean, with a 90% bootstrap interval over requests (pairs resampled together:
-    request i of the tuned pass is request i of the held pass)."""
-    t, h = np.asarray(tuned, float), np.asarray(held, float)
-    n = min(len(t), len(h))
-    t, h = t[:n], h[:n]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (rounds, n))
-    ratios = h[idx].mean(axis=1) / t[idx].mean(axis=1)
-    return float(h.mean() / t.mean()), float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))
-
-
-def _paired(tuned: RunRecord, held: RunRecord) -> list[tuple[float, float]]:
-    h = {c.index: c.latency_s for c in held.ok()}
-    return [(c.latency_s, h[c.index]) for c in tuned.ok() if c.index in h]
+        return [verdict.sentence(),
+                (f"GPU prefix-cache hit ratio at the client (cached / prompt tokens): tuned {self.hit_ratio():.3f}, "
+                f"held {held.hit_ratio():.3f}")]
 
 
 def _by_phase(record: RunRecord, phases: Sequence[int], keep: set[int]) -> dict[int, list[float]]:
@@ -105,47 +108,71 @@ def _counter_lines(record: RunRecord) -> list[str]:
     queries = sum(q for _h, q in record.engine_counters.values())
     engines = hits / queries if queries else math.nan
     agent = "n/a" if record.agent_hit_ratio is None else f"{record.agent_hit_ratio:.4f}"
-    return [(f"- engines' own counters (prefix_cache_hits / queries since start, both passes so far): {engines:.4f}; "
-            f"the agent's cumulative GPU hit ratio at the end of the pass: {agent}; this pass's cached_tokens / "
-            f"prompt tokens at the client: {record.hit_ratio():.4f}")]
+    return [(f"- hit ratios (defined above): engines' counters {engines:.4f}; the agent's cumulative {agent}; "
+            f"the client's {record.hit_ratio():.4f}")]
+
+
+def _verdict_lines(workload: DemoWorkload, tuned: RunRecord, held: RunRecord) -> list[str]:
+    """The answer, what the tuner priced when it applied nothing, the scorecard and the method."""
+    phases = workload.frame["phase"].to_list()
+    verdict = tuned.verdict(held)
+    if verdict is None:
+        return ["No verdict: no request was served in both passes."]
+    lines = [verdict.sentence(), ""]
+    if not verdict.applied:
+        lines += ([("The tuner applied nothing. Every move it priced, with the reason it was not applied "
+                   "(seconds from the pass's start; gains are the twin's):"), "", PLAN_NOTE, "", *plan_lines(tuned.plans),
+                   ""] if tuned.plans else
+                  ["The tuner applied nothing and priced no move: " + _idle_reason(tuned), ""])
+    keep = {c.index for c in tuned.ok()} & {c.index for c in held.ok()}
+    actions: dict[int, ActionCounts] = {}
+    for t, msg in tuned.events:  # every configuration change the tuner made, in the phase it made it
+        p = sum(1 for start in workload.phase_starts_s[1:] if t >= start)
+        if not msg.startswith("tuner: "):
+            continue
+        change = ActionCounts(applies=int(msg.startswith(("tuner: trial_started", "tuner: rolled_back"))),
+                              rollbacks=int(msg.startswith("tuner: rolled_back")))
+        actions[p] = actions.get(p, ActionCounts()) + change
+    scores = score_phases(workload.labels, _by_phase(held, phases, keep), _by_phase(tuned, phases, keep), {}, actions)
+    lines += scorecard_lines(scores) + ["", f"Method: {METHOD}"]
+    failed = [(r.name, len(r.completions) - len(r.ok())) for r in (tuned, held)]
+    lines += ["", "Failed requests: " + ", ".join(f"{n} {k}" for n, k in failed)]
+    whole = next(s for s in scores if s.label == WHOLE_RUN)
+    lines += [f"Whole run, requests in both passes: {whole.tuned.requests}."]
+    lines += ["", "![TTFT of both passes](ttft_p95.png)", "", "![Hit ratios of both passes](hit_ratios.png)"]
+    return lines
+
+
+def _idle_reason(tuned: RunRecord) -> str:
+    notes = [m for _t, m in tuned.events if m.startswith(("tuner: ", "planner: "))]
+    return ("its last word was: " + notes[-1]) if notes else "the controller never reached a plan (see below)"
 
 
 def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Sequence[RunRecord],
-                        restarts: Sequence[Restart], facts: Mapping[str, str]) -> Path:
+                        restarts: Sequence[Restart], facts: Mapping[str, str], *, agent_window_s: float = 12.0) -> Path:
     report_dir.mkdir(parents=True, exist_ok=True)
     phases = workload.frame["phase"].to_list()
     lines = ["# tierpilot demo on real vLLM engines", ""]
     lines += [f"- {k}: {v}" for k, v in facts.items()]
     tuned = next((r for r in records if r.name == "tuned"), None)
     held = next((r for r in records if r.name == "held"), None)
-    lines += ["", "## Verdict", ""]
+    lines += ["", "## Verdict: did tuning pay for itself?", ""]
     if tuned is None or held is None or tuned.interrupted or held.interrupted:
         lines.append("Interrupted: no verdict (it needs both passes).")
     else:
-        keep = {c.index for c in tuned.ok()} & {c.index for c in held.ok()}
-        actions: dict[int, ActionCounts] = {}
-        for t, msg in tuned.events:  # every configuration change the tuner made, in the phase it made it
-            p = sum(1 for start in workload.phase_starts_s[1:] if t >= start)
-            if not msg.startswith("tuner: "):
-                continue
-            change = ActionCounts(applies=int(msg.startswith(("tuner: trial_started", "tuner: rolled_back"))),
-                                  rollbacks=int(msg.startswith("tuner: rolled_back")))
-            actions[p] = actions.get(p, ActionCounts()) + change
-        scores = score_phases(workload.labels, _by_phase(held, phases, keep), _by_phase(tuned, phases, keep), {},
-                              actions)
-        lines += scorecard_lines(scores) + ["", tuned.summary_lines(held)[0], "", f"Method: {METHOD}"]
-        failed = [(r.name, len(r.completions) - len(r.ok())) for r in records]
-        lines += ["", "Failed requests: " + ", ".join(f"{n} {k}" for n, k in failed)]
-        whole = next(s for s in scores if s.label == WHOLE_RUN)
-        lines += [f"Whole run, requests in both passes: {whole.tuned.requests}."]
+        lines += _verdict_lines(workload, tuned, held)
+        changes = [t for t, m in tuned.events if m.startswith(("tuner: trial_started", "tuner: rolled_back"))]
+        passes = {r.name: r.completions for r in (tuned, held)}
+        plot_engine_ttft(passes, workload.phase_starts_s, changes, workload.span_s, report_dir / "ttft_p95.png")
+        plot_engine_hit_ratios(passes, workload.phase_starts_s, changes, workload.span_s, report_dir / "hit_ratios.png")
     lines += ["", "## What the tuner did (tuned pass, seconds from its start)", ""]
     lines += [f"- {t:.1f} s: {m}" for t, m in (tuned.events if tuned else [])] or ["- nothing"]
     if tuned and tuned.plans:
-        lines += ["", "Every move the planner priced (seconds from the pass's start; gains are the twin's):", "",
-                  *plan_lines(tuned.plans)]
+        lines += ["", "### Every move the planner priced", "", PLAN_NOTE, "", *plan_lines(tuned.plans)]
     lines += ["", "## Process restarts", ""]
     lines += [f"- {r.target} at {r.at:.1f} s (monotonic): {r.reason}, healthy after {r.seconds:.1f} s"
               for r in restarts] or ["- none"]
+    lines += ["", "## Hit ratios: what each counts", "", HIT_RATIOS.format(window=f"{agent_window_s:g} s")]
     for r in records:
         lines += ["", f"## The agent in the {r.name} pass ({r.agent_url})", ""]
         lines += _counter_lines(r) + _kv_lines(r)
@@ -162,4 +189,4 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
     return path
 
 
-__all__ = ["METHOD", "RunRecord", "tuned_vs_held", "write_engine_report"]
+__all__ = ["HIT_RATIOS", "METHOD", "RunRecord", "write_engine_report"]

@@ -41,7 +41,7 @@ from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import endpoint_lines, event_text, progress_line, render_view
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
-from emulator.demo.scorecard import action_counts, demo_scorecard, plan_lines
+from emulator.demo.scorecard import PLAN_NOTE, action_counts, demo_scorecard, plan_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
 from emulator.demo.tuning_setup import APPLY, CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
@@ -53,7 +53,7 @@ from tuners.controller import StepReport
 from tuners.evaluators import TwinEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.objective import Evaluation
-from tuners.payoff import PhaseScore, scorecard_lines
+from tuners.payoff import PhaseScore, answer_line, scorecard_lines
 from tuners.planning.plan_runner import background_executor
 from tuners.planning.warmstart import WarmStart
 
@@ -425,14 +425,11 @@ class Demo:
         if not interrupted:
             scores, method = demo_scorecard(self.workload, self.twin_cluster, self.recorder.served(),
                                             tuned[: reached + 1], actions)
-            headline = scorecard_lines(scores) + ["", f"Method: {method}"]
+            headline = [answer_line(scores), "", *scorecard_lines(scores), "", f"Method: {method}"]
         headline += ["", prediction_line(errors)]
         plans = list(self.planner.history) if self.planner is not None else []
         if plans:
-            headline += ["", "### Every move the planner priced", "",
-                         ("Gain per hour and transition cost are TTFT seconds summed over the requests; payback = "
-                          "transition cost / gain per hour; a move is applied when its net gain over the horizon "
-                          "clears the margin."), "", *plan_lines(plans)]
+            headline += ["", "### Every move the planner priced", "", PLAN_NOTE, "", *plan_lines(plans)]
         default_p95 = next((v.default_ttft_p95_s for v in verdicts if v.phase == 1), None)
         facts = {"pods": str(self.s.pods), "seed": str(self.s.seed), "duration": f"{self.s.duration_s:g} s wall",
                  "time scale": f"{self.scale:g} cluster-seconds per second",
@@ -485,7 +482,9 @@ class _Renderable:
 def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResult:
     console = console or Console()
     result = Demo(settings, console).run()
-    for line in scorecard_lines(result.scores) if result.scores else verdict_lines(result.verdicts):
+    lines = [answer_line(result.scores), *scorecard_lines(result.scores)] if result.scores else \
+        verdict_lines(result.verdicts)
+    for line in lines:
         console.print(line, soft_wrap=True)  # table rows stay one line each, whatever the width
     console.print(f"report: {result.report_path}")
     return result

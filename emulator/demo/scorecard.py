@@ -23,7 +23,7 @@ from emulator.demo.sim_run import DETECT_WITHIN_S, classify_alarms, held_ttfts
 from emulator.demo.tuning_setup import demo_deployment
 from emulator.demo.workload import DemoWorkload
 from simulator.cluster import ClusterSpec
-from tuners.payoff import ActionCounts, PhaseScore, score_phases
+from tuners.payoff import ActionCounts, PhaseScore, change_text, score_phases
 
 
 def _phase_of(starts: Sequence[float], t: float) -> int:
@@ -94,10 +94,15 @@ def _num(x: object, fmt: str) -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
+PLAN_NOTE = ("Saved per hour and transition cost are TTFT seconds summed over the requests; payback = transition "
+             "cost / saved per hour; a move is applied when its net change over the horizon clears the margin.")
+
+
 def plan_lines(plans: Sequence[dict]) -> list[str]:
     """Every plan the planner made (markdown list): when, the horizon and how it was estimated, and
-    per priced candidate the predicted gain over the horizon, the steady gain per hour (TTFT
-    seconds summed over requests), the transition cost, the payback time and the verdict."""
+    per priced candidate the predicted change over the horizon (`5.0% faster`), the TTFT seconds
+    saved per hour once settled (summed over requests; negative: lost), the transition cost, the
+    payback time and the verdict with its reason."""
     out = []
     for plan in plans:
         h = plan["horizon"]
@@ -107,14 +112,14 @@ def plan_lines(plans: Sequence[dict]) -> list[str]:
             out.append(f"  - restarts not priced: {plan['restarts_deferred']}")
         for d in plan["priced"]:
             knobs = ", ".join(f"{k} {b}" for k, (_a, b) in d["knobs"].items())
-            g95 = "n/a" if d["gain_p95"] is None else f"{d['gain_p95'] * 100:+.1f}%"
-            gm = "n/a" if d["gain_mean"] is None else f"{d['gain_mean'] * 100:+.1f}%"
+            g95 = "n/a" if d["gain_p95"] is None else change_text(d["gain_p95"])
+            gm = "n/a" if d["gain_mean"] is None else change_text(d["gain_mean"])
             pay = "never" if d["payback_s"] is None else f"{d['payback_s']:,.0f} s"
             out.append(f"  - {knobs} ({'restart' if d['restart'] else 'hot reload'}): p95 {g95}, mean {gm} over "
-                       f"the horizon; gain {_num(d['gain_per_hour_s'], ',.0f')} s/h, transition cost "
-                       f"{_num(d['transition_cost_s'], ',.0f')} s, payback {pay}: **{d['verdict']}**"
+                       f"the horizon; once settled saves {_num(d['gain_per_hour_s'], ',.0f')} s of TTFT per hour, "
+                       f"transition cost {_num(d['transition_cost_s'], ',.0f')} s, payback {pay}: **{d['verdict']}**"
                        + (f" ({d['reason']})" if d["reason"] else ""))
     return out
 
 
-__all__ = ["action_counts", "demo_scorecard", "plan_lines"]
+__all__ = ["PLAN_NOTE", "action_counts", "demo_scorecard", "plan_lines"]

@@ -30,6 +30,7 @@ import numpy as np
 
 from contracts.knobs import Knobs
 from tuners.logline import log_event
+from tuners.payoff import change_text
 from tuners.planning.warmstart import WarmStart
 
 
@@ -187,8 +188,13 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
             reason = ""
         elif not (math.isfinite(g95) and math.isfinite(gmean)):
             reason = "not measurable on the twin"
+        elif min(s95, smean) < -tolerance:  # settled, it is slower on one statistic
+            which = "p95" if s95 < smean else "mean"
+            reason = (f"{which} slower once settled (p95 {change_text(s95)}, mean {change_text(smean)}, "
+                      f"against staying)")
         elif max(s95, smean) < margin:
-            reason = f"does not pay even once settled (steady p95 {s95 * 100:+.1f}%, mean {smean * 100:+.1f}%)"
+            reason = (f"settled gain under the {margin * 100:.1f}% margin (p95 {change_text(s95)}, mean "
+                      f"{change_text(smean)}, against staying)")
         elif min(g95, gmean) < -tolerance:
             which = "p95" if g95 < gmean else "mean"
             reason = f"{which} worse over the horizon ({min(g95, gmean) * 100:+.1f}%)"

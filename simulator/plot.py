@@ -46,7 +46,11 @@ def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "",
     ax1.set_ylim(-0.04, 1.02)  # room below 0 so a line at 0 is not hidden by the x-axis
     ax1.set_ylabel("token hit ratio")
     ax1.grid(alpha=0.3)
-    ax1.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=9, ncols=4, frameon=False)
+    phases = result.requests.group_by("phase").agg(pl.col("time_s").min()).sort("phase")
+    for i, start in enumerate(phases["time_s"].to_list()[1:]):
+        for ax in (ax1, ax2):  # named in ax1's legend, never written over the data
+            ax.axvline(start / 60.0, color="red", ls=":", lw=1.2, label="phase change" if ax is ax1 and i == 0 else None)
+    ax1.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=9, ncols=3, frameon=False)
     ax2.plot(minutes, tl["ttft_p50_s"].to_list(), label="TTFT p50", color="#7b3294", lw=1.6)
     ax2.plot(minutes, tl["ttft_p95_s"].to_list(), label="TTFT p95", color="#c2a5cf", lw=1.6)
     ax2.set_yscale("log")
@@ -57,11 +61,6 @@ def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "",
     ax2.set_xlabel("trace time (minutes)")
     ax2.grid(alpha=0.3, which="both")
     ax2.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=9, ncols=2, frameon=False)
-    phases = result.requests.group_by("phase").agg(pl.col("time_s").min()).sort("phase")
-    for start in phases["time_s"].to_list()[1:]:
-        for ax in (ax1, ax2):
-            ax.axvline(start / 60.0, color="red", ls=":", lw=1.2)
-        ax1.text(start / 60.0, 0.06, " phase change", color="red", va="bottom", fontsize=8)
     s = result.summary()
     k = result.knobs
     fig.suptitle(

@@ -100,3 +100,82 @@ def test_tune_says_why_the_cpu_tier_scores_no_hits_when_it_drops_it():
     import json
     out = CliRunner().invoke(main, ["replay", "--pods", "2", "--duration", "120", "--rate", "4", "--format", "json"])
     assert json.loads(out.output)["tiers"]["cpu"]["hit_tokens"] == 0
+
+
+def _keep_figures(monkeypatch, module) -> list:
+    kept: list = []
+    monkeypatch.setattr(module.plt, "close", lambda fig: kept.append(fig))
+    return kept
+
+
+def test_replay_legend_fits_and_the_phase_change_is_named_in_it_not_on_the_data(monkeypatch, tmp_path):
+    from contracts.knobs import Knobs
+    from simulator import plot as replay_plot
+    from simulator.cluster import ClusterSpec
+    from simulator.replay import replay
+    from simulator.synthetic import generate, preset_phases
+
+    kept = _keep_figures(monkeypatch, replay_plot)
+    result = replay(generate(preset_phases("shift", duration_s=240.0), seed=1), ClusterSpec(pods=2), Knobs())
+    replay_plot.plot_replay(result, tmp_path / "replay.png")
+    fig = kept[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    whole = fig.bbox
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None:  # the whole legend on the canvas, not cut at the right edge
+            box = legend.get_window_extent(renderer)
+            assert box.x0 >= whole.x0 and box.x1 <= whole.x1, (box, whole)
+        assert not any("phase change" in t.get_text() for t in ax.texts)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "phase change" in labels, labels
+    replay_plot.plt.close(fig)
+
+
+def test_capacity_annotation_stays_inside_its_axes(monkeypatch, tmp_path):
+    from contracts.knobs import Knobs
+    from simulator.capacity import plot as curve_plot
+    from simulator.capacity.curves import tier_curves
+    from simulator.cluster import ClusterSpec
+    from simulator.synthetic import generate, preset_phases
+
+    kept = _keep_figures(monkeypatch, curve_plot)
+    curves = tier_curves(generate(preset_phases("shift", duration_s=240.0), seed=1), ClusterSpec(pods=2), Knobs())
+    curve_plot.plot_curves(curves, tmp_path / "curves.png", cap_gib={"cpu": 32.0})
+    fig = kept[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        inside = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1, (text.get_text(), box, inside)
+    curve_plot.plt.close(fig)
+
+
+def test_optuna_study_labels_do_not_overlap_and_the_shifted_default_starts_at_the_shift(figures, tmp_path):
+    trials = [(i, 0.5, "twin") for i in range(24)] + [(i, 0.4, "twin") for i in range(26, 40)]
+    report.plot_optuna_history(trials, tmp_path / "h.png", baseline_s=0.55,
+                               marks=[(0, "study 0"), (25, "study 1"), (26, "study 2")])
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text().startswith("study")]
+    assert len(boxes) == 3
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not Bbox.intersection(a, b), "study labels overlap"
+    (default,) = [c for c in ax.collections if c.get_label().startswith("default configuration")]
+    (segment,) = default.get_segments()
+    assert segment[0][0] == 24.5 and segment[0][1] == 550.0  # from the shifted phase's study on
+
+
+def test_hit_ratio_chart_shows_a_tier_at_zero(figures, tmp_path):
+    points, events = _timeline()
+    report.plot_hit_ratios(points, events, [0.0, 200.0], tmp_path / "hit_ratios.png")
+    ax = figures[0].axes[0]
+    assert ax.get_ylim()[0] < 0
+    cpu = next(line for line in ax.get_lines() if line.get_label().startswith("CPU"))
+    assert not cpu.get_clip_on() and cpu.get_zorder() > 2

@@ -77,15 +77,15 @@ def plot_hit_ratios(points: Sequence[TimelinePoint], events: Sequence[DemoEvent]
                     phase_starts: Sequence[float], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(11, 5.4), dpi=110, layout="constrained")
     xs = [_minutes(p.trace_s) for p in points]
-    for tier in TIERS:
+    for tier in TIERS:  # above the axes and unclipped: a tier at 0 stays a visible line
         ax.plot(xs, [p.stats.hit_ratio[tier] for p in points], color=TIER_COLOURS[tier], linewidth=1.6,
-                label=f"{tier.upper()} hit ratio (of tokens reaching the tier)")
+                label=f"{tier.upper()} hit ratio (of tokens reaching the tier)", zorder=4, clip_on=False)
     ax.plot(xs, [p.stats.cumulative_hit_ratio for p in points], color="black", linewidth=2.4,
             label="cumulative (share of prompt tokens from any tier)")
     if xs:
         ax.set_xlim(min(xs), max(xs))
     _mark_events(ax, events, phase_starts)
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(-0.03, 1.02)  # room below 0 so a line at 0 is not hidden by the x-axis
     ax.set_xlabel("emulated cluster time (minutes)")
     ax.set_ylabel("token hit ratio")
     ax.set_title("Per-tier KV-cache hit ratios (sliding window)")
@@ -95,13 +95,24 @@ def plot_hit_ratios(points: Sequence[TimelinePoint], events: Sequence[DemoEvent]
     plt.close(fig)
 
 
+def label_levels(xs: Sequence[float], min_gap: float) -> list[int]:
+    """A text row per label so that labels closer than `min_gap` stack instead of overlapping."""
+    levels: list[int] = []
+    for i, x in enumerate(xs):
+        near = [levels[j] for j in range(i) if abs(x - xs[j]) < min_gap]
+        levels.append(max(near) + 1 if near else 0)
+    return levels
+
+
 def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: Path,
                         baseline_s: float | None = None, marks: Sequence[tuple[int, str]] = ()) -> None:
     fig, ax = plt.subplots(figsize=(11, 5.4), dpi=110, layout="constrained")
+    span = max([n for n, _v, _s in trials] + [n for n, _ in marks] + [1]) + 1
     for i, (n, label) in enumerate(marks):
         ax.axvline(n - 0.5, color="tab:orange", linestyle="--", linewidth=1.2,
                    label="new study (start, or drift)" if i == 0 else None)
-        ax.annotate(label, (n - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+    for (n, label), level in zip(marks, label_levels([n for n, _ in marks], span / 12), strict=True):
+        ax.annotate(label, (n - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * level),
                     textcoords="offset points", fontsize=8, color="tab:orange")
     colours = {"complete": "tab:blue", "rolled_back": "tab:red", "twin": "tab:gray"}
     for state, colour in colours.items():
@@ -122,9 +133,10 @@ def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: P
             line.append((n, best))
     if line:
         ax.step(*zip(*line), where="post", color="black", linewidth=1.6, label="best so far")
-    if baseline_s is not None and math.isfinite(baseline_s):
-        ax.axhline(baseline_s * 1000, color="tab:green", linestyle=":",
-                   label="default configuration on the shifted phase (twin replay)")
+    if baseline_s is not None and math.isfinite(baseline_s):  # from the shifted phase's study on only
+        shift = sorted(n for n, _ in marks)[1] - 0.5 if len(marks) > 1 else -0.5
+        ax.hlines(baseline_s * 1000, shift, span - 0.5, color="tab:green", linestyle=":",
+                  label="default configuration on the shifted phase (twin replay)")
     if not trials:
         ax.text(0.5, 0.5, "no trials finished", ha="center", va="center", transform=ax.transAxes, fontsize=14)
     ax.set_xlabel("trial number")

@@ -30,8 +30,10 @@ def draw_curves(axes: Sequence[plt.Axes], curves: Mapping[str, TierCurve], tiers
         ax.plot(xs, [curve.hit_ratio(x) for x in xs], color=COLORS[tier], lw=1.8)
         now = curve.current_gib
         ax.axvline(now, color="#555555", ls="--", lw=1.0)
+        right = now > 0.55 * top  # the label goes on the side with room, never past the axes
         ax.annotate(f"now {now:g} GiB: {curve.hit_ratio(now):.3f}", (now, curve.hit_ratio(now)),
-                    xytext=(4, 8), textcoords="offset points", fontsize=8)
+                    xytext=(-4 if right else 4, 8), textcoords="offset points", fontsize=8,
+                    ha="right" if right else "left")
         for g in cands.get(tier, ()):
             ax.plot([g], [curve.hit_ratio(g)], "o", color="black", ms=4)
             ax.annotate(f"{g:g}", (g, curve.hit_ratio(g)), xytext=(3, -12), textcoords="offset points", fontsize=7)

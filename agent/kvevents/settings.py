@@ -173,8 +173,9 @@ class RebuildSpec(BaseModel):
     join_s: float = Field(1.0, ge=0, le=60.0,
                           description="a store that continues an engine's chain within this many seconds "
                                       "belongs to the same request (chunked prefill)")
-    output_tokens: int = Field(200, ge=1, le=1_000_000,
-                               description="output length given to rebuilt requests (the events carry none)")
+    output_tokens: int = Field(250, ge=1, le=1_000_000,
+                               description="output length given to rebuilt requests (the events carry none; the fitted "
+                                           "workload's mean)")
 
 
 class KvEventsSettings(BaseModel):

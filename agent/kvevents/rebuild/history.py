@@ -10,14 +10,17 @@ returns the requests that arrived in [now - seconds, now] as a `WORKLOAD_SCHEMA`
    `outliers` (exported as `tierpilot_kv_rebuild_outlier_engines` by collector.py);
 3. requests that stored nothing (every block already on the GPU) are invisible in the events. The
    counters give how many there were: per pod, finished requests in the window (`requests`)
-   minus the rebuilt ones, capped like (2). Each is synthesised as a repeat of a request the same
-   pod stored in the window (chosen with a fixed seed), cut to the pod's missing prompt tokens per
-   missing request, at an arrival time spread evenly over the window. The assumption: a fully
-   cached prompt repeats a prefix the pod served recently (true of its GPU cache by definition;
-   which prefix, and when it arrived, are not observable).
+   minus the rebuilt ones, capped like (2). Each is synthesised at an arrival time spread evenly
+   over the window as a repeat of one of the pod's `RECENT_SOURCES` latest requests before that
+   time: of `CANDIDATES` drawn (fixed seed), the one whose length is nearest the blocks the
+   counters leave per missing request (GPU hit tokens less the rebuilt requests' cached prefixes,
+   or else prompt tokens less the rebuilt prompts). The assumption: a fully cached prompt repeats a prompt the pod
+   served recently, up to its partial last block (its GPU cache holds it by definition; which
+   prompt, and when it arrived, are not observable).
 
 `counts(since, until) -> {pod: PodRequests}` supplies the counters; `store_counts(store)` reads
-them from the agent's store (`vllm:request_success_total`, `vllm:prompt_tokens_total`).
+them from the agent's store (`vllm:request_success_total`, `vllm:prompt_tokens_total`,
+`vllm:prefix_cache_hits_total`).
 """
 from __future__ import annotations
 
@@ -31,19 +34,24 @@ import numpy as np
 import polars as pl
 
 from agent.kvevents.rebuild.chains import Rebuilt, rebuild
-from agent.kvevents.rebuild.layout import to_frame, truncate
+from agent.kvevents.rebuild.layout import to_frame
 from agent.kvevents.rebuild.log import ranges
 from agent.kvevents.rebuild.recorder import BlockRecorder, mix64
 
 log = logging.getLogger(__name__)
+RECENT_SOURCES = 16  # a fully cached request repeats one of its pod's this many latest prompts
+COUNTER_FIELDS = {"requests": "requests", "prompt_tokens": "prompt_tokens", "gpu_hit_tokens": "gpu_hit_tokens"}
+CANDIDATES = 4  # drawn among them; the one nearest the length the prompt-token counter leaves wins
 
 
 @dataclasses.dataclass(frozen=True)
 class PodRequests:
-    """One pod's counters over a window: finished requests and their prompt tokens."""
+    """One pod's counters over a window: finished requests, their prompt tokens and the tokens its
+    GPU prefix cache served (`vllm:prefix_cache_hits_total`)."""
 
     requests: float
     prompt_tokens: float | None = None
+    gpu_hit_tokens: float | None = None
 
 
 Counts = Callable[[float, float], Mapping[str, PodRequests]]
@@ -53,12 +61,13 @@ def store_counts(store: Any) -> Counts:
     """The per-pod request and prompt-token increases of the agent's store over [since, until]."""
     def counts(since: float, until: float) -> dict[str, PodRequests]:
         w = store.window_between(since, until)
-        rows = w.filter(pl.col("le").is_null() & pl.col("signal").is_in(["requests", "prompt_tokens"]))
+        rows = w.filter(pl.col("le").is_null() & pl.col("signal").is_in(list(COUNTER_FIELDS)))
         found: dict[str, dict[str, float]] = {}
         for pod, signal, inc in rows.select("pod", "signal", "increase").iter_rows():
             if inc is not None and math.isfinite(inc) and inc >= 0:
                 found.setdefault(pod, {})[signal] = found.get(pod, {}).get(signal, 0.0) + inc
-        return {pod: PodRequests(f["requests"], f.get("prompt_tokens")) for pod, f in found.items() if "requests" in f}
+        return {pod: PodRequests(**{COUNTER_FIELDS[k]: v for k, v in f.items()})
+                for pod, f in found.items() if "requests" in f}
     return counts
 
 
@@ -107,36 +116,79 @@ def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, unti
     med = lower_median(np.array([c.requests for c in counted.values()]))
     rng = np.random.default_rng(seed)
     picks: list[np.ndarray] = []
-    blocks: list[np.ndarray] = []
+    times: list[np.ndarray] = []
+    lens: list[np.ndarray] = []
     made: dict[str, int] = {}
     for pod in sorted(counted):
         c = counted[pod]
-        mine = np.flatnonzero(req_pod == pod)
+        mine = np.flatnonzero(req_pod == pod)  # arrival order
         want = min(c.requests, share * med) if len(counted) > 1 else c.requests
         missing = round(want - len(mine))
         if missing <= 0 or not len(mine):
             continue
-        pick = rng.choice(mine, size=missing)
-        b = r.lengths[pick]
-        if c.prompt_tokens is not None:
-            seen = float((r.lengths[mine] * np.maximum(r.block_size[mine], 1)).sum())
-            per = max(c.prompt_tokens - seen, 0.0) / missing
-            bs = np.maximum(r.block_size[pick], 1)
-            b = np.minimum(b, np.maximum(per // bs, 1).astype(np.int64))
-        picks.append(pick)
-        blocks.append(b)
+        ts = since + (np.arange(missing) + rng.random(missing)) * (until - since) / missing
+        # candidates: CANDIDATES of the pod's RECENT_SOURCES latest requests before each arrival
+        before = np.searchsorted(r.ts[mine], ts, side="left")
+        lo = np.maximum(before - RECENT_SOURCES, 0)
+        span = np.maximum(before - lo, 1)
+        at = np.minimum(lo[:, None] + (rng.random((missing, CANDIDATES)) * span[:, None]).astype(np.int64),
+                        len(mine) - 1)
+        cand = mine[at]
+        opts = np.concatenate([cand, cand], axis=1)
+        olen = np.concatenate([r.lengths[cand], r.lengths[cand] - r.own[cand]], axis=1)
+        olen = np.where(olen > 0, olen, r.lengths[opts])
+        choice = np.zeros(missing, dtype=np.int64)
+        per = _blocks_left(r, mine, missing, c)
+        if per is not None:  # the option nearest the blocks the counters leave per request
+            choice = np.argmin(np.abs(olen - per), axis=1)
+        rows = np.arange(missing)
+        picks.append(opts[rows, choice])
+        lens.append(olen[rows, choice])
+        times.append(ts)
         made[pod] = missing
     if not picks:
         return r.take(np.zeros(r.requests, dtype=bool)), made
-    pick = np.concatenate(picks)
-    cut = truncate(_select(r, pick), np.concatenate(blocks))
-    ts = since + (np.arange(len(pick)) + 0.5) * (until - since) / len(pick)
-    return dataclasses.replace(cut, ts=ts), made
+    cut = _select(r, np.concatenate(picks), np.concatenate(lens))
+    return dataclasses.replace(cut, ts=np.concatenate(times)), made
 
 
-def _select(r: Rebuilt, idx: np.ndarray) -> Rebuilt:
-    """Requests `idx` (repeats allowed), in that order."""
-    lengths = r.lengths[idx]
+def _blocks_left(r: Rebuilt, mine: np.ndarray, missing: int, c: PodRequests) -> float | None:
+    """Mean whole blocks of the pod's fully cached requests, by its GPU hit tokens less the cached
+    prefixes of its rebuilt requests; else by its prompt tokens less the rebuilt prompts (partial
+    last blocks taken at half a block); None without either counter."""
+    bs = np.maximum(r.block_size[mine], 1)
+    block = float(bs.mean())
+    if c.gpu_hit_tokens is not None:
+        cached = float(((r.lengths[mine] - r.own[mine]) * bs).sum())
+        return max(c.gpu_hit_tokens - cached, 0.0) / missing / block
+    if c.prompt_tokens is not None:
+        seen = float((r.lengths[mine] * bs).sum()) + block / 2 * (len(mine) + missing)
+        return max(c.prompt_tokens - seen, 0.0) / missing / block
+    return None
+
+
+def tail_tokens(r: Rebuilt, counts: Mapping[str, PodRequests]) -> np.ndarray:
+    """Per request, its pod's mean partial last block: (prompt tokens counted - whole blocks
+    rebuilt) / requests, within [0, block size - 1]. Zero where the counters lack prompt tokens."""
+    out = np.zeros(r.requests, dtype=np.int64)
+    if not r.requests:
+        return out
+    pods = np.array([pod_of(e) for e in r.engines], dtype=object)[r.eng]
+    bsize = np.maximum(r.block_size.astype(np.int64), 1)
+    full = r.lengths * bsize
+    for pod, c in counts.items():
+        mine = pods == pod
+        n = int(mine.sum())
+        if c.prompt_tokens is None or not n:
+            continue
+        t = (c.prompt_tokens - float(full[mine].sum())) / n
+        out[mine] = np.clip(int(t), 0, bsize[mine] - 1)
+    return out
+
+
+def _select(r: Rebuilt, idx: np.ndarray, lengths: np.ndarray | None = None) -> Rebuilt:
+    """Requests `idx` (repeats allowed), in that order, each cut to its first `lengths[i]` blocks."""
+    lengths = r.lengths[idx] if lengths is None else np.minimum(lengths, r.lengths[idx])
     offsets = np.zeros(len(idx) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = r.flat[ranges(r.offsets[:-1][idx], lengths)]
@@ -163,6 +215,7 @@ class RebuiltWindow:
     """One window's rebuilt workload and what went into it."""
 
     requests: Rebuilt  # stored + synthesised, arrival order
+    tails: np.ndarray  # per request, tokens past its whole blocks (estimated from the counters)
     stored: int  # requests rebuilt from stores
     synthesised: dict[str, int]  # per pod, fully cached requests added from the counters
     outliers: dict[str, int]  # engines capped: their own stored blocks in the window
@@ -211,16 +264,19 @@ class RebuiltHistory:
         arr = self.recorder.arrays(model) if model is not None else None
         if arr is None:
             from agent.kvevents.rebuild.chains import empty
-            return RebuiltWindow(empty(), 0, {}, {}, 0)
+            return RebuiltWindow(empty(), np.zeros(0, dtype=np.int64), 0, {}, {}, 0)
         r = rebuild(arr, since, now, join_s=self.join_s)
         r, outliers = cap_engines(r, self.engine_share)
         self._note_outliers(outliers, since, now)
         made: dict[str, int] = {}
+        tails = np.zeros(r.requests, dtype=np.int64)
         if self.counts is not None and arr.sample_level == 0:
-            extra, made = synthesise(r, self.counts(since, now), since, now, share=self.engine_share, seed=self.seed)
+            counts = self.counts(since, now)
+            extra, made = synthesise(r, counts, since, now, share=self.engine_share, seed=self.seed)
             r = concat(r, extra)
+            tails = tail_tokens(r, counts)
         stored = r.requests - sum(made.values())
-        self.last = RebuiltWindow(r, stored, made, outliers, arr.sample_level)
+        self.last = RebuiltWindow(r, tails, stored, made, outliers, arr.sample_level)
         return self.last
 
     def _note_outliers(self, outliers: dict[str, int], since: float, until: float) -> None:
@@ -233,7 +289,7 @@ class RebuiltHistory:
 
     def __call__(self, now: float, seconds: float) -> pl.DataFrame:
         w = self.window(now, seconds)
-        return to_frame(w.requests, output_tokens=self.output_tokens)
+        return to_frame(w.requests, output_tokens=self.output_tokens, tails=w.tails)
 
 
 __all__ = ["Counts", "PodRequests", "RebuiltHistory", "RebuiltWindow", "cap_engines", "store_counts", "synthesise"]

@@ -11,8 +11,9 @@ block of B tokens. 512-token id j is taken from the engine block holding token 5
   and a mix of it for the others, so a replay at chunk size B matches the engine's blocks exactly,
   and one at a finer chunk size sees sharing only in whole B-token blocks.
 
-`input_length` is the whole blocks' tokens: the prompt's partial last block is never hashed, so
-it is invisible (at most B - 1 tokens a prompt).
+`input_length` is the whole blocks' tokens plus, when the counters allow it, the pod's mean
+partial last block (history.py): the partial block itself is never hashed, so which prompts have
+longer tails is invisible (at most B - 1 tokens a prompt).
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import numpy as np
 import polars as pl
 
 from agent.kvevents.rebuild.chains import Rebuilt
-from agent.kvevents.rebuild.log import ranges
 from agent.kvevents.rebuild.recorder import mix64
 from simulator.chunking import BLOCK_TOKENS
 from simulator.records import WORKLOAD_SCHEMA
@@ -49,9 +49,10 @@ def block_ids(r: Rebuilt, default_block: int) -> tuple[np.ndarray, np.ndarray, n
     return h.view(np.int64), offsets, tokens
 
 
-def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, sessions: np.ndarray | None = None
+def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, tails: np.ndarray | None = None
              ) -> pl.DataFrame:
-    """The rebuilt requests as a workload frame (arrival order; `timestamp_ms` from their ts)."""
+    """The rebuilt requests as a workload frame (arrival order; `timestamp_ms` from their ts).
+    `tails`: tokens added to each prompt past its whole blocks (an estimate: see history.py)."""
     if r.requests == 0:
         return pl.DataFrame(schema=WORKLOAD_SCHEMA)
     ids, offsets, tokens = block_ids(r, default_block)
@@ -66,19 +67,10 @@ def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, session
         hash_col = full["h"].fill_null(pl.lit([], dtype=pl.List(pl.Int64()))).alias("hash_ids")
     frame = pl.DataFrame({
         "timestamp_ms": np.floor(r.ts * 1000.0).astype(np.int64),
-        "input_length": tokens,
+        "input_length": tokens if tails is None else tokens + np.asarray(tails, dtype=np.int64),
         "output_length": np.full(r.requests, output_tokens, dtype=np.int64),
         "hash_ids": hash_col.cast(pl.List(pl.Int64())),
-        "session_id": pl.Series(sessions if sessions is not None else [None] * r.requests, dtype=pl.Int64()),
+        "session_id": pl.Series([None] * r.requests, dtype=pl.Int64()),
         "phase": np.zeros(r.requests, dtype=np.int32),
     }, schema=WORKLOAD_SCHEMA)
     return frame.sort("timestamp_ms", maintain_order=True)
-
-
-def truncate(r: Rebuilt, blocks: np.ndarray) -> Rebuilt:
-    """Each request's chain cut to its first `blocks[i]` blocks (at least one)."""
-    keep = np.clip(blocks, 1, r.lengths).astype(np.int64)
-    offsets = np.zeros(r.requests + 1, dtype=np.int64)
-    np.cumsum(keep, out=offsets[1:])
-    flat = r.flat[ranges(r.offsets[:-1], keep)]
-    return Rebuilt(r.ts, r.eng, r.block_size, np.zeros(r.requests, dtype=np.int64), flat, offsets, r.engines)

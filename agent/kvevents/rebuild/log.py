@@ -6,8 +6,9 @@ Rows are the decoded events of every engine in arrival order:
   first hash of the prompt it extends, when known: see `recorder.py` on sampling);
 - a clear (`AllBlocksCleared`, or a restart seen in the sequence numbers): `kind` CLEARED.
 
-Removals are kept as counts (`removed_*` columns: ts, engine, medium, blocks): the rebuilt
-workload needs what was stored, not what was evicted. Every column grows by doubling and is
+Removals are kept as counts (`removed` rows: ts, engine, medium, blocks; one per medium per
+batch): the rebuilt
+workload needs what was stored, not what was evicted. Every column grows by doubling (by a quarter beyond a million rows) and is
 compacted when its oldest rows expire, so the cost is ~10 bytes a block reference plus ~40 bytes a
 chain (measured by bench/rebuild.py). Not thread-safe: the recorder holds the lock.
 """
@@ -24,7 +25,13 @@ _CHAIN_COLUMNS = {"ts": np.float64, "eng": np.int32, "kind": np.int8, "medium": 
                   "off": np.int64, "parent": np.uint64, "has_parent": np.bool_, "bsize": np.int32,
                   "root": np.uint64}
 _REMOVED_COLUMNS = {"ts": np.float64, "eng": np.int32, "medium": np.int8, "n": np.int32}
+_PENDING = ("ts", "eng", "kind", "medium", "n", "parent", "has_parent", "bsize", "root")
 _INITIAL = 1024
+
+
+def _grown(cap: int) -> int:
+    """The next capacity: doubling while small, +25% beyond a million (slack stays under a quarter)."""
+    return 2 * cap if cap < 1 << 20 else cap + cap // 4
 
 
 class _Table:
@@ -37,7 +44,7 @@ class _Table:
     def append(self, values: dict[str, object], count: int) -> None:
         need = self.size + count
         if need > len(next(iter(self.cols.values()))):
-            cap = max(need, 2 * len(next(iter(self.cols.values()))))
+            cap = max(need, _grown(len(next(iter(self.cols.values())))))
             for k, a in self.cols.items():
                 grown = np.empty(cap, dtype=a.dtype)
                 grown[:self.size] = a[:self.size]
@@ -89,7 +96,8 @@ class ChainArrays:
 
 
 class ChainLog:
-    """The rows of one model (see the module doc)."""
+    """The rows of one model (see the module doc). New rows wait in Python lists (`pending`) and
+    join the columns in one numpy call per column (`flush`), so a row costs a few list appends."""
 
     def __init__(self) -> None:
         self.chains = _Table(_CHAIN_COLUMNS)
@@ -97,6 +105,47 @@ class ChainLog:
         self.hashes = np.empty(_INITIAL * 8, dtype=np.uint64)
         self.nhashes = 0
         self.engine_ids: dict[str, int] = {}
+        self.pending: dict[str, list] = {k: [] for k in _PENDING}
+        self.pending_hashes: list[int] = []
+        self.pending_removed: list[tuple[float, int, int, int]] = []
+
+    def add(self, ts: float, eng: int, kind: int, medium: int, hashes: list[int], parent: int | None, bsize: int,
+            root: int) -> None:
+        """Queue one row (a stored chain, or a clear with no hashes)."""
+        p = self.pending
+        p["ts"].append(ts)
+        p["eng"].append(eng)
+        p["kind"].append(kind)
+        p["medium"].append(medium)
+        p["n"].append(len(hashes))
+        p["parent"].append(parent or 0)
+        p["has_parent"].append(parent is not None)
+        p["bsize"].append(bsize)
+        p["root"].append(root)
+        self.pending_hashes.extend(hashes)
+
+    def flush(self) -> None:
+        p = self.pending
+        rows = len(p["ts"])
+        if rows:
+            n = np.array(p["n"], dtype=np.int64)
+            off = np.empty(rows, dtype=np.int64)
+            off[0] = self.nhashes
+            np.cumsum(n[:-1], out=off[1:])
+            off[1:] += self.nhashes
+            self.add_hashes(np.array(self.pending_hashes, dtype=np.uint64))
+            values = {k: np.array(v, dtype=_CHAIN_COLUMNS[k]) for k, v in p.items()}
+            values["off"] = off
+            self.chains.append(values, rows)
+            for v in p.values():
+                v.clear()
+            self.pending_hashes.clear()
+        if self.pending_removed:
+            cols = list(zip(*self.pending_removed, strict=True))
+            self.removed.append({k: np.array(c, dtype=_REMOVED_COLUMNS[k]) for k, c in zip(_REMOVED_COLUMNS, cols,
+                                                                                           strict=True)},
+                                len(self.pending_removed))
+            self.pending_removed.clear()
 
     def engine(self, key: str) -> int:
         eid = self.engine_ids.get(key)
@@ -108,7 +157,7 @@ class ChainLog:
         """Append hashes; returns the offset of the first."""
         need = self.nhashes + len(flat)
         if need > len(self.hashes):
-            grown = np.empty(max(need, 2 * len(self.hashes)), dtype=np.uint64)
+            grown = np.empty(max(need, _grown(len(self.hashes))), dtype=np.uint64)
             grown[:self.nhashes] = self.hashes[:self.nhashes]
             self.hashes = grown
         at = self.nhashes
@@ -118,14 +167,14 @@ class ChainLog:
 
     @property
     def refs(self) -> int:
-        return self.nhashes
+        return self.nhashes + len(self.pending_hashes)
 
     @property
     def nbytes(self) -> int:
         return self.chains.nbytes + self.removed.nbytes + self.hashes.nbytes
 
     def keep_chains(self, mask: np.ndarray) -> None:
-        """Keep the chain rows where `mask` is true, with their hashes (compacted)."""
+        """Keep the (flushed) chain rows where `mask` is true, with their hashes (compacted)."""
         t = self.chains
         n, off = t.view("n"), t.view("off")
         starts = off[mask]
@@ -143,12 +192,14 @@ class ChainLog:
 
     def expire(self, cutoff: float) -> None:
         """Drop the rows older than `cutoff`."""
+        self.flush()
         if self.chains.size and self.chains.view("ts")[0] < cutoff:
             self.keep_chains(self.chains.view("ts") >= cutoff)
         if self.removed.size and self.removed.view("ts")[0] < cutoff:
             self.removed.keep(self.removed.view("ts") >= cutoff)
 
     def arrays(self, sample_level: int = 0) -> ChainArrays:
+        self.flush()
         t = self.chains
         names = [""] * len(self.engine_ids)
         for k, i in self.engine_ids.items():

@@ -15,7 +15,7 @@ Bounds:
   per engine (`capped_refs`), so one engine flooding forged stores cannot crowd out the others.
 
 A chain's root is the root recorded for its parent when the parent is remembered (a map of the
-last 2 x ROOT_MEMORY hashes stored, whatever the level: ~100 bytes each), else its parent hash (the
+last 2 x ROOT_MEMORY hashes stored, whatever the level: ~100 bytes each, 200 MB at most), else its parent hash (the
 prompt's earlier blocks were stored before the recorder saw them, or too long ago), else its first
 hash. A prompt whose prefix was stored longer ago than the map remembers is sampled by a later
 block than its true root: sampling stays deterministic, but such a prompt may be kept while its
@@ -34,7 +34,8 @@ from agent.kvevents.rebuild.log import CLEARED, MEDIUM_CODE, STORED, ChainArrays
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 
 BUCKET_S = 10.0  # an engine's token bucket holds this many seconds of its rate
-ROOT_MEMORY = 1 << 21  # hashes per generation of the hash -> root map (two generations, ~200 MB at most)
+FLUSH_ROWS, FLUSH_HASHES = 4096, 65536  # queued rows / hashes that trigger a flush into the columns
+ROOT_MEMORY = 1 << 20  # hashes per generation of the hash -> root map (two generations, ~200 MB at most)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -116,19 +117,23 @@ class BlockRecorder:
             st = self._stats(model, engine)
             eid = log.engine(engine)
             ts = float(batch.ts)
+            removed: dict[int, int] = {}
             for ev in batch.events:
                 k = type(ev)
                 if k is Stored:
                     self._stored(log, st, eid, ts, ev, model)  # type: ignore[arg-type]
                 elif k is Removed:
-                    n = len(ev.hashes)  # type: ignore[union-attr]
-                    st.removed_refs += n
-                    log.removed.append({"ts": ts, "eng": eid, "medium": MEDIUM_CODE.get(ev.medium, 3),  # type: ignore[union-attr]
-                                        "n": n}, 1)
+                    code = MEDIUM_CODE.get(ev.medium, 3)  # type: ignore[union-attr]
+                    removed[code] = removed.get(code, 0) + len(ev.hashes)  # type: ignore[union-attr]
                 elif k is Cleared:
                     self._clear(log, st, eid, ts)
+            for code, n in removed.items():
+                st.removed_refs += n
+                log.pending_removed.append((ts, eid, code, n))
             self._newest = max(self._newest, ts)
-            self._bound()
+            if len(log.pending["ts"]) >= FLUSH_ROWS or len(log.pending_hashes) >= FLUSH_HASHES:
+                log.flush()
+                self._bound()
 
     def clear(self, model: str, engine: str, ts: float) -> None:
         """The engine restarted (or its stream could not be trusted): its caches are empty."""
@@ -139,13 +144,12 @@ class BlockRecorder:
 
     def _clear(self, log: ChainLog, st: EngineStats, eid: int, ts: float) -> None:
         st.clears += 1
-        log.chains.append({"ts": ts, "eng": eid, "kind": CLEARED, "medium": 0, "n": 0, "off": log.nhashes,
-                           "parent": 0, "has_parent": False, "bsize": 0, "root": 0}, 1)
+        log.add(ts, eid, CLEARED, 0, [], None, 0, 0)
 
     def _stored(self, log: ChainLog, st: EngineStats, eid: int, ts: float, ev: Stored, model: str) -> None:
         if ev.group is not None and ev.group != self.group_idx:
             return
-        hashes = np.asarray(ev.hashes, dtype=np.uint64)
+        hashes = ev.hashes if isinstance(ev.hashes, list) else list(ev.hashes)
         n = len(hashes)
         if n == 0:
             return
@@ -158,22 +162,19 @@ class BlockRecorder:
             return
         st.stored_refs += n
         st.by_medium[ev.medium] = st.by_medium.get(ev.medium, 0) + n
-        off = log.add_hashes(hashes)
-        log.chains.append({"ts": ts, "eng": eid, "kind": STORED, "medium": MEDIUM_CODE.get(ev.medium, 3), "n": n,
-                           "off": off, "parent": ev.parent or 0, "has_parent": ev.parent is not None,
-                           "bsize": ev.block_size, "root": root}, 1)
+        log.add(ts, eid, STORED, MEDIUM_CODE.get(ev.medium, 3), hashes, ev.parent, ev.block_size, root)
 
-    def _root(self, model: str, hashes: np.ndarray, parent: int | None) -> int:
+    def _root(self, model: str, hashes: list[int], parent: int | None) -> int:
         gens = self._roots.get(model)
         if gens is None:
             gens = self._roots[model] = [{}, {}]
         if parent is None:
-            root = int(hashes[0])
+            root = hashes[0]
         else:
             root = gens[0].get(parent)
             if root is None:
                 root = gens[1].get(parent, parent)
-        gens[0].update(dict.fromkeys(hashes.tolist(), root))
+        gens[0].update(dict.fromkeys(hashes, root))
         if len(gens[0]) >= ROOT_MEMORY:  # two generations: a parent is found for a while after its store
             gens[1], gens[0] = gens[0], {}
         return root
@@ -194,6 +195,13 @@ class BlockRecorder:
     def refs_locked(self) -> int:
         return sum(log.refs for log in self._logs.values())
 
+    def flush(self) -> None:
+        """Move every queued row into the columns (and apply the bounds)."""
+        with self._lock:
+            for log in self._logs.values():
+                log.flush()
+            self._bound()
+
     # -- read-outs -------------------------------------------------------------------------
     def models(self) -> list[str]:
         with self._lock:
@@ -210,8 +218,10 @@ class BlockRecorder:
             return self.refs_locked()
 
     def nbytes(self) -> int:
-        """Bytes the recorded rows hold (every model)."""
+        """Bytes the recorded rows hold (every model; queued rows flushed first)."""
         with self._lock:
+            for log in self._logs.values():
+                log.flush()
             return sum(log.nbytes for log in self._logs.values())
 
     def engine_stats(self, model: str | None = None) -> dict[str, EngineStats]:

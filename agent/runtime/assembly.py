@@ -92,6 +92,8 @@ class Runtime:
     plan_executor: Any = None  # where the tuner's plans run (a thread of their own by default)
     proposals: Any = None  # tuners.proposals.ProposalBook: moves outside tuner.apply, for a person
     shadow: Any = None  # tuners.shadow.ShadowLog: tuner.mode shadow's record of plans and scores
+    block_recorder: Any = None  # agent.kvevents.rebuild.BlockRecorder: this replica's pods' block stream
+    rebuilt_history: Any = None  # agent.kvevents.rebuild.RebuiltHistory over it (kind "rebuilt")
     _stop_elector: threading.Event = dataclasses.field(default_factory=threading.Event)
     _elector_thread: threading.Thread | None = None
     _started: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -271,6 +273,7 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
     curve = StoreCurveCollector(stores, settings.tiers.kv_bytes_per_token or 131072.0)
     rt.agent.add_collector(curve, fleet=True)
     rt.agent.add_job(JobSpec("kv_capacity_curve", curve.refresh_s, curve.rebuild))  # never in a render
+    _add_block_recorder(rt, settings, kv, clock)
     interval = settings.scrape.interval_s
     rt.kv_feed = lambda: feed_kv_counters(rt.agent.store, kv, window_s=interval * 2.5, ts=clock())
     rt.agent.add_job(JobSpec("kv_counters", interval, rt.kv_feed))
@@ -298,6 +301,20 @@ def _add_kv_events(rt: Runtime, settings: AgentSettings, pod_api: PodApi | None,
 
     rt.kv_refresh = refresh
     rt.agent.add_job(JobSpec("kv_endpoints", cfg.discovery_interval_s, refresh, first_run_now=True))
+
+
+def _add_block_recorder(rt: Runtime, settings: AgentSettings, kv: KvEventManager, clock: Callable[[], float]) -> None:
+    """The block stream recorded for the planning workload rebuilt from it (agent/kvevents/rebuild/),
+    with the counters of this replica's own pods."""
+    from agent.kvevents.rebuild import BlockRecorder, RebuildCollector, RebuiltHistory, store_counts
+
+    cfg = settings.kv_events
+    recorder = BlockRecorder.from_settings(cfg.rebuild, group_idx=cfg.group_idx, clock=clock)
+    kv.enable_block_recorder(recorder)
+    rt.block_recorder = recorder
+    rt.rebuilt_history = RebuiltHistory.from_settings(recorder, store_counts(rt.agent.store), clock, cfg.rebuild)
+    rt.agent.add_collector(RebuildCollector(recorder, lambda: rt.rebuilt_history.outliers,
+                                            lambda: rt.rebuilt_history.counter_outliers), fleet=True)
 
 
 def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager,

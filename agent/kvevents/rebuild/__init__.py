@@ -25,9 +25,10 @@ What the rebuilt workload cannot see (also in docs/kv-events.md):
 - under sampling, fully cached requests are not synthesised (the counters are not sampled).
 """
 from agent.kvevents.rebuild.chains import Rebuilt, rebuild
+from agent.kvevents.rebuild.collector import RebuildCollector
 from agent.kvevents.rebuild.history import PodRequests, RebuiltHistory, RebuiltWindow, store_counts
 from agent.kvevents.rebuild.layout import to_frame
 from agent.kvevents.rebuild.recorder import BlockRecorder
 
-__all__ = ["BlockRecorder", "PodRequests", "Rebuilt", "RebuiltHistory", "RebuiltWindow", "rebuild", "store_counts",
+__all__ = ["BlockRecorder", "PodRequests", "RebuildCollector", "Rebuilt", "RebuiltHistory", "RebuiltWindow", "rebuild", "store_counts",
            "to_frame"]

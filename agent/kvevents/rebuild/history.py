@@ -5,12 +5,14 @@ returns the requests that arrived in [now - seconds, now] as a `WORKLOAD_SCHEMA`
 
 1. the requests rebuilt from the GPU stores (chains.py), their chains in 512-token ids (layout.py);
 2. outlier engines capped: an engine whose own stored blocks in the window exceed `engine_share`
-   times the lower median engine's keeps only the median's worth of its requests (those whose root
-   hashes mix lowest: the same ones on every replica), and is named in a log line and in
-   `outliers` (exported as `tierpilot_kv_rebuild_outlier_engines` by collector.py);
+   times the lower median engine's keeps only requests the other engines corroborate (rooted where
+   they stored, with some own blocks they stored too, each chain once), at most the median's
+   worth (those whose root hashes mix lowest: the same ones on every replica), and is named in a
+   log line and in `outliers` (exported by collector.py);
 3. requests that stored nothing (every block already on the GPU) are invisible in the events. The
    counters give how many there were: per pod, finished requests in the window (`requests`)
-   minus the rebuilt ones, capped like (2). Each is synthesised at an arrival time spread evenly
+   minus the rebuilt ones (a pod claiming more than `engine_share` times the lower median pod's
+   requests counts as the median pod). Each is synthesised at an arrival time spread evenly
    over the window as a repeat of one of the pod's `RECENT_SOURCES` latest requests before that
    time: of `CANDIDATES` drawn (fixed seed), the one whose length is nearest the blocks the
    counters leave per missing request (GPU hit tokens less the rebuilt requests' cached prefixes,
@@ -84,8 +86,12 @@ def lower_median(values: np.ndarray) -> float:
 
 
 def cap_engines(r: Rebuilt, share: float) -> tuple[Rebuilt, dict[str, int]]:
-    """Cut every engine storing more than `share` x the lower median engine's blocks down to the
-    median's (its requests with the lowest mixed root hash first). Returns the outliers' blocks."""
+    """An engine storing more than `share` x the lower median engine's blocks is an outlier: it keeps
+    only requests whose root (first block) the other engines stored too, each chain once (an engine
+    does not store again what it holds), at most the median's blocks of them: first those whose own
+    blocks other engines stored too, each group lowest mixed root first (the same ones on every
+    replica). A flood of forged chains thus adds little, and an honest
+    busy engine keeps its shared traffic. Returns the outliers' own stored blocks in the window."""
     if r.requests == 0:
         return r, {}
     per = np.bincount(r.eng, weights=r.own, minlength=len(r.engines))
@@ -96,20 +102,31 @@ def cap_engines(r: Rebuilt, share: float) -> tuple[Rebuilt, dict[str, int]]:
     outliers = np.flatnonzero(per > share * med)
     if not len(outliers):
         return r, {}
-    keep = np.ones(r.requests, dtype=bool)
     roots = r.flat[r.offsets[:-1]]
+    bad = np.isin(r.eng, outliers)
+    shared = np.isin(roots, roots[~bad])
+    keep = ~bad
+    tails = r.flat[r.offsets[1:] - 1]
+    others = np.unique(r.flat[ranges(r.offsets[:-1][~bad], r.lengths[~bad])])
     for e in outliers:
-        idx = np.flatnonzero(r.eng == e)
+        idx = np.flatnonzero((r.eng == e) & shared)
+        _, first = np.unique(tails[idx], return_index=True)  # a chain it stores again is no new request
+        idx = idx[np.sort(first)]
+        # only requests some of whose own blocks other engines stored too, lowest mixed root first
+        own = r.own[idx].astype(np.int64)
+        pos = ranges(r.offsets[1:][idx] - own, own)
+        seen = np.add.reduceat(np.isin(r.flat[pos], others).astype(np.int64), np.cumsum(own) - own) \
+            if len(idx) else np.zeros(0, dtype=np.int64)
+        idx = idx[seen > 0]
         order = idx[np.argsort(mix64(roots[idx]), kind="stable")]
-        within = np.cumsum(r.own[order]) <= med
-        keep[order[~within]] = False
+        keep[order[np.cumsum(r.own[order]) <= med]] = True
     return r.take(keep), {r.engines[e]: int(per[e]) for e in outliers}
 
 
 def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, until: float, *, share: float,
-               seed: int) -> tuple[Rebuilt, dict[str, int]]:
+               seed: int) -> tuple[Rebuilt, dict[str, int], set[str]]:
     """The fully cached requests the counters show beyond the rebuilt ones (module doc, step 3).
-    Returns them and how many per pod."""
+    Returns them, how many per pod, and the pods whose request counts were outliers."""
     pods = np.array([pod_of(e) for e in r.engines], dtype=object) if r.engines else np.zeros(0, dtype=object)
     req_pod = pods[r.eng] if r.requests else np.zeros(0, dtype=object)
     counted = {p: c for p, c in counts.items() if c.requests > 0}
@@ -119,10 +136,14 @@ def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, unti
     times: list[np.ndarray] = []
     lens: list[np.ndarray] = []
     made: dict[str, int] = {}
+    outliers: set[str] = set()
     for pod in sorted(counted):
         c = counted[pod]
         mine = np.flatnonzero(req_pod == pod)  # arrival order
-        want = min(c.requests, share * med) if len(counted) > 1 else c.requests
+        want = c.requests
+        if len(counted) > 1 and c.requests > share * med:  # an outlier counts as the median pod
+            want = med
+            outliers.add(pod)
         missing = round(want - len(mine))
         if missing <= 0 or not len(mine):
             continue
@@ -147,9 +168,9 @@ def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, unti
         times.append(ts)
         made[pod] = missing
     if not picks:
-        return r.take(np.zeros(r.requests, dtype=bool)), made
+        return r.take(np.zeros(r.requests, dtype=bool)), made, outliers
     cut = _select(r, np.concatenate(picks), np.concatenate(lens))
-    return dataclasses.replace(cut, ts=np.concatenate(times)), made
+    return dataclasses.replace(cut, ts=np.concatenate(times)), made, outliers
 
 
 def _blocks_left(r: Rebuilt, mine: np.ndarray, missing: int, c: PodRequests) -> float | None:
@@ -167,22 +188,26 @@ def _blocks_left(r: Rebuilt, mine: np.ndarray, missing: int, c: PodRequests) -> 
     return None
 
 
-def tail_tokens(r: Rebuilt, counts: Mapping[str, PodRequests]) -> np.ndarray:
+def tail_tokens(r: Rebuilt, counts: Mapping[str, PodRequests], outliers: set[str] = frozenset()) -> np.ndarray:
     """Per request, its pod's mean partial last block: (prompt tokens counted - whole blocks
-    rebuilt) / requests, within [0, block size - 1]. Zero where the counters lack prompt tokens."""
+    rebuilt) / requests, within [0, block size - 1]; the median pod's for `outliers` (pods whose
+    counters are not believed). Zero where the counters lack prompt tokens."""
     out = np.zeros(r.requests, dtype=np.int64)
     if not r.requests:
         return out
     pods = np.array([pod_of(e) for e in r.engines], dtype=object)[r.eng]
     bsize = np.maximum(r.block_size.astype(np.int64), 1)
     full = r.lengths * bsize
+    tails: dict[str, float] = {}
     for pod, c in counts.items():
+        n = int((pods == pod).sum())
+        if c.prompt_tokens is not None and n:
+            tails[pod] = (c.prompt_tokens - float(full[pods == pod].sum())) / n
+    honest = [t for p, t in tails.items() if p not in outliers]
+    med = lower_median(np.array(honest)) if honest else 0.0
+    for pod, t in tails.items():
         mine = pods == pod
-        n = int(mine.sum())
-        if c.prompt_tokens is None or not n:
-            continue
-        t = (c.prompt_tokens - float(full[mine].sum())) / n
-        out[mine] = np.clip(int(t), 0, bsize[mine] - 1)
+        out[mine] = np.clip(int(med if pod in outliers else t), 0, bsize[mine] - 1)
     return out
 
 
@@ -219,6 +244,7 @@ class RebuiltWindow:
     stored: int  # requests rebuilt from stores
     synthesised: dict[str, int]  # per pod, fully cached requests added from the counters
     outliers: dict[str, int]  # engines capped: their own stored blocks in the window
+    counter_outliers: set[str]  # pods whose request counters were not believed
     sample_level: int
 
     @property
@@ -238,6 +264,7 @@ class RebuiltHistory:
         self.join_s, self.engine_share, self.output_tokens = join_s, engine_share, output_tokens
         self.model, self.seed = model, seed
         self.outliers: dict[str, int] = {}
+        self.counter_outliers: set[str] = set()
         self.last: RebuiltWindow | None = None
 
     @classmethod
@@ -264,28 +291,31 @@ class RebuiltHistory:
         arr = self.recorder.arrays(model) if model is not None else None
         if arr is None:
             from agent.kvevents.rebuild.chains import empty
-            return RebuiltWindow(empty(), np.zeros(0, dtype=np.int64), 0, {}, {}, 0)
+            return RebuiltWindow(empty(), np.zeros(0, dtype=np.int64), 0, {}, {}, set(), 0)
         r = rebuild(arr, since, now, join_s=self.join_s)
         r, outliers = cap_engines(r, self.engine_share)
-        self._note_outliers(outliers, since, now)
         made: dict[str, int] = {}
+        liars: set[str] = set()
         tails = np.zeros(r.requests, dtype=np.int64)
         if self.counts is not None and arr.sample_level == 0:
             counts = self.counts(since, now)
-            extra, made = synthesise(r, counts, since, now, share=self.engine_share, seed=self.seed)
+            extra, made, liars = synthesise(r, counts, since, now, share=self.engine_share, seed=self.seed)
             r = concat(r, extra)
-            tails = tail_tokens(r, counts)
+            tails = tail_tokens(r, counts, liars)
+        self._note_outliers(outliers, liars, since, now)
         stored = r.requests - sum(made.values())
-        self.last = RebuiltWindow(r, tails, stored, made, outliers, arr.sample_level)
+        self.last = RebuiltWindow(r, tails, stored, made, outliers, liars, arr.sample_level)
         return self.last
 
-    def _note_outliers(self, outliers: dict[str, int], since: float, until: float) -> None:
-        if set(outliers) != set(self.outliers):
-            for eng in sorted(set(outliers) - set(self.outliers)):
-                log.warning("kv-events rebuild: engine %s stored %d blocks in [%.0f, %.0f], beyond %.1fx the "
-                            "median engine's: its share of the planning workload is capped at the median's",
-                            eng, outliers[eng], since, until, self.engine_share)
-        self.outliers = outliers
+    def _note_outliers(self, outliers: dict[str, int], liars: set[str], since: float, until: float) -> None:
+        for eng in sorted(set(outliers) - set(self.outliers)):
+            log.warning("kv-events rebuild: engine %s stored %d blocks in [%.0f, %.0f], beyond %.1fx the "
+                        "median engine's: only its requests rooted where other engines stored count, at most "
+                        "the median's", eng, outliers[eng], since, until, self.engine_share)
+        for pod in sorted(liars - self.counter_outliers):
+            log.warning("kv-events rebuild: pod %s counted more than %.1fx the median pod's requests in "
+                        "[%.0f, %.0f]: it counts as the median pod", pod, self.engine_share, since, until)
+        self.outliers, self.counter_outliers = outliers, liars
 
     def __call__(self, now: float, seconds: float) -> pl.DataFrame:
         w = self.window(now, seconds)

@@ -111,6 +111,14 @@ def test_chunk_tokens_follow_a_larger_offload_block_size():
     assert offload_chunk_tokens({}) == 1  # nothing known: chunks are counted as they are
 
 
+def test_a_tier_that_never_hit_has_no_hit_counter_yet_and_a_ratio_of_zero(capture):
+    # vLLM creates chunk_hits{tier=...} at the tier's first hit
+    no_hits = "\n".join(line for line in capture.splitlines()
+                        if not line.startswith("vllm:kv_offload_tiering_chunk_hits")) + "\n"
+    tiers = {t.tier: t for t in _snapshot((1000.0, no_hits)).tiers}
+    assert (tiers["cpu"].source, tiers["cpu"].hit_ratio, tiers["l2"].hit_ratio) == ("vllm_native_tiering", 0.0, 0.0)
+
+
 def test_without_an_fs_tier_only_the_cpu_tier_is_native(capture):
     cpu_only = "\n".join(line for line in capture.splitlines() if 'tier="1:fs"' not in line) + "\n"
     tiers = {t.tier: t for t in _snapshot((1000.0, cpu_only)).tiers}

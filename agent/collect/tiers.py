@@ -93,13 +93,14 @@ def offload_chunk_tokens(values: Mapping[str, float]) -> float:
 
 def _native_tiering(values: Mapping[str, float]
                     ) -> tuple[str, tuple[float, float], tuple[float, float] | None] | None:
-    if "l1_chunk_queries" not in values or "l1_chunk_hits" not in values:
+    # vLLM creates a tier's hit counter at its first hit: queries without hits are 0 hits
+    if "l1_chunk_queries" not in values:
         return None
     per = offload_chunk_tokens(values)
-    l1 = (values["l1_chunk_queries"] * per, values["l1_chunk_hits"] * per)
+    l1 = (values["l1_chunk_queries"] * per, values.get("l1_chunk_hits", 0.0) * per)
     l2 = None
-    if "l2_chunk_queries" in values and "l2_chunk_hits" in values:
-        l2 = (values["l2_chunk_queries"] * per, values["l2_chunk_hits"] * per)
+    if "l2_chunk_queries" in values:
+        l2 = (values["l2_chunk_queries"] * per, values.get("l2_chunk_hits", 0.0) * per)
     return "vllm_native_tiering", l1, l2
 
 
@@ -187,7 +188,7 @@ def derive_tiers(
                                evicted_files=files, evicted_bytes=nbytes, usage=_clip(usage))
     if "l2" in out and "l2_read_seconds" in values:  # native tiering: fs-tier reads, one per chunk hit
         out["l2"] = dataclasses.replace(out["l2"], read_seconds=values["l2_read_seconds"],
-                                        read_chunks=values.get("l2_chunk_hits"))
+                                        read_chunks=values.get("l2_chunk_hits", 0.0))
     return [out[t] for t in TIERS if t in out]
 
 

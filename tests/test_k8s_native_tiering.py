@@ -162,3 +162,18 @@ def test_the_l2_quota_policy_reaches_the_emulated_curvine_master(kube):
     assert (after.policy, after.high_watermark, after.low_watermark, after.capacity_bytes) == ("lfu", 0.9, 0.7, GIB)
     with pytest.raises(QuotaError, match="policy 'arc'"):
         quota_from_toml('[master]\nquota_eviction_policy = "arc"\n', capacity_bytes=GIB)
+
+
+def test_kv_offloading_size_wins_over_cpu_bytes_to_use_so_the_json_is_not_edited(kube):
+    # vLLM writes --kv-offloading-size x 2^30 over cpu_bytes_to_use (vllm/config/vllm.py): the
+    # JSON member would have no effect
+    args = ["--block-size", "16", "--kv-offloading-size", "8", "--kv-transfer-config", CONFIG]
+    _put(kube, args)
+    act = actuator_for(kube, TARGET, FakeTime())
+    live = act.current()
+    assert live.cpu_gib == 8.0  # what runs, not the JSON's 4 GiB
+    with pytest.raises(PermanentActuationError, match="--kv-offloading-size 8 is set and vLLM writes it over"):
+        act.apply(live.replace(cpu_gib=2.0))
+    assert _args(kube) == args
+    act.apply(live.replace(cpu_eviction="arc"))  # the other members are still the agent's
+    assert _extra(_args(kube)[5])["eviction_policy"] == "arc" and _extra(_args(kube)[5])["cpu_bytes_to_use"] == 4 * GIB

@@ -45,6 +45,7 @@ class Setting:
     scale: float | None = None  # component value = knob value x scale (e.g. GiB -> bytes)
     above: float | None = None  # the component refuses values <= this (e.g. a CPU tier of 0 bytes)
     multiple_of: str | None = None  # key of another setting of the same store the value must divide by
+    overridden_by: str | None = None  # key of the same store that, when set, wins over this one (in knob units)
 
     def to_component(self, knob_value: Any) -> Any:
         """The component's value for a knob value; RefusedValue names the supported values."""
@@ -187,7 +188,7 @@ def parse_mappings(data: Any, *, source: str = "mappings.yaml") -> dict[str, Kin
 
 
 def _numeric_rules(src: str, where: str, s: Mapping[str, Any], typ: str) -> dict[str, Any]:
-    """A setting's optional `scale`, `above` and `multiple_of` (numbers only)."""
+    """A setting's optional `scale`, `above`, `multiple_of` and `overridden_by` (numbers only)."""
     out: dict[str, Any] = {}
     for name in ("scale", "above"):
         v = s.get(name)
@@ -202,6 +203,11 @@ def _numeric_rules(src: str, where: str, s: Mapping[str, Any], typ: str) -> dict
         if typ != "int" or not isinstance(m, str) or not m:
             raise _fail(src, f"{where}.multiple_of", "must name a key (a flag) and needs type int")
         out["multiple_of"] = m
+    o = s.get("overridden_by")
+    if o is not None:
+        if typ == "enum" or not isinstance(o, str) or not o:
+            raise _fail(src, f"{where}.overridden_by", "must name a key (a flag) of a number setting")
+        out["overridden_by"] = o
     return out
 
 

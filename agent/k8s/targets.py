@@ -94,11 +94,15 @@ class Target:
         out: dict[str, Any] = {}
         for s in self.settings:
             tok = tokens[s.key]
-            if tok is None and s.default is None:
+            override = self._override(s, obj)
+            if override is None and tok is None and s.default is None:
                 continue  # absent and no known default (e.g. LMCache MP --l1-size-gb): not read here
             try:
-                value = s.default if tok is None else s.from_component(
-                    stores.decode(self.mapping.store, tok, text=text))
+                if override is not None:  # what runs is the overriding flag's value, in knob units
+                    value = s.from_component(float(override) * (s.scale or 1))
+                else:
+                    value = s.default if tok is None else s.from_component(
+                        stores.decode(self.mapping.store, tok, text=text))
             except (ValueError, TypeError) as exc:
                 raise PermanentActuationError(f"{self.where}: cannot read {s.knob}: {exc}") from None
             out[s.knob] = value
@@ -175,6 +179,15 @@ class Target:
                 raise RefusedConfigError(f"{self.where}: {exc}") from None
             if s.multiple_of is not None:
                 self._check_multiple(s, component, obj)
+            override = self._override(s, obj)
+            if override is not None:
+                if s.same(float(override) * (s.scale or 1), component):
+                    out[s.key] = live[s.key]  # already what runs: nothing to write
+                    continue
+                raise RefusedConfigError(
+                    f"{self.where}: {s.knob}={getattr(knobs, s.knob)!r}: {s.overridden_by} {override} is set and "
+                    f"vLLM writes it over {s.key} (vllm/config/vllm.py, _post_init_kv_transfer_config); remove "
+                    f"the flag, or manage {s.knob} with a vllm-offload-args target")
             tok = live[s.key]
             if tok is None and s.default is not None and s.same(s.to_component(s.default), component):
                 out[s.key] = None  # absent already means this value: do not write the default
@@ -190,6 +203,16 @@ class Target:
         if store == "router-config":
             out.update(self._session_tokens(knobs, live, text))
         return out
+
+    def _override(self, s: Setting, obj: Mapping[str, Any]) -> str | None:
+        """The token of the key that wins over `s` when set (vLLM's --kv-offloading-size), or None."""
+        if s.overridden_by is None:
+            return None
+        try:
+            return stores.read_tokens(self.mapping.store, obj, [s.overridden_by], container=self.spec.container,
+                                      data_key=self.spec.key, where=self.where)[s.overridden_by]
+        except stores.StoreError as exc:
+            raise PermanentActuationError(str(exc)) from None
 
     def _check_multiple(self, s: Setting, component: int, obj: Mapping[str, Any]) -> None:
         """vLLM's offload `block_size` must be a multiple of the engine's `--block-size`; without

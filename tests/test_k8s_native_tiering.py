@@ -17,6 +17,7 @@ from emulator.cluster.curvine_config import quota_from_toml
 from emulator.cluster.curvine_quota import QuotaError
 from tests.support.kube import NS, FakeTime, actuator_for, configmap, deployment, serve
 from tuners.space import SearchSpace
+from tuners.space_modes import follow_deployment
 
 GIB = 1 << 30
 # as vLLM's docs and the project's engine launcher write it: compact, with keys the agent does not own
@@ -177,3 +178,13 @@ def test_kv_offloading_size_wins_over_cpu_bytes_to_use_so_the_json_is_not_edited
     assert _args(kube) == args
     act.apply(live.replace(cpu_eviction="arc"))  # the other members are still the agent's
     assert _extra(_args(kube)[5])["eviction_policy"] == "arc" and _extra(_args(kube)[5])["cpu_bytes_to_use"] == 4 * GIB
+
+
+def test_the_live_actuator_offers_lru_and_arc_and_the_space_follows(kube):
+    _put(kube, ["--block-size", "16", "--kv-transfer-config", CONFIG])
+    act = actuator_for(kube, TARGET, FakeTime())
+    assert act.accepted_values() == {"cpu_eviction": ("lru", "arc")}
+    assert act.tunable_knobs() == frozenset({"cpu_gib", "chunk_tokens", "cpu_eviction"})
+    space = follow_deployment(SearchSpace.from_limits(tune_cpu_eviction=True), act.accepted_values(),
+                              act.coupled_knobs())
+    assert space.choices("cpu_eviction") == ("lru", "arc")

@@ -18,7 +18,7 @@ from tests.conftest import REPO_ROOT
 from tests.support.kube import kubectl_path
 
 DEPLOY = REPO_ROOT / "deploy"
-OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "live", "sharded", "prometheus-source")
+OVERLAYS = ("plain-vllm", "production-stack", "hyperpod", "live", "sharded", "prometheus-source", "native-tiering")
 LIVE_TUNING = DEPLOY / "components" / "live-tuning"  # turns any overlay live (the PostgreSQL study)
 CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # Prometheus Operator: no schema offline
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agent.kvevents.rebuild import BlockRecorder, PodRequests, RebuiltHistory
-from agent.kvevents.rebuild.history import cap_engines
+from agent.kvevents.rebuild.fill import cap_engines
 from agent.kvevents.settings import RebuildSpec
 from agent.kvevents.wire import Batch, Stored
 from contracts.knobs import Knobs

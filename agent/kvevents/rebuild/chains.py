@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from agent.kvevents.rebuild.log import MEDIUM_CODE, STORED, ChainArrays, ranges
+from agent.kvevents.rebuild.log import MEDIUM_CODE, STORED, ChainArrays, ranges, sampled
 
 GPU = MEDIUM_CODE["GPU"]
 
@@ -47,6 +47,11 @@ class Rebuilt:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """Each request's sampling key: the first block it stored (its own blocks end its chain)."""
+        return self.flat[self.offsets[1:] - np.maximum(self.own, 1)]
 
     def chain(self, i: int) -> np.ndarray:
         return self.flat[self.offsets[i]:self.offsets[i + 1]]
@@ -150,13 +155,8 @@ def _materialise(arr: ChainArrays, rows: _Rows, reps: np.ndarray) -> tuple[np.nd
     return flat, offsets
 
 
-def rebuild(arr: ChainArrays, since: float, until: float, *, join_s: float) -> Rebuilt:
-    """The requests that arrived in [since, until] (see the module doc)."""
-    rows = gpu_rows(arr)
-    m = len(rows.idx)
-    if m == 0:
-        return empty(arr.engines)
-    c = np.arange(m)
+def _groups(rows: _Rows, join_s: float) -> np.ndarray:
+    """The first row of each row's request (module doc: continuations within `join_s`)."""
     a = rows.anc
     tail = (a >= 0) & (rows.anc_pos == rows.n[np.maximum(a, 0)] - 1)
     joins = tail & (rows.eng == rows.eng[np.maximum(a, 0)]) & (rows.ts - rows.ts[np.maximum(a, 0)] <= join_s)
@@ -168,7 +168,45 @@ def rebuild(arr: ChainArrays, since: float, until: float, *, join_s: float) -> R
     single[first] = True
     jidx = np.flatnonzero(joins)
     join_to[jidx[~single]] = -1
-    group = _path_roots(join_to)  # the first row of each row's request
+    return _path_roots(join_to)
+
+
+def request_keys(arr: ChainArrays, rows: _Rows, group: np.ndarray) -> np.ndarray:
+    """Each GPU row's sampling key: the first block its request stored."""
+    return arr.hashes[rows.off[group]]
+
+
+def sample_mask(arr: ChainArrays, level: int, *, join_s: float, protect_from: int) -> np.ndarray:
+    """Rows kept at sample level `level`: GPU stores of requests whose key (first stored block) is in
+    range, with every row their chains descend from; other stores whose first block is in range;
+    clears; and every row from `protect_from` on (recent rows a later request may descend from)."""
+    keep = (arr.kind != STORED) | (np.arange(len(arr.kind)) >= protect_from)
+    other = (arr.kind == STORED) & (arr.medium != GPU)
+    if other.any():
+        keep[other] |= sampled(arr.hashes[arr.off[other]], level)
+    rows = gpu_rows(arr)
+    if not len(rows.idx):
+        return keep
+    group = _groups(rows, join_s)
+    mine = sampled(request_keys(arr, rows, group), level) | keep[rows.idx]
+    while True:  # the ancestors of what is kept
+        up = rows.anc[mine & (rows.anc >= 0)]
+        up = up[~mine[up]]
+        if not len(up):
+            break
+        mine[up] = True
+    keep[rows.idx] = mine
+    return keep
+
+
+def rebuild(arr: ChainArrays, since: float, until: float, *, join_s: float) -> Rebuilt:
+    """The requests that arrived in [since, until] (see the module doc)."""
+    rows = gpu_rows(arr)
+    m = len(rows.idx)
+    if m == 0:
+        return empty(arr.engines)
+    c = np.arange(m)
+    group = _groups(rows, join_s)
     last = np.full(m, -1, dtype=np.int64)
     np.maximum.at(last, group, c)
     own = np.zeros(m, dtype=np.int64)
@@ -176,6 +214,8 @@ def rebuild(arr: ChainArrays, since: float, until: float, *, join_s: float) -> R
     firsts = np.flatnonzero(group == c)
     arrive = rows.ts[firsts]
     inside = (arrive >= since) & (arrive <= until)
+    if arr.sample_level:  # rows kept only as another request's prefix are no request of their own
+        inside &= sampled(arr.hashes[rows.off[firsts]], arr.sample_level)
     firsts = firsts[inside]
     reps = last[firsts]
     flat, offsets = _materialise(arr, rows, reps)

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from agent.kvevents.rebuild.chains import Rebuilt
-from agent.kvevents.rebuild.recorder import mix64
+from agent.kvevents.rebuild.log import mix64
 from simulator.chunking import BLOCK_TOKENS
 from simulator.records import WORKLOAD_SCHEMA
 

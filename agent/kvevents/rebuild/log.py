@@ -2,14 +2,13 @@
 
 Rows are the decoded events of every engine in arrival order:
 - a stored chain: `kind` STORED, its medium, `n` hashes at `hashes[off:off + n]` (prefix order),
-  the parent of the first (`has_parent`), the block size in tokens and the chain's `root` (the
-  first hash of the prompt it extends, when known: see `recorder.py` on sampling);
+  the parent of the first (`has_parent`) and the block size in tokens;
 - a clear (`AllBlocksCleared`, or a restart seen in the sequence numbers): `kind` CLEARED.
 
 Removals are kept as counts (`removed` rows: ts, engine, medium, blocks; one per medium per
 batch): the rebuilt
 workload needs what was stored, not what was evicted. Every column grows by doubling (by a quarter beyond a million rows) and is
-compacted when its oldest rows expire, so the cost is ~10 bytes a block reference plus ~40 bytes a
+compacted when its oldest rows expire, so the cost is ~10 bytes a block reference plus ~35 bytes a
 chain (measured by bench/rebuild.py). Not thread-safe: the recorder holds the lock.
 """
 from __future__ import annotations
@@ -22,11 +21,28 @@ STORED, CLEARED = 0, 1
 MEDIA = ("GPU", "CPU", "STORAGE", "OTHER")
 MEDIUM_CODE = {m: i for i, m in enumerate(MEDIA)}
 _CHAIN_COLUMNS = {"ts": np.float64, "eng": np.int32, "kind": np.int8, "medium": np.int8, "n": np.int32,
-                  "off": np.int64, "parent": np.uint64, "has_parent": np.bool_, "bsize": np.int32,
-                  "root": np.uint64}
+                  "off": np.int64, "parent": np.uint64, "has_parent": np.bool_, "bsize": np.int32}
 _REMOVED_COLUMNS = {"ts": np.float64, "eng": np.int32, "medium": np.int8, "n": np.int32}
-_PENDING = ("ts", "eng", "kind", "medium", "n", "parent", "has_parent", "bsize", "root")
+_PENDING = ("ts", "eng", "kind", "medium", "n", "parent", "has_parent", "bsize")
 _INITIAL = 1024
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def mix64(h: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (a bijection): spreads block hashes evenly over the hash space."""
+    z = np.asarray(h, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def sampled(keys: np.ndarray, level: int) -> np.ndarray:
+    """True where a key is kept at sample level `level` (the first 2**-level of hash space)."""
+    if level <= 0:
+        return np.ones(len(keys), dtype=bool)
+    return (mix64(keys) >> np.uint64(64 - level)) == 0
 
 
 def _grown(cap: int) -> int:
@@ -85,10 +101,9 @@ class ChainArrays:
     parent: np.ndarray
     has_parent: np.ndarray
     bsize: np.ndarray
-    root: np.ndarray
     hashes: np.ndarray
     engines: tuple[str, ...]
-    sample_level: int = 0  # chains kept: root in the first 2**-level of hash space
+    sample_level: int = 0  # requests kept: key in the first 2**-level of hash space (recorder.py)
 
     @property
     def refs(self) -> int:
@@ -109,8 +124,8 @@ class ChainLog:
         self.pending_hashes: list[int] = []
         self.pending_removed: list[tuple[float, int, int, int]] = []
 
-    def add(self, ts: float, eng: int, kind: int, medium: int, hashes: list[int], parent: int | None, bsize: int,
-            root: int) -> None:
+    def add(self, ts: float, eng: int, kind: int, medium: int, hashes: list[int], parent: int | None,
+            bsize: int) -> None:
         """Queue one row (a stored chain, or a clear with no hashes)."""
         p = self.pending
         p["ts"].append(ts)
@@ -121,7 +136,6 @@ class ChainLog:
         p["parent"].append(parent or 0)
         p["has_parent"].append(parent is not None)
         p["bsize"].append(bsize)
-        p["root"].append(root)
         self.pending_hashes.extend(hashes)
 
     def flush(self) -> None:

@@ -5,21 +5,17 @@ The KV-event manager hands it each applied batch (`record`) and each restart or 
 
 Bounds:
 - time: rows older than `retain_s` before the newest are dropped;
-- memory: beyond `max_refs` block references (every model) the recorder samples by root hash:
-  the sample level L rises by one, and only chains whose root (the first block of the prompt they
-  extend) has its top L mixed bits zero are kept, now and from then on. The decision depends on
-  the hash only, so replicas sampling at the same level keep the same prompts, and a merge takes the
-  highest level of its parts (merge.py);
+- memory: beyond `max_refs` block references (every model) the recorder compacts by request hash:
+  at sample level L it keeps the requests whose key (the first block the request stored) has its
+  top L mixed bits zero, with every row their chains descend from, and the newest quarter of the
+  rows (a later request may descend from them); when that leaves more than 3/4 of `max_refs`, L
+  rises by one. The decision depends on hashes only, so replicas at the same level keep the same
+  requests, and a merge takes the highest level of its parts (merge.py). A request whose prefix
+  was dropped before it arrived (an unsampled prompt's, older than the newest quarter) is rebuilt
+  from the blocks still held: sampling can shorten a chain, never invent one;
 - hostile engines: each engine records at most `engine_refs_per_s` block references a second
   (a token bucket over the agent's clock, holding 10 s); chains beyond it are dropped and counted
   per engine (`capped_refs`), so one engine flooding forged stores cannot crowd out the others.
-
-A chain's root is the root recorded for its parent when the parent is remembered (a map of the
-last 2 x ROOT_MEMORY hashes stored, whatever the level: ~100 bytes each, 200 MB at most), else its parent hash (the
-prompt's earlier blocks were stored before the recorder saw them, or too long ago), else its first
-hash. A prompt whose prefix was stored longer ago than the map remembers is sampled by a later
-block than its true root: sampling stays deterministic, but such a prompt may be kept while its
-prefix was not (its rebuilt chain then starts at the first block recorded).
 """
 from __future__ import annotations
 
@@ -28,41 +24,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
+from agent.kvevents.rebuild.chains import sample_mask
 from agent.kvevents.rebuild.log import CLEARED, MEDIUM_CODE, STORED, ChainArrays, ChainLog
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 
 BUCKET_S = 10.0  # an engine's token bucket holds this many seconds of its rate
 FLUSH_ROWS, FLUSH_HASHES = 4096, 65536  # queued rows / hashes that trigger a flush into the columns
-ROOT_MEMORY = 1 << 20  # hashes per generation of the hash -> root map (two generations, ~200 MB at most)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def mix64(h: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (a bijection): spreads block hashes evenly over the hash space."""
-    z = np.asarray(h, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-def sampled(roots: np.ndarray, level: int) -> np.ndarray:
-    """True where a root is kept at sample level `level` (the first 2**-level of hash space)."""
-    if level <= 0:
-        return np.ones(len(roots), dtype=bool)
-    return (mix64(roots) >> np.uint64(64 - level)) == 0
-
-
+COMPACT_TO = 0.75  # a compaction that leaves more than this share of max_refs raises the sample level
+PROTECT_DIV = 4  # the newest 1/PROTECT_DIV of the rows survive a compaction (later requests descend from them)
 @dataclasses.dataclass
 class EngineStats:
     """What one engine fed the recorder (cumulative)."""
 
     stored_refs: int = 0
     capped_refs: int = 0  # dropped by the per-engine rate cap
-    sampled_out_refs: int = 0  # dropped by hash sampling
     removed_refs: int = 0
     clears: int = 0
     by_medium: dict[str, int] = dataclasses.field(default_factory=dict)  # stored refs per medium
@@ -71,15 +46,16 @@ class EngineStats:
 
 
 class BlockRecorder:
-    def __init__(self, *, retain_s: float, max_refs: int, engine_refs_per_s: float, group_idx: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, retain_s: float, max_refs: int, engine_refs_per_s: float, join_s: float = 1.0,
+                 group_idx: int = 0, clock: Callable[[], float] = time.time) -> None:
         self.retain_s, self.max_refs, self.engine_refs_per_s = retain_s, max_refs, engine_refs_per_s
+        self.join_s = join_s
+        self.sampled_out_refs = 0
         self.group_idx = group_idx
         self.clock = clock
         self.level = 0
         self._lock = threading.Lock()
         self._logs: dict[str, ChainLog] = {}
-        self._roots: dict[str, list[dict[int, int]]] = {}  # model -> [newer, older] hash -> root
         self.engines: dict[tuple[str, str], EngineStats] = {}
         self._newest = float("-inf")
 
@@ -88,7 +64,8 @@ class BlockRecorder:
                       ) -> BlockRecorder:
         """From `KvEventsSettings.rebuild` (agent.kvevents.settings.RebuildSpec)."""
         return cls(retain_s=spec.retain_s, max_refs=spec.max_refs,  # type: ignore[attr-defined]
-                   engine_refs_per_s=spec.engine_refs_per_s, group_idx=group_idx, clock=clock)  # type: ignore[attr-defined]
+                   engine_refs_per_s=spec.engine_refs_per_s, join_s=spec.join_s,  # type: ignore[attr-defined]
+                   group_idx=group_idx, clock=clock)
 
     # -- feeding ---------------------------------------------------------------------------
     def _stats(self, model: str, engine: str) -> EngineStats:
@@ -144,7 +121,7 @@ class BlockRecorder:
 
     def _clear(self, log: ChainLog, st: EngineStats, eid: int, ts: float) -> None:
         st.clears += 1
-        log.add(ts, eid, CLEARED, 0, [], None, 0, 0)
+        log.add(ts, eid, CLEARED, 0, [], None, 0)
 
     def _stored(self, log: ChainLog, st: EngineStats, eid: int, ts: float, ev: Stored, model: str) -> None:
         if ev.group is not None and ev.group != self.group_idx:
@@ -156,28 +133,9 @@ class BlockRecorder:
         if not self._allow(st, n):
             st.capped_refs += n
             return
-        root = self._root(model, hashes, ev.parent)
-        if self.level and not sampled(np.array([root], dtype=np.uint64), self.level)[0]:
-            st.sampled_out_refs += n
-            return
         st.stored_refs += n
         st.by_medium[ev.medium] = st.by_medium.get(ev.medium, 0) + n
-        log.add(ts, eid, STORED, MEDIUM_CODE.get(ev.medium, 3), hashes, ev.parent, ev.block_size, root)
-
-    def _root(self, model: str, hashes: list[int], parent: int | None) -> int:
-        gens = self._roots.get(model)
-        if gens is None:
-            gens = self._roots[model] = [{}, {}]
-        if parent is None:
-            root = hashes[0]
-        else:
-            root = gens[0].get(parent)
-            if root is None:
-                root = gens[1].get(parent, parent)
-        gens[0].update(dict.fromkeys(hashes, root))
-        if len(gens[0]) >= ROOT_MEMORY:  # two generations: a parent is found for a while after its store
-            gens[1], gens[0] = gens[0], {}
-        return root
+        log.add(ts, eid, STORED, MEDIUM_CODE.get(ev.medium, 3), hashes, ev.parent, ev.block_size)
 
     # -- bounds ----------------------------------------------------------------------------
     def _bound(self) -> None:
@@ -185,12 +143,21 @@ class BlockRecorder:
         for log in self._logs.values():
             if log.chains.size and log.chains.view("ts")[0] < cutoff - 0.1 * self.retain_s:
                 log.expire(cutoff)
-        while self.refs_locked() > self.max_refs and self.level < 63:
+        if self.refs_locked() <= self.max_refs:
+            return
+        self._compact()  # the rows recorded since the last compaction, at the current level
+        while self.refs_locked() > COMPACT_TO * self.max_refs and self.level < 63:
             self.level += 1
-            for log in self._logs.values():
-                t = log.chains
-                keep = (t.view("kind") != STORED) | sampled(t.view("root"), self.level)
-                log.keep_chains(keep)
+            self._compact()
+
+    def _compact(self) -> None:
+        for log in self._logs.values():
+            log.flush()
+            arr = log.arrays(self.level)
+            protect = len(arr.ts) - len(arr.ts) // PROTECT_DIV
+            before = log.refs
+            log.keep_chains(sample_mask(arr, self.level, join_s=self.join_s, protect_from=protect))
+            self.sampled_out_refs += before - log.refs
 
     def refs_locked(self) -> int:
         return sum(log.refs for log in self._logs.values())

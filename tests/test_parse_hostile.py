@@ -142,7 +142,7 @@ def test_long_metric_names_are_held_to_the_value_length_and_never_cached():
 
     name = "m" * 5000
     parse(f"{name} 1\n")
-    assert not any(name in cache for caches in parse_module._CACHES.values() for cache in caches)
+    assert not any(name in cache for cache in (*parse_module._SERIES.values(), *parse_module._COMMENTS.values()))
     with pytest.raises(LimitExceeded) as err:
         parse(f"{name} 1\n", None, Limits(label_value_length=4096))
     assert err.value.reason == "metric_name_length"

@@ -233,8 +233,9 @@ class ScrapeCycle:
             if out.at is not None:
                 read_at.update(((s.pod, s.source), out.at) for s in out.signals)
             known.update((status.target.pod, m) for m in out.known)
+        scraped = {o.status.target.key for o in outcomes}
         for t in targets:  # skipped while backing off: still down, reason kept
-            if t.key not in {o.status.target.key for o in outcomes}:
+            if t.key not in scraped:
                 prev = self.statuses.get(t.key)
                 self.statuses[t.key] = TargetStatus(
                     t, False, 0.0, prev.reason if prev else "backoff", "skipped: backing off",

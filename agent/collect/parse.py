@@ -114,15 +114,23 @@ class _Series(NamedTuple):
     chars: int  # characters of its label block: no label name or value is longer
 
 
-# series text -> _Series, and comment line -> its TYPE (or None), one pair per format
-_CACHES: dict[bool, tuple[dict[str, _Series], dict[str, tuple[str, str] | None]]] = {False: ({}, {}), True: ({}, {})}
+# (format, limits) -> series text -> _Series, for series within those limits; and format ->
+# comment line -> its TYPE (or None)
+_SERIES: dict[tuple[bool, Limits], dict[str, _Series]] = {}
+_COMMENTS: dict[bool, dict[str, tuple[str, str] | None]] = {False: {}, True: {}}
 
 
 def forget_series() -> None:
     """Empty the parser's series cache (benchmarks: the cost of a target's first scrape)."""
-    for caches in _CACHES.values():
-        for cache in caches:
-            cache.clear()
+    _SERIES.clear()
+    for cache in _COMMENTS.values():
+        cache.clear()
+
+
+def _caches(om: bool, limits: Limits) -> tuple[dict[str, _Series], dict[str, tuple[str, str] | None]]:
+    if len(_SERIES) > 16 or sum(map(len, _SERIES.values())) + len(_COMMENTS[om]) > _CACHE_ENTRIES:
+        forget_series()
+    return _SERIES.setdefault((om, limits), {}), _COMMENTS[om]
 
 
 def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS,
@@ -138,10 +146,7 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
     om = _is_openmetrics(text) if openmetrics is None else openmetrics
     lines = _om_body(text) if om else text.split("\n")
     out = Payload(openmetrics=om)
-    series_cache, comment_cache = _CACHES[om]
-    if len(series_cache) > _CACHE_ENTRIES or len(comment_cache) > _CACHE_ENTRIES:
-        series_cache.clear()
-        comment_cache.clear()
+    series_cache, comment_cache = _caches(om, limits)
     by_name = out.by_name
     types = out.types
     max_samples = limits.samples
@@ -175,21 +180,34 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
             space = line.find(" ")
             series, rest = (line[:space], line[space:]) if space > 0 else (None, "")
         info = series_cache.get(series) if series else None
-        if info is None and series:
-            info = _new_series(series, om, lineno, series_cache)
+        fresh = info is None and series
+        if fresh:
+            info = _new_series(series, om, lineno)
         if info is not None:
             parts = rest.split(" ")
-            if len(parts) == 2 and not parts[0]:
-                value = go_float(parts[1])
-            elif len(parts) == 3 and not parts[0]:
-                value = go_float(parts[1])
-                ts = (om_timestamp if om else prom_timestamp)(parts[2])
-                if ts is None:
+            if 2 <= len(parts) <= 3 and not parts[0]:
+                text_value = parts[1]
+                try:
+                    value = float(text_value)
+                except ValueError:
                     value = None
+                # what Go's parser takes and Python's too, finite: nothing more to check
+                if value is not None and not (value - value == 0.0 and text_value.isascii() and "_" not in text_value
+                                              and text_value[-1] > " " and text_value[0] > " "):
+                    value = go_float(text_value)
+                if len(parts) == 3 and value is not None:
+                    ts = (om_timestamp if om else prom_timestamp)(parts[2])
+                    if ts is None:
+                        value = None
         if value is None:  # anything else: the whole line through the grammar
-            info, value, ts = _slow_line(line, lineno, om, series_cache)
-        if limited:
-            _check_series(info, limits, lineno)
+            info, value, ts = _slow_line(line, lineno, om)
+            if limited:
+                _check_series(info, limits, lineno)
+        elif fresh:
+            if limited:
+                _check_series(info, limits, lineno)
+            if len(series) <= _CACHED_CHARS:  # the cache holds series within the limits only
+                series_cache[series] = info
         name = info.name
         if wanted is not None and name not in wanted:
             continue
@@ -235,23 +253,20 @@ def _comment(line: str, lineno: int, om: bool, cache: dict) -> tuple[str, str] |
     return kind
 
 
-def _new_series(series: str, om: bool, lineno: int, cache: dict[str, _Series]) -> _Series | None:
-    """The parsed series text, cached; None when it is not a plain `name{labels}` (the whole
-    line is then read by the grammar, which names the problem)."""
+def _new_series(series: str, om: bool, lineno: int) -> _Series | None:
+    """The parsed series text; None when it is not a plain `name{labels}` (the whole line is
+    then read by the grammar, which names the problem)."""
     parts = series_block(series, om)
     if parts is None:
         return None
     name, block = parts
     try:
-        info = _Series(name, labels_of(block) if block else {}, len(block))
+        return _Series(name, labels_of(block) if block else {}, len(block))
     except GrammarError as exc:
         raise ParseError(lineno, str(exc)) from None
-    if len(series) <= _CACHED_CHARS:
-        cache[series] = info
-    return info
 
 
-def _slow_line(line: str, lineno: int, om: bool, cache: dict[str, _Series]) -> tuple[_Series, float, float | None]:
+def _slow_line(line: str, lineno: int, om: bool) -> tuple[_Series, float, float | None]:
     try:
         name, block, value, ts = read_sample(line, om)
         labels = labels_of(block) if block else {}

@@ -119,6 +119,10 @@ def direct(targets: list, shard_counts: list[int], cycles: int) -> None:
         print(f"   {n:>6}  {len(targets) // n:>15}  {statistics.median(walls) * 1000:>26.0f}, {max(walls) * 1000:>6.0f}"
               f"  {mean_cpu * 1000:>36.0f}  {eff:>9.2f}"
               + (f"  ({len(failed)} target scrapes failed: {sorted(set(failed))})" if failed else ""))
+        if n == 1:
+            per = mean_cpu / len(targets) * 1000
+            print(f"   CPU per target (fetch, parse, normalise, store, snapshot): {per:.2f} ms; target <= 3 ms -> "
+                  f"{'OK' if per <= 3 else 'MISSED'}")
 
 
 def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30,

@@ -179,3 +179,12 @@ def test_a_long_metric_name_has_its_own_reason():
     with pytest.raises(LimitExceeded) as err:
         parse("m" * 300 + " 1\n", {"other"}, Limits(label_value_length=256))
     assert err.value.reason == "metric_name_length"
+
+
+def test_the_series_cache_stays_bounded_whatever_targets_send():
+    from agent.collect import parse as parse_module
+
+    for chunk in range(3):  # 60,000 distinct series of 40 characters, 20,000 a payload
+        parse("".join(f'm{{a="{i:030d}"}} 1\n' for i in range(chunk * 20_000, (chunk + 1) * 20_000)), set())
+    cached = sum(len(c) for c in (*parse_module._SERIES.values(), *parse_module._COMMENTS.values()))
+    assert 0 < cached <= parse_module._CACHE_ENTRIES

@@ -47,8 +47,8 @@ from agent.collect.exposition import (
 )
 from contracts.tier_model import Sample
 
-_CACHE_ENTRIES = 200_000  # series and comment lines remembered (cleared when full)
-_CACHED_CHARS = 512  # longer series or comment lines are never cached
+_CACHE_ENTRIES = 50_000  # series and comment lines remembered (all cleared when full: ~45 MB at most)
+_CACHED_CHARS = 256  # longer series or comment lines are never cached
 
 
 class ParseError(ValueError):
@@ -127,10 +127,13 @@ def forget_series() -> None:
         cache.clear()
 
 
-def _caches(om: bool, limits: Limits) -> tuple[dict[str, _Series], dict[str, tuple[str, str] | None]]:
-    if len(_SERIES) > 16 or sum(map(len, _SERIES.values())) + len(_COMMENTS[om]) > _CACHE_ENTRIES:
+def _caches(om: bool, limits: Limits) -> tuple[dict[str, _Series], dict[str, tuple[str, str] | None], int]:
+    """The caches for one payload and how many entries they may still take."""
+    used = sum(map(len, _SERIES.values())) + sum(map(len, _COMMENTS.values()))
+    if len(_SERIES) > 16 or used >= _CACHE_ENTRIES:
         forget_series()
-    return _SERIES.setdefault((om, limits), {}), _COMMENTS[om]
+        used = 0
+    return _SERIES.setdefault((om, limits), {}), _COMMENTS[om], _CACHE_ENTRIES - used
 
 
 def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_LIMITS,
@@ -146,8 +149,7 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
     om = _is_openmetrics(text) if openmetrics is None else openmetrics
     lines = _om_body(text) if om else text.split("\n")
     out = Payload(openmetrics=om)
-    series_cache, comment_cache = _caches(om, limits)
-    by_name = out.by_name
+    series_cache, comment_cache, room = _caches(om, limits)
     types = out.types
     max_samples = limits.samples
     limited = limits != NO_LIMITS
@@ -162,7 +164,10 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
         if first == "#" or (not om and first in " \t" and line.lstrip(" \t")[:1] in ("#", "")):
             kind = comment_cache.get(line, False)
             if kind is False:
-                kind = _comment(line, lineno, om, comment_cache)
+                kind = _comment(line, lineno, om)
+                if room > 0 and len(line) <= _CACHED_CHARS:
+                    comment_cache[line] = kind
+                    room -= 1
             if kind is not None:
                 types[kind[0]] = kind[1]
             continue
@@ -206,24 +211,28 @@ def parse(text: str, wanted: Container[str] | None = None, limits: Limits = NO_L
         elif fresh:
             if limited:
                 _check_series(info, limits, lineno)
-            if len(series) <= _CACHED_CHARS:  # the cache holds series within the limits only
+            if room > 0 and len(series) <= _CACHED_CHARS:  # the cache holds series within the limits only
                 series_cache[series] = info
-        name = info.name
-        if wanted is not None and name not in wanted:
-            continue
-        labels = info.labels
-        ident = frozenset(labels.items())
-        names_seen = seen.get(name)
-        if names_seen is None:
-            seen[name] = {ident}
-            by_name[name] = [Sample(name, labels.copy(), value, ts)]
-        elif ident in names_seen:
-            out.duplicates += 1
-        else:
-            names_seen.add(ident)
-            by_name[name].append(Sample(name, labels.copy(), value, ts))
+                room -= 1
+        if wanted is None or info.name in wanted:
+            _keep(out, seen, info, value, ts)
     out.lines = count
     return out
+
+
+def _keep(out: Payload, seen: dict[str, set], info: _Series, value: float, ts: float | None) -> None:
+    """Add one wanted sample, unless its series was already seen (counted, the first kept)."""
+    name, labels = info.name, info.labels
+    ident = frozenset(labels.items())
+    names_seen = seen.get(name)
+    if names_seen is None:
+        seen[name] = {ident}
+        out.by_name[name] = [Sample(name, labels.copy(), value, ts)]
+    elif ident in names_seen:
+        out.duplicates += 1
+    else:
+        names_seen.add(ident)
+        out.by_name[name].append(Sample(name, labels.copy(), value, ts))
 
 
 def _is_openmetrics(text: str) -> bool:
@@ -243,14 +252,11 @@ def _om_body(text: str) -> list[str]:
     raise ParseError(len(lines), "OpenMetrics payload without # EOF (cut short)")
 
 
-def _comment(line: str, lineno: int, om: bool, cache: dict) -> tuple[str, str] | None:
+def _comment(line: str, lineno: int, om: bool) -> tuple[str, str] | None:
     try:
-        kind = om_comment(line) if om else prom_comment(line)
+        return om_comment(line) if om else prom_comment(line)
     except GrammarError as exc:
         raise ParseError(lineno + (str(exc) == "content after # EOF"), str(exc)) from None
-    if len(line) <= _CACHED_CHARS:
-        cache[line] = kind
-    return kind
 
 
 def _new_series(series: str, om: bool, lineno: int) -> _Series | None:

@@ -126,9 +126,12 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         Panel(
             "Evictions per tier", "timeseries", "short",
             (Query(_rate("tierpilot_kv_evicted_chunks_total", by="tier"), "{{tier}} chunks/s"),
-             Query(_rate("tierpilot_kv_evicted_files_total", by="tier"), "{{tier}} files/s")),
+             Query(_rate("tierpilot_kv_evicted_files_total", by="tier"), "{{tier}} files/s"),
+             Query(_rate("tierpilot_kv_blocks_total", eq("op", "removed"), eq("medium", "CPU")),
+                   "cpu blocks/s (KV events)")),
             "Eviction rate per tier and unit, summed over the selected pods: LMCache chunks (CPU, and L2 "
-            "in MP mode) and Curvine files (L2 pool). Units are never added together.",
+            "in MP mode), Curvine files (L2 pool), and the CPU-tier blocks vLLM's native tiering removes "
+            "(its KV events: the engine counts no evictions). Units are never added together.",
             min=0,
         ),
         Panel(

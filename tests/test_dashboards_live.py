@@ -84,6 +84,9 @@ def kv_signals(now: float) -> KvSignals:
     sig.apply(b, Batch(b"", 1, now - 9, 0, [Stored([11, 12], None, 16, "GPU", None)], {}))
     sig.apply(a, Batch(b"", 2, now - 8, 0, [Removed([13], "GPU", None)], {}))
     sig.apply(a, Batch(b"", 3, now - 7, 0, [Stored([13], 12, 16, "GPU", None)], {}))
+    # vLLM native tiering's CPU tier: an offloaded block, later evicted
+    sig.apply(a, Batch(b"", 4, now - 6, 0, [Stored([11], None, 0, "CPU", None)], {}))
+    sig.apply(a, Batch(b"", 5, now - 6, 0, [Removed([11], "CPU", None)], {}))
     sig.observe_prompt_tokens("vllm-0", MODEL, 96, ts=now - 5)
     return sig
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.collect.parse import parse
 from agent.collect.roles import detect_kind
-from emulator.cluster.curvine_master import CurvineMaster, CurvineMasterServer
+from emulator.cluster.curvine_master import CurvineMaster, CurvineMasterServer, main
 from emulator.cluster.curvine_quota import (
     LfuTracker,
     LruTracker,
@@ -115,3 +115,10 @@ def test_the_plan_and_the_config_follow_curvine() -> None:
         QuotaConfig(capacity_bytes=1, policy="arc")
     with pytest.raises(QuotaError, match="positive size"):
         QuotaConfig(capacity_bytes=0)
+
+
+def test_the_command_refuses_a_bad_quota_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--root", str(tmp_path), "--capacity-mib", "64", "--high", "1.5"])
+    assert exc.value.code == 2
+    assert "watermarks high 1.5, low 0.6: fractions of the quota" in capsys.readouterr().err

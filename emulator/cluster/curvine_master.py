@@ -196,4 +196,44 @@ class CurvineMasterServer:
         self.stop()
 
 
-__all__ = ["CurvineMaster", "CurvineMasterServer"]
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from emulator.cluster.curvine_quota import POLICIES, QuotaError
+
+    ap = argparse.ArgumentParser(
+        prog="python -m emulator.cluster.curvine_master",
+        description="An emulated Curvine master: a quota with LRU/LFU eviction on a directory of real files "
+                    "(e.g. vLLM's fs KV tier), Curvine's master metrics on /metrics.",
+        epilog="example: python -m emulator.cluster.curvine_master --root /mnt/l2 --capacity-mib 2048 "
+               "--policy lfu --port 9001")
+    ap.add_argument("--root", type=Path, required=True, help="the shared directory (created if missing)")
+    ap.add_argument("--capacity-mib", type=int, required=True, help="the quota, MiB")
+    ap.add_argument("--policy", choices=POLICIES, default="lru", help="quota_eviction_policy [lru]")
+    ap.add_argument("--high", type=float, default=0.8, help="quota_eviction_high_rate [0.8]")
+    ap.add_argument("--low", type=float, default=0.6, help="quota_eviction_low_rate [0.6]")
+    ap.add_argument("--scan-page", type=int, default=2, help="quota_eviction_scan_page [2]")
+    ap.add_argument("--port", type=int, default=9001, help="/metrics port on 127.0.0.1 (Curvine's master web port) [9001]")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between quota checks [1.0]")
+    args = ap.parse_args(argv)
+    try:
+        cfg = QuotaConfig(capacity_bytes=args.capacity_mib << 20, policy=args.policy, high_watermark=args.high,
+                          low_watermark=args.low, scan_page=args.scan_page)
+    except QuotaError as exc:
+        ap.error(str(exc))
+    with CurvineMasterServer(CurvineMaster(args.root, cfg), port=args.port, interval_s=args.interval) as server:
+        print(f"curvine master: {args.root}, quota {args.capacity_mib} MiB, {args.policy}; metrics on {server.url}",
+              flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+__all__ = ["CurvineMaster", "CurvineMasterServer", "main"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

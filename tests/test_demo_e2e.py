@@ -14,7 +14,9 @@ from emulator.demo.loop import REGRESSION_KNOBS, Demo, DemoResult
 from emulator.demo.settings import DemoSettings
 from tuners.payoff import WHOLE_RUN
 
-pytestmark = pytest.mark.slow
+# the cluster's paced clock waits for the control loop on a busy machine, stretching the 60 s demo
+# (up to 4x) rather than skipping its steps: the run may take minutes under load
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _closed(url: str) -> bool:
@@ -57,7 +59,8 @@ def test_demo_detects_drift_applies_config_and_beats_defaults_in_the_shifted_pha
     # the shift is logged at the moment it happens (not when a slow timeline sample notices it)
     shift = [e for e in result.events if e.kind == "phase"]
     assert len(shift) == 1 and shift[0].trace_s == demo.workload.phase_starts_s[1], shift
-    assert abs(shift[0].wall_s - shift[0].trace_s / demo.scale) < 1.0, shift
+    later = result.events[result.events.index(shift[0]) + 1:]
+    assert all(e.trace_s >= shift[0].trace_s for e in later), later[:3]
     assert whole.tuned.mean_s > 0 and whole.held.mean_s > 0 and whole.hindsight.p95_s <= whole.held.p95_s
     # after the shift the twin-planned hot router change leaves the phase no slower than the defaults
     # (the injected regression is phase 1's cost; bench/live_tuning.py measures the rest)
@@ -92,13 +95,13 @@ def test_ctrl_c_stops_everything_and_writes_the_partial_report(tmp_path: Path) -
     class Interrupted(Demo):
         def _on_report(self, rep) -> None:
             super()._on_report(rep)
-            if self.wall() - self._t0 > 9:
+            if self.driver.trace_now() > 9 * self.scale:  # 9 s into the run, on the cluster's clock
                 raise KeyboardInterrupt
 
     demo = Interrupted(settings, Console(file=open("/dev/null", "w")))  # noqa: SIM115
-    started = time.monotonic()
     result = demo.run()
-    assert result.interrupted and time.monotonic() - started < 25
+    # it stopped there: the rest of the stream was never sent, whatever the machine's load
+    assert result.interrupted and 0 < demo.driver.served < demo.driver.total_requests
     assert "Partial report" in result.report_path.read_text()
     assert (tmp_path / "ttft_p95.png").exists() and demo.recorder.timeline
     assert _closed(result.agent_url) and all(_closed(p.vllm_endpoint.url) for p in demo.cluster.pods.values())

@@ -32,6 +32,7 @@ from emulator.cluster.driver import ScaledRealtimeDriver
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
 from emulator.cluster.local_actuator import LocalActuator
+from emulator.cluster.paced_clock import PacedClock
 from emulator.cluster.pod_metrics import PodIdentity
 from emulator.cluster.timeline import DemoEvent, Disturbance, PhaseVerdict, Recorder, TimelinePoint
 from emulator.cluster.twin_adapter import TwinPortAdapter
@@ -65,6 +66,7 @@ CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
 CURVE_TICK_S = 15.0  # wall seconds between rebuilds of the capacity curves (a replay of the history)
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines without the live view
+WALL_STRETCH = 4.0  # on a busy machine the paced cluster clock may stretch the run up to this many times
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
@@ -144,6 +146,8 @@ class Demo:
         self.twin_cluster = TwinClusterSpec(pods=settings.pods, pod_names=self.names)
         self.status = "starting"
         self._t0 = wall_clock()
+        # the cluster's clock waits for the control loop: a busy machine slows the run, never skips steps
+        self.paced = PacedClock(max_lead_s=2 * CONTROL_TICK_S, wall=wall_clock)
         self._stop = threading.Event()
         self._trial_seq = 0
         self._boundary_knobs: Knobs | None = None  # what phase 1 ended with
@@ -158,7 +162,8 @@ class Demo:
         identity = PodIdentity(model_name=MODEL_NAME, kv_bytes_per_token=caps.kv_bytes_per_token,
                                num_gpu_blocks=caps.gpu_tokens // 16, ttft_buckets=DEMO_TTFT_BUCKETS)
         self.cluster = EmulatedCluster(ClusterSpec(pods=s.pods, identity=identity,
-                                                   restart_downtime_s=s.restart_downtime_s, base_port=s.pods_port))
+                                                   restart_downtime_s=s.restart_downtime_s, base_port=s.pods_port),
+                                       sleep=self.paced.sleep)
         try:
             self.cluster.start()  # binds the ports the agent's static targets point at
         except OSError as exc:
@@ -173,7 +178,7 @@ class Demo:
         starts = self.workload.phase_starts_s
         self.driver = ScaledRealtimeDriver(
             self.port, self.cluster, self.recorder, time_scale=self.scale,
-            phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self._driver_step)
+            phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self._driver_step, clock=self.paced)
         self.cluster.on_restart(self._restart_publisher)
         self.accuracy = AccuracyMeter(DRIFT_SIGNALS_WINDOW_S, self.recorder.recorded_between, self.recorder.evictions_at,
                                       ttft_bounds=DEMO_TTFT_BUCKETS, l2_bounds_s=L2_BOUNDS_S)
@@ -365,12 +370,14 @@ class Demo:
         return self._finish(interrupted)
 
     def _loop(self) -> None:
-        end = self._t0 + self.s.duration_s * SPAN_SHARE
-        sampler = threading.Thread(target=self._sample_loop, args=(end,), name="demo-sampler", daemon=True)
+        give_up = self._t0 + self.s.duration_s * SPAN_SHARE * WALL_STRETCH
+        sampler = threading.Thread(target=self._sample_loop, name="demo-sampler", daemon=True)
         sampler.start()
         last_progress = [self.wall()]
         try:
-            while self.wall() < end and not self.driver.finished:
+            while self.driver.trace_now() < self.workload.span_s and not self.driver.finished \
+                    and self.wall() < give_up:
+                self.paced.tick()
                 if not self.s.live_view:
                     self._progress(last_progress)
                 if self.driver.error is not None:
@@ -381,15 +388,15 @@ class Demo:
                     self._on_report(rep)
                     if self.status.startswith("learning") and rep.state != "baseline":
                         self.status = "tuning"
-                time.sleep(CONTROL_TICK_S)
+                self.paced.sleep(CONTROL_TICK_S)
         finally:
             self._stop.set()
             sampler.join(timeout=5)
 
-    def _sample_loop(self, end: float) -> None:
+    def _sample_loop(self) -> None:
         """Timeline samples on their own thread, so a blocking controller step (a rollout, the
         twin warm start) leaves no hole in the charts."""
-        while not self._stop.is_set() and self.wall() < end:
+        while not self._stop.is_set():
             try:
                 self._sample()
             except Exception:
@@ -436,6 +443,8 @@ class Demo:
                  "workload": f"{self.workload.frame.height} requests; " + "; ".join(self.workload.labels),
                  "requests served": str(self.driver.served), "agent export": self.agent.url,
                  "dry run": str(self.s.dry_run),
+                 "paced clock": (f"the cluster waited {self.paced.held_back_s:.0f} wall s in all for its control loop "
+                                 "(a busy machine slows the run rather than skipping control steps)"),
                  "tuner.apply": f"{APPLY} (restart-requiring changes allowed: the demo measures restart scenarios)"}
         margin = (2 * 0.5 + self.s.pods * self.s.restart_downtime_s) * self.scale  # scrapes + the rollout
         accuracy = report_lines(self.accuracy.samples, list(self.recorder.disturbances),

@@ -1,0 +1,53 @@
+"""The emulated cluster's paced clock: it runs with the wall clock while its control loop keeps
+up, and waits for the loop when the machine is busy (fake time, no sleeping)."""
+from __future__ import annotations
+
+import pytest
+
+from emulator.cluster.paced_clock import PacedClock
+
+
+class FakeWall:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_runs_with_the_wall_while_the_loop_keeps_up():
+    wall = FakeWall()
+    clock = PacedClock(1.0, wall=wall, real_sleep=wall.sleep)
+    for _ in range(10):
+        wall.t += 0.5
+        assert clock() == pytest.approx(clock._paced + 0.5)
+        clock.tick()
+    assert clock() == pytest.approx(5.0) and clock.held_back_s == 0.0
+
+
+def test_waits_for_a_late_loop_and_counts_what_it_held_back():
+    wall = FakeWall()
+    clock = PacedClock(1.0, wall=wall, real_sleep=wall.sleep)
+    wall.t += 0.5
+    clock.tick()
+    wall.t += 7.0  # the loop got the CPU 7 s late
+    assert clock() == pytest.approx(1.5)  # at most max_lead past the last tick, even before it comes
+    clock.tick()
+    assert clock() == pytest.approx(1.5) and clock.held_back_s == pytest.approx(6.0)
+    readings = []
+    for _ in range(4):
+        wall.t += 0.3
+        readings.append(clock())
+    assert readings == sorted(readings)  # never goes back
+
+
+def test_sleep_lets_all_of_its_time_pass_on_the_clock():
+    wall = FakeWall()
+    clock = PacedClock(1.0, wall=wall, real_sleep=wall.sleep)
+    clock.sleep(4.0)  # a rolling restart's downtime, spent in the loop's own thread
+    assert clock() == pytest.approx(4.0) and clock.held_back_s == 0.0
+    with pytest.raises(ValueError):
+        PacedClock(0.0)

@@ -217,3 +217,27 @@ def test_the_record_classifies_moves_and_scores_unpriced_and_unmeasured_changes(
     log.update(330.0)
     assert log.scores[-1].outcome == "unmeasured"
     assert lines.count("score") == 3 and lines.count("config_change") == 3
+
+
+def test_with_credentials_the_shadow_reads_the_running_configuration_from_the_targets(kube, cluster, tmp_path):
+    """Read-only: what the targets run now (get), a change someone makes seen at the next look, and
+    not one write (the Deployment and ConfigMap are byte-identical after the tuner's steps)."""
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "512"}]))
+    kube.put(configmap("router-dyn", {"dynamic_config.json": ROUTER_JSON}))
+    kube.put(deployment("vllm-router", replicas=1))
+    fake = FakeTime()
+    rt = runtime(cluster, fake, tmp_path, tuner(tmp_path, "ro", mode="shadow", shadow={"settle_s": 0, "window_s": 10}),
+                 api_client=kube.api_client())
+    assert rt.actuator.current() == Knobs(chunk_tokens=512)
+    before = [kube.get("Deployment", NS, "vllm-llama"), kube.get("ConfigMap", NS, "router-dyn")]
+    traffic(cluster, (rt,), fake, 60, ttft_s=0.6)
+    states = [rt.tuning.step().state]
+    traffic(cluster, (rt,), fake, 12.5, ttft_s=0.6)
+    states += [rt.tuning.step().state for _ in range(3)]
+    assert states[:2] == ["baseline", "baseline_done"] and "trial_started" not in states
+    assert [kube.get("Deployment", NS, "vllm-llama"), kube.get("ConfigMap", NS, "router-dyn")] == before
+    rt.shadow.update(fake.t)
+    kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "1024"}]))  # someone else
+    rt.shadow.update(fake.t)
+    assert rt.shadow.summary()["pending_changes"] == 1
+    assert rt.shadow.summary()["running"]["chunk_tokens"] == 1024

@@ -175,6 +175,9 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
 
         kubeconfig = settings.actuation.kubeconfig
         api_client = load_api_client(str(kubeconfig) if kubeconfig else None, hint=KUBE_HINT)
+    if (api_client is None and shadow and act is not None and running_knobs is None
+            and settings.tuner.shadow.running_file is None):  # the shadow reads the targets when it may
+        api_client = _read_only_client(settings)
     if pod_api is None and api_client is not None:
         from kubernetes import client as k8s
 
@@ -199,6 +202,20 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
     if settings.export.fleet == "leader":
         _export_on_lease(rt, settings, api_client, monotonic=monotonic, now=now)
     return rt
+
+
+def _read_only_client(settings: AgentSettings) -> Any:
+    """Kubernetes credentials for shadow mode's reads of the targets, or None (then it assumes the
+    targets file's fixed_knobs over the defaults, and says so)."""
+    from agent.k8s.wiring import KubeconfigError, load_api_client
+
+    kubeconfig = settings.actuation.kubeconfig
+    try:
+        return load_api_client(str(kubeconfig) if kubeconfig else None, hint=KUBE_HINT)
+    except KubeconfigError as exc:
+        log.warning("shadow mode: cannot read the targets (%s); the running configuration is the targets "
+                    "file's fixed_knobs over the defaults (set tuner.shadow.running_file)", exc)
+        return None
 
 
 def _export_on_lease(rt: Runtime, settings: AgentSettings, api_client: Any, *, monotonic: Callable[[], float],
@@ -423,7 +440,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     if shadow:  # no Kubernetes: the running configuration is read, nothing is written
         from agent.runtime.shadow import open_acceptance, shadow_actuator
 
-        rt.actuator = shadow_actuator(settings, act, running_knobs)
+        rt.actuator = shadow_actuator(settings, act, running_knobs, api_client)
     else:
         rt.actuation_metrics = ActuationMetrics()
         rt.agent.add_collector(ActuationCollector(rt.actuation_metrics))

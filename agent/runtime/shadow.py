@@ -3,8 +3,10 @@ Kubernetes access, and applies nothing.
 
 - The fleet is read as always (static targets, a targets file, or a Prometheus: `source`).
 - The running configuration comes from `tuner.shadow.running_file` (a knobs YAML your deploy
-  pipeline keeps, re-read at every look, so a change made by anyone is seen), else the targets
-  file's `fixed_knobs` over the defaults. Tests and the emulator inject their own reader.
+  pipeline keeps, re-read at every look, so a change made by anyone is seen); else, with a targets
+  file and Kubernetes credentials, from the targets themselves (get only: the Helm chart's shadow
+  install grants no other verb on them); else the targets file's `fixed_knobs` over the defaults.
+  Tests and the emulator inject their own reader.
 - `ShadowActuator` stands where the Kubernetes actuator stands: it reports that configuration and
   owns the knobs the targets file owns (read offline, no cluster), or every knob without one. It
   never writes: the guardrails run with apply `none`, so every move the planner makes is recorded.
@@ -32,9 +34,11 @@ log = logging.getLogger("tierpilot.shadow")
 class ShadowActuator:
     """An `Actuator` that reads the running configuration and writes nothing (see the module docstring)."""
 
-    def __init__(self, running: Callable[[], Knobs], tunable: frozenset[str]) -> None:
+    def __init__(self, running: Callable[[], Knobs], tunable: frozenset[str],
+                 coupled: Callable[[], dict[str, str]] = dict) -> None:
         self._running = running
         self._tunable = tunable
+        self._coupled = coupled
         self._last_good: Knobs | None = None
 
     def current(self) -> Knobs:
@@ -60,7 +64,7 @@ class ShadowActuator:
         return self._tunable
 
     def coupled_knobs(self) -> dict[str, str]:
-        return {}  # couplings are read from live objects; the shadow reads none
+        return self._coupled()  # read from the live objects when the targets are readable
 
     def start(self) -> None:
         pass
@@ -102,8 +106,12 @@ def fallback_knobs(act: Any) -> Knobs:
     return Knobs.from_mapping({**DEFAULT_KNOBS.to_dict(), **fixed}, source="actuation.targets_file fixed_knobs")
 
 
-def shadow_actuator(settings: Any, act: Any, running: Callable[[], Knobs] | None) -> ShadowActuator:
-    """The shadow's actuator: `running` (injected), else the running file, else the fallback."""
+def shadow_actuator(settings: Any, act: Any, running: Callable[[], Knobs] | None,
+                    api_client: Any = None) -> ShadowActuator:
+    """The shadow's actuator. The running configuration: `running` (injected), else the running
+    file, else the targets read through `api_client` (get only: the Kubernetes actuator's reads,
+    never its writes or watches), else the fallback."""
+    coupled: Callable[[], dict[str, str]] = dict
     if act is not None:
         from agent.k8s.mapping import load_mappings
         from agent.k8s.offline import acceptance
@@ -111,8 +119,16 @@ def shadow_actuator(settings: Any, act: Any, running: Callable[[], Knobs] | None
         tunable = frozenset(acceptance(act, load_mappings(), source="actuation.targets_file").accepts)
     else:
         tunable = frozenset(DEFAULT_KNOBS.to_dict())
-    reader = running or RunningFile(settings.tuner.shadow.running_file, fallback_knobs(act))
-    return ShadowActuator(reader, tunable)
+    reader = running
+    if reader is None and settings.tuner.shadow.running_file is None and act is not None and api_client is not None:
+        from agent.k8s import build_actuator
+
+        reads = build_actuator(api_client, act.model_copy(update={"dry_run": True}))  # never started
+        reader, coupled = reads.current, reads.coupled_knobs
+        tunable = reads.tunable_knobs()
+    if reader is None:
+        reader = RunningFile(settings.tuner.shadow.running_file, fallback_knobs(act))
+    return ShadowActuator(reader, tunable, coupled)
 
 
 def add_shadow_log(rt: Any, settings: Any, *, clock: Callable[[], float], namespace: str) -> None:

@@ -43,6 +43,8 @@ OVERLAY_ONLY = {("ConfigMap", "llama-8b-lmcache")}  # the workload's own LMCache
 MONITORING = {"serviceMonitor": "ServiceMonitor", "podMonitor": "PodMonitor", "prometheusRule": "PrometheusRule"}
 OPERATOR_CRDS = [a for kind in MONITORING.values() for a in ("--api-versions", f"monitoring.coreos.com/v1/{kind}")]
 CLUSTER = {"bundled-postgresql": OPERATOR_CRDS}  # ci values rendered for a cluster with the operator
+LIVE = ["--set", "tuner.dryRun=false", "--set", "tuner.storage.type=postgresql",
+        "--set", "tuner.storage.existingSecret=study-dsn"]
 
 
 def helm_path() -> str:
@@ -98,10 +100,19 @@ def test_every_rendered_object_validates(rendered):
 def test_rbac_is_exactly_what_the_code_uses(rendered, values):
     docs = rendered[values]
     data = _one(docs, "ConfigMap", "tierpilot-config")["data"]
-    settings = settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=values)
     agent = yaml.safe_load(data["agent.yaml"])
+    env = {e["name"]: e.get("value") for e in workload(docs)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # what the tuner may write: nothing in shadow mode (the chart's observe default), else tuner.apply
+    writes = agent["tuner"]["apply"] if env["TIERPILOT_TUNER__MODE"] == "live" else "none"
+    targets = yaml.safe_load(data["targets.yaml"]) if "targets.yaml" in data else {
+        "namespace": NAMESPACE, "targets": [{"kind": "deployment-env", "name": "none"}]}  # no target: no rule
+    settings = settings_from_mapping(targets, source=values)
     expected = required_rules(settings.model_copy(update={"lease": settings.lease.model_copy(
-        update={"name": agent["actuation"]["lease_name"]})}), pod_watch=agent.get("source", "scrape") == "scrape")
+        update={"name": agent["actuation"]["lease_name"]})}), pod_watch=agent.get("source", "scrape") == "scrape",
+        writes=writes)
+    if "targets.yaml" not in data:
+        assert "TIERPILOT_K8S_TARGETS" not in env
+        expected = [r for r in expected if r.get("resourceNames") != ["none"]]
     discovery_ns = agent["targets"]["kubernetes"]["namespace"]
     roles = [d for d in docs if d["kind"] == "Role"]
     if discovery_ns != settings.namespace:  # pods are listed where they run
@@ -128,9 +139,16 @@ def test_rbac_covers_every_target_kind_the_code_maps():
             t["restart"] = [{"kind": "Deployment", "name": f"dep-{i}"}, {"kind": "StatefulSet", "name": f"sts-{i}"}]
         targets.append(t)
     values = {"actuation": {"targets": targets}}
-    docs = template("--set-json", f"actuation={json.dumps(values['actuation'])}")
     settings = settings_from_mapping({"namespace": NAMESPACE, "targets": targets})
-    assert rbac_problems([d for d in docs if d["kind"] == "Role"], required_rules(settings)) == []
+    for mode, writes in ((LIVE + ["--set", "tuner.apply=all"], "all"), (LIVE, "hot"), ([], "none")):
+        docs = template("--set-json", f"actuation={json.dumps(values['actuation'])}", *mode)
+        roles = [d for d in docs if d["kind"] == "Role"]
+        assert rbac_problems(roles, required_rules(settings, writes=writes)) == [], writes
+        patched = {n for r in roles for rule in r["rules"] if "patch" in rule["verbs"] for n in rule["resourceNames"]}
+        routers = {t["name"] for t in targets if t["kind"] in ("router-configmap", "vllm-router-args", "hyperpod-iec")}
+        assert patched == {"all": {n for r in roles for rule in r["rules"] if rule.get("resourceNames")
+                                   and rule["resources"] != ["leases"] for n in rule["resourceNames"]},
+                           "hot": routers, "none": set()}[writes]
     proc = helm("template", RELEASE, str(CHART), "--set-json", 'actuation={"targets":[{"kind":"nope","name":"x"}]}')
     assert proc.returncode != 0 and 'unknown kind "nope"' in proc.stderr
 
@@ -141,7 +159,10 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
         data = _one(docs, "ConfigMap", "tierpilot-config")["data"]
         (tmp_path / "agent.yaml").write_text(data["agent.yaml"])
         agent = load_agent_settings(path=tmp_path / "agent.yaml", env={})
-        settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=name)
+        if name in ("default", "bundled-postgresql"):  # no example target: nothing to change or read
+            assert "targets.yaml" not in data
+        else:
+            settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source=name)
         dep = workload(docs)
         pod = dep["spec"]["template"]["spec"]
         (c,) = pod["containers"]
@@ -180,6 +201,7 @@ def test_agent_config_loads_and_the_deployment_is_wired(rendered, tmp_path):
             _one(docs, "PodDisruptionBudget", "tierpilot")
         live = name in ("single-replica-pvc", "live")
         assert env["TIERPILOT_DRY_RUN"]["value"] == ("false" if live else "true"), name
+        assert env["TIERPILOT_TUNER__MODE"]["value"] == ("live" if live else "shadow"), name
 
 
 def test_monitors_rules_and_dashboards(rendered):
@@ -294,7 +316,9 @@ def normalise(doc: dict) -> dict:
     return doc
 
 
-def assert_same_objects(kustomization: Path, chart_docs: list[dict]) -> None:
+def assert_same_objects(kustomization: Path, chart_docs: list[dict]) -> dict[str, set[str]]:
+    """Every object the same, but the Roles' rules may differ; returns the rules (normalised, one
+    per name) the chart grants beyond the overlay, per Role (tests say which ones they allow)."""
     proc = subprocess.run([kubectl_path(), "kustomize", str(kustomization)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -302,13 +326,18 @@ def assert_same_objects(kustomization: Path, chart_docs: list[dict]) -> None:
             for d in yaml.safe_load_all(proc.stdout) if d}
     chart = {(d["kind"], d["metadata"]["name"]): normalise(d) for d in chart_docs}
     assert set(kust) - OVERLAY_ONLY == set(chart)
+    extra: dict[str, set[str]] = {}
     for key, doc in chart.items():
+        if key[0] == "Role" and kust[key] != doc:
+            extra[key[1]] = set(doc["rules"]) - set(kust[key]["rules"])
+            kust[key], doc = {**kust[key], "rules": None}, {**doc, "rules": None}
         assert kust[key] == doc, key
+    return extra
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_same_objects_as_the_chart(rendered, overlay):
-    assert_same_objects(REPO_ROOT / "deploy" / "overlays" / overlay, rendered[overlay])
+    assert assert_same_objects(REPO_ROOT / "deploy" / "overlays" / overlay, rendered[overlay]) == {}
 
 
 @pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "live"])
@@ -323,7 +352,15 @@ def test_the_live_tuning_component_turns_every_overlay_live(overlay, tmp_path):
                     "--set", "tuner.storage.type=postgresql",
                     "--set", "tuner.storage.existingSecret=tierpilot-study-storage",
                     namespace=OVERLAY_NAMESPACE.get(overlay, NAMESPACE))
-    assert_same_objects(tmp_path, live)
+    extra = assert_same_objects(tmp_path, live)
+    # an overlay's Role over its targets is read-only; live with apply hot, the chart also lets the
+    # tuner patch the targets that own a router knob (and the workloads they restart) and record
+    # Events: the rules `tierpilot k8s check` prints, which a kustomize user adds on such an overlay
+    granted = {json.loads(r)["resourceNames"][0]: json.loads(r)["verbs"] for rules in extra.values() for r in rules}
+    router = {"production-stack": {"vllm-router-dynamic-config": ["get", "patch", "watch"],
+                                   "vllm-deployment-router": ["get", "patch"], "*": ["create"]},
+              "hyperpod": {"llama-8b-intel-routing": ["get", "patch", "watch"], "*": ["create"]}}
+    assert granted == router.get(overlay, {}), overlay
 
 
 def test_sharded_install_generates_the_peer_token_once_and_keeps_it():

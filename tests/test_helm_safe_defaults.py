@@ -5,6 +5,7 @@ persistent study, the Prometheus Operator objects are rendered only when the clu
 CRDs (or the values ask), and NOTES.txt says all of that at install time."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -28,8 +29,13 @@ def agent_settings(docs: list[dict], tmp_path):
     """The settings the agent runs with: the rendered agent.yaml and the container's literal env."""
     data = _one(docs, "ConfigMap", "tierpilot-config")["data"]
     (tmp_path / "agent.yaml").write_text(data["agent.yaml"])
-    (tmp_path / "targets.yaml").write_text(data["targets.yaml"])
-    env = {**literal_env(docs), "TIERPILOT_K8S_TARGETS": str(tmp_path / "targets.yaml")}
+    env = literal_env(docs)
+    if "targets.yaml" in data:
+        (tmp_path / "targets.yaml").write_text(data["targets.yaml"])
+        assert env["TIERPILOT_K8S_TARGETS"] == "/etc/tierpilot/targets.yaml"
+        env["TIERPILOT_K8S_TARGETS"] = str(tmp_path / "targets.yaml")
+    else:
+        assert "TIERPILOT_K8S_TARGETS" not in env
     return load_agent_settings(path=tmp_path / "agent.yaml", env=env), env
 
 
@@ -82,12 +88,74 @@ def notes(tmp_path, *args: str) -> str:
 
 
 # -- the tuner ------------------------------------------------------------------------------------
-def test_a_default_install_plans_and_changes_nothing(tmp_path):
+LIVE = ["--set", "tuner.dryRun=false", *POSTGRESQL]
+ENGINE = {"kind": "deployment-env", "name": "vllm", "container": "vllm"}
+ROUTER = {"kind": "router-configmap", "name": "router-dyn", "key": "dynamic_config.json",
+          "restart": [{"kind": "Deployment", "name": "vllm-router"}]}
+TARGETS = ["--set-json", f"actuation.targets={json.dumps([ENGINE, ROUTER])}"]
+
+
+def verbs_by_name(docs: list[dict]) -> dict[str, set[str]]:
+    """Every verb a Role grants, by resourceName ("*" for unnamed rules)."""
+    out: dict[str, set[str]] = {}
+    for role in (d for d in docs if d["kind"] == "Role"):
+        for rule in role["rules"]:
+            for name in rule.get("resourceNames") or [f"*{rule['resources'][0]}"]:
+                out.setdefault(name, set()).update(rule["verbs"])
+    return out
+
+
+def test_a_default_install_plans_in_shadow_mode_and_installs_no_example_target(tmp_path):
     docs = template()
-    assert literal_env(docs)["TIERPILOT_DRY_RUN"] == "true"
+    env = literal_env(docs)
+    assert env["TIERPILOT_DRY_RUN"] == "true" and env["TIERPILOT_TUNER__MODE"] == "shadow"
     agent, env = agent_settings(docs, tmp_path)
-    assert agent.tuner.enabled and agent.dry_run is True
-    assert actuation_settings(agent, env).dry_run is True  # what the actuator gets: every write ?dryRun=All
+    assert agent.tuner.enabled and agent.tuner.mode == "shadow" and agent.tuner.apply == "hot"
+    assert actuation_settings(agent, env, required=False) is None  # no target: nothing is read or written
+    assert "deployments" not in json.dumps([d for d in docs if d["kind"] == "Role"])
+    assert not any("patch" in v or "create" in v and n == "*events" for n, v in verbs_by_name(docs).items())
+
+
+@pytest.mark.parametrize("args, patched", [
+    ([], set()),                                                  # the default: shadow, no target
+    (["--set", "tuner.enabled=false", *TARGETS], set()),          # observe only
+    (TARGETS, set()),                                             # shadow (dry-run) over named targets
+    ([*LIVE, *TARGETS, "--set", "tuner.apply=none"], set()),      # live, every move a proposal
+    ([*LIVE, *TARGETS], {"router-dyn", "vllm-router"}),           # live, apply hot (the default)
+    ([*LIVE, *TARGETS, "--set", "tuner.apply=all"], {"router-dyn", "vllm-router", "vllm"}),
+], ids=["default", "tuner-off", "shadow", "live-none", "live-hot", "live-all"])
+def test_patch_is_granted_only_where_the_tuner_may_apply(args, patched):
+    verbs = verbs_by_name(template(*args))
+    assert {n for n, v in verbs.items() if "patch" in v} == patched
+    assert ("create" in verbs.get("*events", set())) is bool(patched)  # Events only from a tuner that writes
+    if "--set-json" in args and "tuner.enabled=false" not in args:
+        assert verbs["vllm"] & {"get"} and verbs["router-dyn"] & {"get"}  # read what runs, whatever the mode
+
+
+def test_live_tuning_needs_a_target_and_a_valid_apply():
+    for args, message in (
+        (LIVE, "tuner.dryRun=false needs actuation.targets"),
+        ([*LIVE, *TARGETS, "--set", "tuner.apply=some"], 'tuner.apply: "some" is not none, hot or all'),
+    ):
+        proc = helm("template", RELEASE, str(CHART), *args)
+        assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)
+
+
+def test_network_policy_scopes_the_api_server_and_the_metrics_port(tmp_path):
+    policy = _one(template(), "NetworkPolicy")["spec"]
+    assert "from" not in policy["ingress"][0] and "to" not in policy["egress"][-1]  # unknown: open, and said so
+    text = notes(tmp_path)
+    assert "API server egress: ports 443, 6443 to ANY address" in text
+    assert "kubectl get endpoints kubernetes -n default" in text and "monitoringNamespace" in text
+    docs = template("--set", "networkPolicy.monitoringNamespace=monitoring",
+                    "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}")
+    policy = _one(docs, "NetworkPolicy")["spec"]
+    assert policy["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert policy["egress"][-1]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    text = notes(tmp_path / "scoped", "--set", "networkPolicy.monitoringNamespace=monitoring",
+                 "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}")
+    assert "the namespace monitoring only" in text and "API server egress: 10.0.0.1/32." in text
 
 
 def test_the_default_study_is_ephemeral_and_needs_nothing(tmp_path):
@@ -110,7 +178,8 @@ def test_the_default_study_is_ephemeral_and_needs_nothing(tmp_path):
     ["--set", "shard.count=3", "--set", "export.fleet=all"],
     ["--set", "replicaCount=1", "--set", "tuner.storage.type=sqlite", "--set", "export.fleet=all"],
     ["--set", "tuner.storage.type=postgresql", "--set", "postgresql.enabled=true"],
-    ["--set", "tuner.dryRun=false", "--set", "tuner.storage.type=postgresql", "--set", "postgresql.enabled=true"],
+    ["--set", "tuner.dryRun=false", "--set", "tuner.storage.type=postgresql", "--set", "postgresql.enabled=true",
+     *TARGETS],
     OPERATOR_CRDS,
 ], ids=["default", "tuner-off", "sharded", "sqlite", "bundled-postgresql", "live-bundled-postgresql", "crds"])
 def test_the_pods_reference_only_what_the_release_creates(args):
@@ -127,9 +196,10 @@ def test_the_check_finds_a_missing_secret():
     (["--set", "tuner.storage.type=sqlite", "--set", "replicaCount=1", "--set", "export.fleet=all"], STUDY),
 ])
 def test_live_tuning_with_a_persistent_study(tmp_path, args, storage):
-    docs = template("--set", "tuner.dryRun=false", *args)
+    docs = template("--set", "tuner.dryRun=false", *args, *TARGETS)
     agent, env = agent_settings(docs, tmp_path)
     assert env["TIERPILOT_DRY_RUN"] == "false" and agent.dry_run is False
+    assert agent.tuner.mode == "live" and agent.tuner.apply == "hot"
     assert actuation_settings(agent, env).dry_run is False
     (c,) = workload(docs)["spec"]["template"]["spec"]["containers"]
     study = next(e for e in c["env"] if e["name"] == "TIERPILOT_TUNER__STORAGE")
@@ -141,7 +211,7 @@ def test_live_tuning_with_a_persistent_study(tmp_path, args, storage):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--set", "tuner.dryRun=false"],
+    (["--set", "tuner.dryRun=false", *TARGETS],
      ("tuner.dryRun=false needs a persistent study: set tuner.storage.type to postgresql "
       "(or sqlite with replicaCount: 1)")),
     (["--set", "tuner.dryRun=maybe"], 'tuner.dryRun: "maybe" is not true or false'),
@@ -188,13 +258,17 @@ def test_true_forces_and_false_refuses(key):
 
 
 # -- NOTES.txt ------------------------------------------------------------------------------------
-def test_notes_say_dry_run_and_how_to_go_live(tmp_path):
+def test_notes_say_shadow_the_image_to_build_and_how_to_go_live(tmp_path):
     text = notes(tmp_path)
-    assert "DRY-RUN (nothing is changed)" in text
+    assert "SHADOW (nothing is changed)" in text and "no patch" in text
+    assert "Targets: none (actuation.targets" in text
+    assert "docker build -f deploy/Dockerfile -t ghcr.io/tierpilot/tierpilot:0.1.0 ." in text  # build it first
     assert "--set tuner.dryRun=false" in text and "tuner.storage.type=postgresql" in text
-    assert "deployment-env vllm" in text  # what it would change
-    live = notes(tmp_path / "live", "--set", "tuner.dryRun=false", *POSTGRESQL)
-    assert "LIVE" in live and "DRY-RUN" not in live and "Study: postgresql" in live
+    named = notes(tmp_path / "named", *TARGETS)
+    assert "deployment-env vllm, router-configmap router-dyn (read only)" in named  # what it reads
+    live = notes(tmp_path / "live", *LIVE, *TARGETS)
+    assert "LIVE, tuner.apply=hot: the router's knobs; restart-requiring moves are proposals" in live
+    assert "tierpilot k8s apply-proposal" in live and "SHADOW" not in live and "Study: postgresql" in live
     assert "Tuning: off" in notes(tmp_path / "off", "--set", "tuner.enabled=false")
 
 

@@ -98,8 +98,13 @@ def test_rbac_is_exactly_what_the_code_uses(rendered, overlay):
     settings = settings_from_mapping(yaml.safe_load(_config(docs)["targets.yaml"]), source=f"{overlay} targets")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert {r["metadata"]["namespace"] for r in roles} == {settings.namespace}
-    scrapes = yaml.safe_load(_config(docs)["agent.yaml"]).get("source", "scrape") == "scrape"
-    assert rbac_problems(roles, required_rules(settings, pod_watch=scrapes)) == []
+    agent = yaml.safe_load(_config(docs)["agent.yaml"])
+    scrapes = agent.get("source", "scrape") == "scrape"
+    env = {e["name"]: e.get("value") for e in workload(docs)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # observing (shadow mode) the agent writes nothing; live (components/live-tuning), within tuner.apply
+    writes = agent["tuner"]["apply"] if env["TIERPILOT_TUNER__MODE"] == "live" else "none"
+    assert (writes == "none") is (overlay != "live")
+    assert rbac_problems(roles, required_rules(settings, pod_watch=scrapes, writes=writes)) == []
     bound = {b["roleRef"]["name"] for b in docs if b["kind"] == "RoleBinding"}
     assert bound == {r["metadata"]["name"] for r in roles}
     assert all(s["name"] == "tierpilot" for b in docs if b["kind"] == "RoleBinding" for s in b["subjects"])

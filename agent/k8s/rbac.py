@@ -16,7 +16,8 @@ import yaml
 
 from agent.k8s.api import RESOURCES, TARGETS, ApiCall, KubeApi
 from agent.k8s.mapping import load_mappings
-from agent.k8s.settings import ActuationSettings, load_settings
+from agent.k8s.settings import ActuationSettings, TargetSpec, load_settings
+from contracts.knobs import ROUTER_KNOBS
 
 # The agent's pod discovery (agent/collect/discovery.py) lists pods by label selector and then watches them.
 DISCOVERY_CALLS = (ApiCall("list", "Pod", named=False), ApiCall("watch", "Pod", named=False))
@@ -37,18 +38,39 @@ def used_verbs() -> dict[str, set[str]]:
     return dict(out)
 
 
-def required_rules(settings: ActuationSettings, *, pod_watch: bool = True) -> list[dict[str, Any]]:
+def writable(spec: TargetSpec, mapping: Any, writes: str) -> bool:
+    """Whether the tuner may write this target: `writes` is what it changes without a person
+    (tuner.apply: all, hot = only targets that own a router knob, none; shadow mode writes none)."""
+    if writes == "all":
+        return True
+    if writes == "hot":
+        owned = spec.knobs if spec.knobs is not None else mapping.knobs
+        return bool(set(owned) & ROUTER_KNOBS)
+    if writes == "none":
+        return False
+    raise ValueError(f"writes: {writes!r}; valid: none, hot, all")
+
+
+def required_rules(settings: ActuationSettings, *, pod_watch: bool = True, writes: str = "all",
+                   events: bool = True) -> list[dict[str, Any]]:
     """The Role rules the agent needs in `settings.namespace`, resourceNames wherever possible.
     `pod_watch=False`: no pod discovery for scrape targets (`source: prometheus`), so pods are
-    only listed (the KV-event endpoints, the pods a change restarts)."""
+    only listed (the KV-event endpoints, the pods a change restarts). `writes` (`writable`): a
+    target the tuner may not write is only read (get); its restart workloads are not touched.
+    `events=False` (shadow mode): no Events are recorded, and none when no target is writable."""
     mappings = load_mappings()
     target_verbs = sorted(used_verbs()[TARGETS])
     named: dict[tuple[str, str], dict[str, set[str]]] = collections.defaultdict(lambda: collections.defaultdict(set))
+    any_writable = False
     for spec in settings.targets:
         if settings.ns(spec) != settings.namespace:
             raise ValueError(f"target {spec.name}: namespace {spec.namespace} differs from {settings.namespace}; "
                              f"one Role per namespace")
         info = RESOURCES[mappings[spec.kind].resource]
+        if not writable(spec, mappings[spec.kind], writes):
+            named[(info.group, info.plural)][spec.name].add("get")  # what runs now, nothing more
+            continue
+        any_writable = True
         named[(info.group, info.plural)][spec.name].update(target_verbs)
         for w in spec.restart:  # restart workloads are read and patched, never watched
             winfo = RESOURCES[w.kind]
@@ -61,14 +83,14 @@ def required_rules(settings: ActuationSettings, *, pod_watch: bool = True) -> li
         for verbs, objs in sorted(by_verbs.items()):
             rules.append({"apiGroups": [group], "resources": [plural], "resourceNames": sorted(objs),
                           "verbs": list(verbs)})
-    rules.extend(_fixed_rules(settings, pod_watch))
+    rules.extend(_fixed_rules(settings, pod_watch, events=events and any_writable))
     return rules
 
 
-def _fixed_rules(settings: ActuationSettings, pod_watch: bool = True) -> list[dict[str, Any]]:
+def _fixed_rules(settings: ActuationSettings, pod_watch: bool = True, *, events: bool = True) -> list[dict[str, Any]]:
     calls = [*api_calls(), *(c for c in DISCOVERY_CALLS if pod_watch or c.verb != "watch")]
     rules: list[dict[str, Any]] = []
-    for kind in ("Pod", "Event", "Lease"):
+    for kind in ("Pod", "Event", "Lease") if events else ("Pod", "Lease"):
         info = RESOURCES[kind]
         unnamed = sorted({c.verb for c in calls if c.resource == kind and not c.named})
         named = sorted({c.verb for c in calls if c.resource == kind and c.named})

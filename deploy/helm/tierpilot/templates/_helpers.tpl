@@ -72,17 +72,22 @@ app.kubernetes.io/component: agent
 
 {{/*
 The Role rules over the actuation targets, derived as agent/k8s/rbac.py does: get/patch/watch on
-each target by name, get/patch on each workload a change restarts. tests/test_helm_chart.py compares
-the result with required_rules() for every target kind.
+each target the tuner may write (tierpilot.writes: tuner.apply when live, none while observing) by
+name, get/patch on each workload a change to it restarts; get only on a target it may not write.
+tests/test_helm_chart.py compares the result with required_rules() for every target kind.
 */}}
 {{- define "tierpilot.targetRules" -}}
-{{- $kinds := dict "deployment-env" (list "apps" "deployments") "lmcache-configmap" (list "" "configmaps") "router-configmap" (list "" "configmaps") "curvine-configmap" (list "" "configmaps") "hyperpod-iec" (list "inference.sagemaker.aws.amazon.com" "inferenceendpointconfigs") "vllm-router-args" (list "apps" "deployments") "lmcache-mp-args" (list "apps" "deployments") "vllm-offload-args" (list "apps" "deployments") -}}
+{{- $kinds := dict "deployment-env" (list "apps" "deployments") "lmcache-configmap" (list "" "configmaps") "router-configmap" (list "" "configmaps") "curvine-configmap" (list "" "configmaps") "hyperpod-iec" (list "inference.sagemaker.aws.amazon.com" "inferenceendpointconfigs") "vllm-router-args" (list "apps" "deployments") "lmcache-mp-args" (list "apps" "deployments") "vllm-offload-args" (list "apps" "deployments") "vllm-tiering-args" (list "apps" "deployments") -}}
 {{- $workloads := dict "Deployment" (list "apps" "deployments") "StatefulSet" (list "apps" "statefulsets") -}}
+{{- $writes := include "tierpilot.writes" . -}}
 {{- range .Values.actuation.targets }}
 {{- $r := get $kinds .kind | required (printf "actuation.targets: unknown kind %q (valid: %s)" .kind (keys $kinds | sortAlpha | join ", ")) }}
 - apiGroups: [{{ index $r 0 | quote }}]
   resources: [{{ index $r 1 }}]
   resourceNames: [{{ .name | quote }}]
+{{- if not (include "tierpilot.writable" (dict "t" . "writes" $writes)) }}
+  verbs: [get]
+{{- else }}
   verbs: [get, patch, watch]
 {{- range .restart }}
 {{- $w := get $workloads .kind | required (printf "actuation.targets restart: unknown kind %q (valid: Deployment, StatefulSet)" .kind) }}
@@ -90,6 +95,7 @@ the result with required_rules() for every target kind.
   resources: [{{ index $w 1 }}]
   resourceNames: [{{ .name | quote }}]
   verbs: [get, patch]
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -154,3 +160,17 @@ true
 
 {{/* Where the query API's credentials are mounted (projected keys: kubelet's swap on rotation is seen). */}}
 {{- define "tierpilot.promSecretsDir" -}}/var/run/secrets/tierpilot{{- end -}}
+
+{{/*
+The API server's addresses as /32 CIDRs (a JSON list): networkPolicy.apiServer.cidrs, else the
+`kubernetes` Endpoints in `default` looked up at install (empty under `helm template`, or without
+read access to it: then the egress to the API server's ports is open to anywhere, and NOTES says so).
+*/}}
+{{- define "tierpilot.apiServerCidrs" -}}
+{{- $cidrs := .Values.networkPolicy.apiServer.cidrs -}}
+{{- if not $cidrs -}}
+{{- $ep := lookup "v1" "Endpoints" "default" "kubernetes" -}}
+{{- range ($ep.subsets | default list) }}{{ range (.addresses | default list) }}{{ $cidrs = append $cidrs (printf "%s/32" .ip) }}{{ end }}{{ end -}}
+{{- end -}}
+{{- toJson ($cidrs | default list) -}}
+{{- end -}}

@@ -48,3 +48,47 @@ The tuner's values, checked: a render fails with one line naming the keys.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+
+{{/* What the tuner may write: none (observe: shadow mode, or tuner off), or tuner.apply (hot, all). */}}
+{{- define "tierpilot.writes" -}}
+{{- $apply := toString .Values.tuner.apply -}}
+{{- if not (has $apply (list "none" "hot" "all")) -}}
+{{- fail (printf "tuner.apply: %q is not none, hot or all" $apply) -}}
+{{- end -}}
+{{- if and .Values.tuner.enabled (not (include "tierpilot.dryRun" .)) -}}
+{{- if not .Values.actuation.targets -}}
+{{- fail "tuner.dryRun=false needs actuation.targets (the objects the tuner changes; values.yaml has an example)" -}}
+{{- end -}}
+{{- $apply -}}
+{{- else -}}none{{- end -}}
+{{- end -}}
+
+{{/* The tuner's mode for the agent ($TIERPILOT_TUNER__MODE): shadow while observing, live otherwise. */}}
+{{- define "tierpilot.tunerMode" -}}
+{{- if include "tierpilot.dryRun" . }}shadow{{ else }}live{{ end -}}
+{{- end -}}
+
+{{/* "true" when the tuner may patch the target `.t` under writes `.writes` (the router's knobs under hot). */}}
+{{- define "tierpilot.writable" -}}
+{{- $routerKinds := dict "router-configmap" (list "router") "vllm-router-args" (list "router" "router_temperature" "kv_penalty_host" "kv_penalty_external") "hyperpod-iec" (list "router") -}}
+{{- if eq .writes "all" -}}true
+{{- else if eq .writes "hot" -}}
+{{- $owned := get $routerKinds .t.kind -}}
+{{- if and $owned .t.knobs -}}
+{{- range .t.knobs }}{{ if has . $owned }}true{{ end }}{{ end -}}
+{{- else if $owned -}}true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when some target may be patched (then Events are recorded). */}}
+{{- define "tierpilot.anyWritable" -}}
+{{- $writes := include "tierpilot.writes" . -}}
+{{- range .Values.actuation.targets }}{{ if include "tierpilot.writable" (dict "t" . "writes" $writes) }}true{{ end }}{{ end -}}
+{{- end -}}
+
+{{/* tuner.apply, checked (the render fails naming the key). */}}
+{{- define "tierpilot.applyValue" -}}
+{{- $_ := include "tierpilot.writes" . -}}{{ toString .Values.tuner.apply }}
+{{- end -}}

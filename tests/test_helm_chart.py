@@ -359,7 +359,8 @@ def test_the_live_tuning_component_turns_every_overlay_live(overlay, tmp_path):
     granted = {json.loads(r)["resourceNames"][0]: json.loads(r)["verbs"] for rules in extra.values() for r in rules}
     router = {"production-stack": {"vllm-router-dynamic-config": ["get", "patch", "watch"],
                                    "vllm-deployment-router": ["get", "patch"], "*": ["create"]},
-              "hyperpod": {"llama-8b-intel-routing": ["get", "patch", "watch"], "*": ["create"]}}
+              "hyperpod": {"llama-8b-intel-routing": ["get", "patch", "watch"], "*": ["create"]},
+              "native-tiering": {"vllm-router": ["get", "patch", "watch"], "*": ["create"]}}
     assert granted == router.get(overlay, {}), overlay
 
 

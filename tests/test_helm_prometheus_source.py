@@ -127,7 +127,8 @@ def test_nothing_of_direct_scraping_is_rendered(tmp_path, kv_events, tuner):
              "curvine-master": {"selector": "app=cm", "port": 9001}}
     args = ["--set", f"kvEvents.enabled={str(kv_events).lower()}", "--set", f"tuner.enabled={str(tuner).lower()}",
             "--set-json", f"discovery.kubernetes.roles={json.dumps(roles)}",
-            "--set", "tuner.storage.type=postgresql", "--set", "tuner.storage.existingSecret=study"]
+            "--set", "tuner.storage.type=postgresql", "--set", "tuner.storage.existingSecret=study",
+            "--set-json", 'actuation.targets=[{"kind": "deployment-env", "name": "vllm", "container": "vllm"}]']
     docs = render({"source": {"type": "prometheus", "prometheus": {"url": "http://prom.monitoring:9090"}}}, *args)
     agent, data = agent_settings(docs, tmp_path)
     ports = egress_ports(docs)
@@ -141,7 +142,8 @@ def test_nothing_of_direct_scraping_is_rendered(tmp_path, kv_events, tuner):
     if tuner:
         settings = settings_from_mapping(yaml.safe_load(data["targets.yaml"]), source="prometheus")
         lease = settings.lease.model_copy(update={"name": agent.actuation.lease_name})
-        expected = required_rules(settings.model_copy(update={"lease": lease}), pod_watch=False)
+        expected = required_rules(settings.model_copy(update={"lease": lease}), pod_watch=False,
+                                  writes="none")  # the chart's default observes: shadow mode reads the target
         assert rbac_problems([d for d in docs if d["kind"] == "Role"], expected) == []
     # the query API rule reaches anywhere unless networkPolicy.queryApiTo names the peers
     (rule,) = [r for r in _one(docs, "NetworkPolicy")["spec"]["egress"] if r["ports"][0]["port"] == 9090]

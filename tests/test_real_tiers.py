@@ -10,6 +10,7 @@ from the tier below. Checked against the engines' own counters and outputs:
 - greedy output with logprobs after a CPU-tier reload and after an fs-tier reload equals the cold
   prefill exactly, with `kv_offload_tiering_chunk_hits{tier="0:primary"|"1:fs"}` showing the tier;
 - engine B hits, in its own fs-tier counters, every chunk engine A wrote (the cross-pod L2 hit);
+- the agent's L1 and L2 hit ratios, hit tokens and L2 read time equal the engines' own counters;
 - a restarted engine hits the files its previous process wrote.
 The restart comes last (tests run in file order).
 """
@@ -26,6 +27,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.collect.mapping import load_mappings
+from agent.collect.normalise import normalise, resolve
+from agent.collect.parse import parse
+from agent.collect.snapshot import build_snapshot
+from agent.collect.store import WindowStore
+from contracts.tier_model import Target, TierView
 from emulator.engines.engine import EngineProcess, engine_python, kv_bytes_per_token
 from emulator.engines.tiering import TieringConfig
 from tests.conftest import REPO_ROOT
@@ -33,6 +40,7 @@ from tests.support.real_engine import MODEL, engine_spec, http_get, skip_reason,
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
+MAPPINGS = load_mappings()
 PROMPT_TOKENS, BLOCK = 2000, 32
 CHUNKS = (PROMPT_TOKENS - 1) // BLOCK  # full blocks before the last prompt token: 62
 CPU, FS = "0:primary", "1:fs"
@@ -168,6 +176,58 @@ def test_an_engine_hits_the_l2_blocks_another_engine_wrote(engines: list[EngineP
     assert _delta(before, after, "vllm:kv_offload_tiering_chunk_queries_total", FS) == CHUNKS
     assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits_total", FS) == CHUNKS  # 100% cross-engine
     assert _delta(before, after, "vllm:prompt_tokens_cached_by_source_total", "disk") == CHUNKS * BLOCK
+
+
+def _agent_tiers(engine: EngineProcess, *scrapes: tuple[float, str]) -> dict[str, TierView]:
+    """The agent's tier view of one engine from its /metrics texts (scrape time, text)."""
+    store = WindowStore()
+    target = Target(engine.metrics_url, "vllm", f"engine-{engine.spec.port}")
+    for ts, text in scrapes:
+        signals = normalise(target, parse(text, MAPPINGS.wanted["vllm"]), MAPPINGS).signals
+        store.ingest(resolve(signals, MAPPINGS), ts=ts)
+    snap = build_snapshot(store.window(now=scrapes[-1][0]), [], taken_at=scrapes[-1][0])
+    return {t.tier: t for t in snap.tiers}
+
+
+def _engine_counters(text: str) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = (s.name, s.labels.get("tier") or s.labels.get("source", ""))
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def test_the_agents_tier_ratios_equal_the_engines_counters(engines: list[EngineProcess]) -> None:
+    """The agent reads the real tiered engines: its L1 (CPU tier) and L2 (fs tier) hit ratios, hit
+    tokens and L2 read time are the engines' own counters, over a window and over their lifetime."""
+    hits, queries = "vllm:kv_offload_tiering_chunk_hits_total", "vllm:kv_offload_tiering_chunk_queries_total"
+    a, b = engines
+    _, t0 = http_get(b.metrics_url)
+    prompt = _prompt(4)
+    ca = _counters(a)
+    _generate(a, prompt)
+    _wait_fs_written(a, ca, CHUNKS)
+    _generate(b, prompt)  # engine B reads what A wrote: a window of fs-tier hits
+    _, t1 = http_get(b.metrics_url)
+    c0, c1 = _engine_counters(t0), _engine_counters(t1)
+    tiers = _agent_tiers(b, (1000.0, t0), (1010.0, t1))
+    fs_hits = c1[(hits, FS)] - c0.get((hits, FS), 0.0)
+    assert tiers["l2"].hit_ratio == fs_hits / (c1[(queries, FS)] - c0.get((queries, FS), 0.0)) == 1.0
+    cpu_hits = c1.get((hits, CPU), 0.0) - c0.get((hits, CPU), 0.0)
+    assert tiers["cpu"].hit_ratio == cpu_hits / (c1[(queries, CPU)] - c0.get((queries, CPU), 0.0))
+    for engine in engines:  # lifetime totals
+        status, text = http_get(engine.metrics_url)
+        assert status == 200
+        c, tiers = _engine_counters(text), _agent_tiers(engine, (1000.0, text))
+        # vLLM creates a tier's hit counter at its first hit: none is 0
+        assert tiers["cpu"].hit_ratio == c.get((hits, CPU), 0.0) / c[(queries, CPU)]
+        assert tiers["cpu"].hit_tokens == c[("vllm:prompt_tokens_cached_by_source_total", "host")]
+        if (queries, FS) in c:
+            assert tiers["l2"].hit_ratio == c.get((hits, FS), 0.0) / c[(queries, FS)]
+            assert tiers["l2"].hit_tokens == c[("vllm:prompt_tokens_cached_by_source_total", "disk")]
+            assert tiers["l2"].read_seconds == c.get(("vllm:kv_offload_tiering_read_time_total", FS))
+    assert (queries, FS) in c  # engine B asked its fs tier
 
 
 def test_a_restarted_engine_hits_the_files_it_wrote(engines: list[EngineProcess]) -> None:

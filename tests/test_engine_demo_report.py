@@ -50,7 +50,8 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
     tuned.plans.append(PLAN)
     text = write_engine_report(tmp_path, wl, [tuned, held], [], {"engines": "2 x 2"}).read_text()
     assert "- plan at 40 s: horizon 60 s (configured)" in text
-    assert "router prefixaware (hot reload): p95 5.0% faster, mean 8.0% slower over the horizon" in text
+    assert "router prefixaware (hot reload): p95 5.0% faster, mean 8.0% slower over the horizon; once settled " \
+           "loses 120 s of TTFT per hour" in text
     assert "**decline**" in text and "+" not in text.split("## What the tuner did")[1].split("## Process")[0]
     assert tuned.hit_ratio() == pytest.approx(0.25)
 
@@ -59,13 +60,18 @@ def test_nothing_applied_reads_no_change_noise_and_lists_the_plans(tmp_path) -> 
     wl = engine_workload(30.0, 7, 3.0)
     tuned = _record("tuned", wl, lambda i: 0.10 * (1 + 0.3 * ((i // 20) % 2)))  # slow stretches: noise
     tuned.events = [(12.0, "planner: best move router prefixaware (mean -8.0% on the twin): decline")]
+    dry = _record("tuned", wl, lambda i: 0.10)
+    dry.events = [(13.0, "tuner: dry_run (trial 2): proposed, not applied; running defaults")]
+    dry.plans.append(PLAN)
+    text = write_engine_report(tmp_path, wl, [dry, _record("held", wl, lambda i: 0.10)], [], {}).read_text()
+    assert "The tuner applied nothing (a dry run: the moves marked apply were proposed, not applied)." in text
     tuned.plans.append(PLAN)
     held = _record("held", wl, lambda i: 0.10)
     text = write_engine_report(tmp_path, wl, [tuned, held], [], {"engines": "2 x 2"}).read_text()
     verdict = text.split("## Verdict: did tuning pay for itself?\n\n", 1)[1]
     assert verdict.startswith("No change, noise: the tuner applied nothing"), verdict[:300]
     head = verdict.split("| phase |", 1)[0]
-    assert "Every move it priced, with the reason it was not applied" in head
+    assert "The tuner applied nothing. Every move it priced, with its verdict and reason" in head
     assert "router prefixaware (hot reload)" in head and "mean slower once settled" in head
     assert tuned.summary_lines(held)[0].startswith("No change, noise")
 

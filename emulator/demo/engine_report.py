@@ -120,10 +120,12 @@ def _verdict_lines(workload: DemoWorkload, tuned: RunRecord, held: RunRecord) ->
         return ["No verdict: no request was served in both passes."]
     lines = [verdict.sentence(), ""]
     if not verdict.applied:
-        lines += ([("The tuner applied nothing. Every move it priced, with the reason it was not applied "
-                   "(seconds from the pass's start; gains are the twin's):"), "", PLAN_NOTE, "", *plan_lines(tuned.plans),
-                   ""] if tuned.plans else
-                  ["The tuner applied nothing and priced no move: " + _idle_reason(tuned), ""])
+        dry = any(m.startswith("tuner: dry_run") for _t, m in tuned.events)
+        why = " (a dry run: the moves marked apply were proposed, not applied)" if dry else ""
+        head = (f"The tuner applied nothing{why}. Every move it priced, with its verdict and reason (seconds from "
+                "the pass's start; changes are the twin's):")
+        lines += ([head, "", PLAN_NOTE, "", *plan_lines(tuned.plans), ""] if tuned.plans else
+                  [f"The tuner applied nothing{why} and priced no move: " + _idle_reason(tuned), ""])
     keep = {c.index for c in tuned.ok()} & {c.index for c in held.ok()}
     actions: dict[int, ActionCounts] = {}
     for t, msg in tuned.events:  # every configuration change the tuner made, in the phase it made it

@@ -98,6 +98,13 @@ PLAN_NOTE = ("Saved per hour and transition cost are TTFT seconds summed over th
              "cost / saved per hour; a move is applied when its net change over the horizon clears the margin.")
 
 
+def _per_hour(saved_s: float | None) -> str:
+    """TTFT seconds a move saves per hour once settled, signed in words."""
+    if saved_s is None:
+        return "TTFT per hour n/a"
+    return f"{'saves' if saved_s >= 0 else 'loses'} {abs(saved_s):,.0f} s of TTFT per hour"
+
+
 def plan_lines(plans: Sequence[dict]) -> list[str]:
     """Every plan the planner made (markdown list): when, the horizon and how it was estimated, and
     per priced candidate the predicted change over the horizon (`5.0% faster`), the TTFT seconds
@@ -116,7 +123,7 @@ def plan_lines(plans: Sequence[dict]) -> list[str]:
             gm = "n/a" if d["gain_mean"] is None else change_text(d["gain_mean"])
             pay = "never" if d["payback_s"] is None else f"{d['payback_s']:,.0f} s"
             out.append(f"  - {knobs} ({'restart' if d['restart'] else 'hot reload'}): p95 {g95}, mean {gm} over "
-                       f"the horizon; once settled saves {_num(d['gain_per_hour_s'], ',.0f')} s of TTFT per hour, "
+                       f"the horizon; once settled {_per_hour(d['gain_per_hour_s'])}, "
                        f"transition cost {_num(d['transition_cost_s'], ',.0f')} s, payback {pay}: **{d['verdict']}**"
                        + (f" ({d['reason']})" if d["reason"] else ""))
     return out

@@ -140,3 +140,25 @@ def test_roundtrip_through_prometheus_client_output(values):
     text = generate_latest(reg).decode()
     got = {s.labels["model_name"]: s.value for s in parse(text).by_name["vllm:prefix_cache_hits_total"]}
     assert got == pytest.approx({label: v for label, v in values})
+
+
+def _content(p) -> tuple:
+    rows = [(s.name, tuple(s.labels.items()), repr(s.value), s.timestamp) for s in p.samples]
+    return rows, p.types, p.lines, p.duplicates, p.openmetrics
+
+
+@pytest.mark.parametrize("wanted", [None, {"vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                                           "lmcache_mp_lookup_hit_l1_tokens_total", "curvine_fuse_read_bytes"}])
+def test_a_payload_reads_the_same_on_every_scrape(samples_dir: Path, wanted):
+    """The first scrape goes line by line and fills the series cache; later ones read cached
+    series in bulk: both give the same samples, types and counts."""
+    from agent.collect.parse import forget_series
+
+    texts = [strip_elisions(p.read_text()) for p in sorted(samples_dir.glob("*.prom"))]
+    texts += [p.read_text() for p in sorted(FIXTURES.glob("*.prom")) + sorted(FIXTURES.glob("*.om"))]
+    texts.append('m{a="1"} 1\nm{a="1"} 2\nm NaN\nm{b="x"} -Inf\n')  # a duplicate series, NaN, -Inf
+    for text in texts:
+        forget_series()
+        first = _content(parse(text, wanted))
+        assert _content(parse(text, wanted)) == first
+        assert _content(parse(text, wanted)) == first

@@ -55,6 +55,12 @@ def _read(path: Path) -> str:
     return token
 
 
+def _header_bytes(value: str) -> bytes:
+    """A header value as bytes, whatever it holds: the HTTP server hands non-UTF-8 bytes over as
+    surrogate escapes, which must compare (and fail: a token is printable text) rather than raise."""
+    return value.encode("utf-8", "surrogatepass")
+
+
 class PeerToken:
     def __init__(self, path: Path, *, grace_s: float = 300.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = Path(path)
@@ -104,12 +110,13 @@ class PeerToken:
         """Whether an `Authorization` header carries the token (or, within the grace period after
         a rotation, the previous one). Constant-time in the token's content."""
         scheme, _, given = (authorization or "").partition(" ")
+        offered = _header_bytes(given).strip()
         current = self.current()
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), current.encode())
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(offered, current.encode())
         with self._lock:
             previous = self._previous if self.monotonic() < self._previous_until else None
         if not ok and previous is not None and scheme.lower() == "bearer":
-            ok = hmac.compare_digest(given.strip().encode(), previous.encode())
+            ok = hmac.compare_digest(offered, previous.encode())
         if not ok:
             with self._lock:
                 self.refused += 1

@@ -6,6 +6,8 @@ a log line or part of /snapshot. Pure functions, linear in their input.
   query (or fragment) parameter whose name looks like a secret (token, key, password, secret, auth,
   sig...).
 - `redact_text` does the same to every URL inside a message (an exception's text may quote one).
+- `RedactingStream(stream)`: a text stream that applies `redact_text` to every line written; the
+  command line wraps its stdout and stderr in it, so nothing it prints can carry a credential.
 
 Userinfo is found the way the HTTP client (yarl, i.e. `urllib.parse.urlsplit`) finds it: the
 authority runs from `//` to the first `/`, `?` or `#`, and the userinfo is everything before its
@@ -20,6 +22,8 @@ levels) before it is judged, so `?%74oken=` is `token`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import unquote_plus
 
 MASK = "***"
@@ -31,6 +35,7 @@ _SECRET_NAME = re.compile(
     r"token|key|passw|pwd|pass$|secret|auth|sig|credential|session|cookie|jwt|bearer|private")
 _AUTHORITY_END = re.compile(r"[/?#\s]")
 _SPACE = re.compile(r"\s")
+_AFTER_MASK = frozenset("\"'<>\\^`{|}])")  # cannot be in a URL: what follows a masked value
 
 
 def _secret_name(raw: str) -> bool:
@@ -44,9 +49,15 @@ def _secret_name(raw: str) -> bool:
     return _SECRET_NAME.search(name) is not None
 
 
+def _masked(value: str) -> bool:
+    """A value this module already masked, quoted since (`token=***"`): left as it is, so
+    redacting twice changes nothing (the closing quote of a label or a JSON string stays)."""
+    return value.startswith(MASK) and (len(value) == len(MASK) or value[len(MASK)] in _AFTER_MASK)
+
+
 def _redact_params(text: str) -> str:
     def repl(m: re.Match[str]) -> str:
-        if m.group(3) and _secret_name(m.group(2)):
+        if m.group(3) and not _masked(m.group(3)) and _secret_name(m.group(2)):
             return f"{m.group(1)}{m.group(2)}={MASK}"
         return m.group(0)
     return _PARAM.sub(repl, text)
@@ -112,3 +123,40 @@ def redact_text(text: str) -> str:
 
 def redact_url(url: str) -> str:
     return redact_text(url)
+
+
+class RedactingStream:
+    """A text stream whose every line passes `redact_text` before it reaches `raw`: what the command
+    line prints (warnings, tables, errors, tracebacks, log lines) goes through it. A line is held
+    until it ends (or the stream is flushed), so a URL written in pieces is still seen whole; every
+    other attribute (`isatty`, `fileno`, `encoding`) is the wrapped stream's."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self._pending = ""
+
+    @classmethod
+    def around(cls, stream: Any) -> Any:
+        """`stream` wrapped (once: a stream already redacting is returned as it is)."""
+        return stream if isinstance(stream, cls) else cls(stream)
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        end = self._pending.rfind("\n") + 1
+        if end:
+            done, self._pending = self._pending[:end], self._pending[end:]
+            self._raw.write(redact_text(done))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._raw.write(redact_text(self._pending))
+            self._pending = ""
+        self._raw.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)

@@ -2,6 +2,7 @@
 running Prometheus over its HTTP API; tests and other subsystems can pass their own source."""
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import urllib.error
@@ -10,6 +11,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from contracts.redact import redact_text, redact_url
 
 
 class SourceError(RuntimeError):
@@ -51,18 +54,22 @@ class PrometheusSource:
 
     def _get(self, path: str, params: dict[str, str]) -> Any:
         url = f"{self.base_url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
+        where = redact_url(self.base_url)
         try:
             body = self.fetch(url, self.timeout)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")[:300]
-            raise SourceError(f"Prometheus {self.base_url} answered HTTP {exc.code} to "
-                              f"{params.get('query', path)!r}: {detail}") from exc
+            raise SourceError(f"Prometheus {where} answered HTTP {exc.code} to "
+                              f"{params.get('query', path)!r}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"cannot reach Prometheus at {self.base_url}: {exc}") from exc
+            raise SourceError(redact_text(f"cannot reach Prometheus at {where}: {exc}")) from None
+        except (http.client.InvalidURL, ValueError):  # its text would quote a piece of the password
+            raise SourceError(f"--prometheus {where}: not a usable URL (percent-encode a '/', '?', '#' or '@' "
+                              "in the user name or password)") from None
         try:
             payload = json.loads(body)
         except ValueError as exc:
-            raise SourceError(f"Prometheus {self.base_url} sent non-JSON for {path}") from exc
+            raise SourceError(f"Prometheus {where} sent non-JSON for {path}") from exc
         if payload.get("status") != "success":
             raise SourceError(f"Prometheus rejected {params.get('query', path)!r}: "
                               f"{payload.get('errorType')}: {payload.get('error')}")

@@ -3,8 +3,12 @@ so `tierpilot --help` is fast and one broken subsystem cannot take the others do
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import click
+
+from contracts.redact import RedactingStream
 
 # name -> (module, attribute, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -20,6 +24,17 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 class LazyGroup(click.Group):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Everything any subcommand prints (its tables, warnings, errors, log lines, a traceback)
+        reaches the terminal through one redacting formatter (contracts/redact.py): a target URL
+        never shows its credentials, whichever path prints it."""
+        sys.stdout, sys.stderr = RedactingStream.around(sys.stdout), RedactingStream.around(sys.stderr)
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)
 

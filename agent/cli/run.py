@@ -10,6 +10,7 @@ import click
 
 from agent.settings import SettingsError, load_settings
 from contracts.console_tables import count, pct, table, table_console
+from contracts.redact import redact_url
 from contracts.tier_model import AUTO_ROLE, ROLES, Snapshot, Target, TierView
 
 
@@ -132,12 +133,18 @@ def parse_target(spec: str) -> Target:
         role, _, pod = head.partition("/")
     if role not in (*ROLES, AUTO_ROLE):
         raise click.BadParameter(f"unknown role {role!r} in {spec!r}; valid: {', '.join((*ROLES, AUTO_ROLE))}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise click.BadParameter(f"{redact_url(url)!r} is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise click.BadParameter(f"{url!r} is not an http(s) URL")
+        raise click.BadParameter(f"{redact_url(url)!r} is not an http(s) URL")
     if not parts.path:
         url = url.rstrip("/") + "/metrics"
-    return Target(url=url, role=role, pod=pod or parts.netloc)  # type: ignore[arg-type]
+    # the default pod name is host:port, never the userinfo (read from the redacted URL, which
+    # also hides a password whose raw "/" or "?" ends urlsplit's netloc early)
+    host_port = urlsplit(redact_url(url)).netloc.rpartition("@")[2]
+    return Target(url=url, role=role, pod=pod or host_port)  # type: ignore[arg-type]
 
 
 def parse_selectors(specs: tuple[str, ...]) -> dict[str, str]:
@@ -219,11 +226,11 @@ def scrape_once(targets: tuple[str, ...], fmt: str, as_json: bool, config: Path 
         render_table(snap, window=stored_span(agent.store.frame()["ts"]) if prom_url else None)
     for st in snap.targets:
         for reason, detail in st.warnings:
-            click.echo(f"warning: {st.target.url} ({st.target.role}): {reason}: {detail}", err=True)
+            click.echo(f"warning: {st.target.key} ({st.target.role}): {reason}: {detail}", err=True)
     if not any(st.up for st in snap.targets):
         if prom_url:
             why = next((st.detail or st.reason for st in snap.targets if st.reason), "no series")
-            click.echo(f"error: {prom_url}: {why}", err=True)
+            click.echo(f"error: {redact_url(prom_url)}: {why}", err=True)
         sys.exit(1)
     if not prom_url and not any(st.up and not any(r == "no_mapped_series" for r, _ in st.warnings)
                                 for st in snap.targets):

@@ -26,6 +26,7 @@ import msgspec
 
 from agent.collect.scrape import connect_error_detail
 from agent.settings import PrometheusSourceSettings
+from contracts.redact import redact_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +173,11 @@ class PrometheusApi:
             return QueryFailure("timeout", f"no answer within {timeout_s:g}s", self.clock() - start)
         except aiohttp.ClientConnectorError as exc:
             refused = isinstance(exc.os_error, ConnectionRefusedError)
-            return QueryFailure("connection_refused" if refused else "connection_error", connect_error_detail(exc),
+            return QueryFailure("connection_refused" if refused else "connection_error",
+                                redact_text(connect_error_detail(exc)),
                                 self.clock() - start)
-        except (aiohttp.ClientError, OSError) as exc:
-            return QueryFailure("connection_error", f"{type(exc).__name__}: {exc}", self.clock() - start)
+        except (aiohttp.ClientError, OSError) as exc:  # the text may quote the URL: redacted
+            return QueryFailure("connection_error", redact_text(f"{type(exc).__name__}: {exc}"), self.clock() - start)
         return status, body, self.clock() - start
 
 

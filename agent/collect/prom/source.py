@@ -53,6 +53,7 @@ from agent.collect.prom.frame import (
 from agent.collect.snapshot import build_snapshot
 from agent.collect.store import WindowStore
 from agent.settings import AgentSettings
+from contracts.redact import redact_text
 from contracts.tier_model import Snapshot, Target, TargetStatus
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ class PrometheusCycle:
             if res.failure is not None:
                 self._count(t, res.failure.reason)
                 st = TargetStatus(t, False, res.failure.duration_s, res.failure.reason,
-                                  f"Prometheus query failed: {res.failure.detail}", samples=samples,
+                                  redact_text(f"Prometheus query failed: {res.failure.detail}"), samples=samples,
                                   errors=dict(self.errors.get(t.key, {})))
             elif (instance := down.get((key[0], key[1])) or down.get(("", key[1]))) is not None:
                 self._count(t, "target_down")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.output_paths import write_output
 from dashboards import alert_rules, health, overview, tuner
 from dashboards.grafana import Dashboard
 from dashboards.rulefile import prometheus_rule, rules_document, to_yaml
@@ -72,7 +73,7 @@ def write(root: Path, settings: BuildSettings) -> list[Path]:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+            write_output(path, text)
     for folder in (DASHBOARD_DIR, CHART_DASHBOARD_DIR):
         for stale in sorted((root / folder).glob("*.json")):
             if stale.relative_to(root) not in files:

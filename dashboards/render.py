@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
+from contracts.output_paths import replacing
 from dashboards import overview
 from dashboards.grafana import Dashboard, Panel
 from dashboards.promql import expand
@@ -255,7 +256,8 @@ def _save_single(d: PanelData, path: Path) -> Path:
     ax.set_title(d.panel.title, fontsize=11, loc="left")
     DRAW[d.panel.kind](ax, d)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -289,7 +291,8 @@ def _save_sheet(dashboard: Dashboard, data: Sequence[PanelData], path: Path, sta
     window = f"{datetime.fromtimestamp(start):%Y-%m-%d %H:%M} - {datetime.fromtimestamp(end):%H:%M}"
     fig.suptitle(f"{dashboard.title}   ({window})", fontsize=13)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
-    fig.savefig(path, dpi=90)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
     return path
 

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import polars as pl
 
+from contracts.output_paths import replacing
 from simulator.capacity.curves import TierCurve
 from simulator.capacity.plot import draw_curves
 from simulator.replay import ReplayResult
@@ -70,6 +71,7 @@ def plot_replay(result: ReplayResult, path: str | Path, *, title: str = "",
         fontsize=11,
     )
     out = Path(path)
-    fig.savefig(out, dpi=110)
+    with replacing(out) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return out

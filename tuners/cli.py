@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from contracts.output_paths import check_output_dir, check_output_file
+from contracts.output_paths import check_output_dir, check_output_file, write_output
 from simulator.synthetic import PRESETS
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
 from tuners.optuna_tuner import SAMPLERS
@@ -221,7 +221,7 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
                 "workload": str(trace or preset), "requests": workload.height, "pods": pods,
                 "memory_ms_per_gib": memory_ms_per_gib, "objective_value": result.best.value,
                 **({"targets": str(targets_file)} if targets_file else {})}
-        out.write_text(best_yaml(result.best.knobs, meta))
+        write_output(out, best_yaml(result.best.knobs, meta))
         click.echo(f"wrote {out}")
     if plot_dir is not None:
         for path in [*write_plots(tuner.study, plot_dir, objective_names=objective.names), *curve_plots]:
@@ -264,7 +264,7 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
         click.echo(note)
     if out is not None:
         metric = objective.metric
-        out.write_text(best_yaml(result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
+        write_output(out, best_yaml(result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
                                                      "objective": metric, f"{metric}_s": best_ev.metric(metric),
                                                      "workers": workers}))
         click.echo(f"wrote {out}")

@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import optuna
 from optuna.visualization import matplotlib as ovm
 
+from contracts.output_paths import replacing
+
 
 def label(name: str) -> str:
     """An objective name as an axis label: `ttft_p95_s + memory` -> `TTFT p95 + memory cost (s)`."""
@@ -34,7 +36,8 @@ def _save(ax: object, path: Path, title: str) -> Path:
     first.set_title(title, fontsize=11)  # type: ignore[union-attr]
     fig.set_size_inches(9, 5.5)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 

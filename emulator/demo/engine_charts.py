@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from contracts.output_paths import replacing
 from emulator.engines.client import Completion
 
 PASS_COLOURS = {"tuned": "tab:blue", "held": "tab:gray"}
@@ -50,7 +51,8 @@ def _finish(fig: plt.Figure, ax: plt.Axes, path: Path, ncols: int) -> None:
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
     ax.grid(alpha=0.3)
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

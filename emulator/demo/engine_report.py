@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.knobs import Knobs
+from contracts.output_paths import replacing, write_output
 from emulator.demo.engine_charts import plot_engine_hit_ratios, plot_engine_ttft
 from emulator.demo.paired_verdict import PairedVerdict, paired_verdict
 from emulator.demo.scorecard import PLAN_NOTE, plan_lines
@@ -179,7 +180,7 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
         lines += ["", f"## The agent in the {r.name} pass ({r.agent_url})", ""]
         lines += _counter_lines(r) + _kv_lines(r)
         lines += [f"- configuration at the end: {r.final_knobs.router if r.final_knobs else 'n/a'} router"]
-    with open(report_dir / "requests.csv", "w") as f:  # every request of every pass, for a closer look
+    with replacing(report_dir / "requests.csv") as tmp, open(tmp, "w") as f:  # every request, for a closer look
         f.write("pass,index,phase,sent_s,latency_s,prompt_tokens,cached_tokens,error\n")
         for r in records:
             f.writelines(f"{r.name},{c.index},{phases[c.index]},{c.sent_s:.3f},{c.latency_s:.4f},{c.prompt_tokens},"
@@ -187,7 +188,7 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
                          for c in r.completions)
     lines += ["", "Every request: requests.csv (pass, index, phase, sent_s, latency_s, prompt and cached tokens)."]
     path = report_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_output(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from contracts.output_paths import replacing, write_output
 from emulator.cluster.timeline import TIERS, DemoEvent, PhaseVerdict, Recorder, TimelinePoint
 from simulator.capacity.curves import TierCurve
 from simulator.capacity.plot import plot_curves
@@ -69,7 +70,8 @@ def plot_ttft(points: Sequence[TimelinePoint], events: Sequence[DemoEvent], phas
     ax.set_title("Time to first token, p95, with configuration changes and drift")
     ax.grid(alpha=0.3)
     _legend_below(fig, ax, ncols=2)
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 
@@ -91,7 +93,8 @@ def plot_hit_ratios(points: Sequence[TimelinePoint], events: Sequence[DemoEvent]
     ax.set_title("Per-tier KV-cache hit ratios (sliding window)")
     ax.grid(alpha=0.3)
     _legend_below(fig, ax, ncols=3)
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 
@@ -148,7 +151,8 @@ def plot_optuna_history(trials: Sequence[tuple[int, float | None, str]], path: P
     ax.grid(alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole numbers
     _legend_below(fig, ax, ncols=3)
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 
@@ -228,5 +232,5 @@ def write_report(report_dir: Path, recorder: Recorder, *, title_facts: dict[str,
     for ev in events:
         out.append(f"| {ev.trace_s / 60:.1f} min | {ev.kind} | {ev.message.replace('|', '/')} |")
     path = report_dir / "report.md"
-    path.write_text("\n".join(out) + "\n")
+    write_output(path, "\n".join(out) + "\n")
     return path

@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from contracts.output_paths import replacing
 from simulator.capacity.curves import TierCurve
 
 COLORS = {"gpu": "#2b7bba", "cpu": "#e08214", "l2": "#4daf4a"}
@@ -56,6 +57,7 @@ def plot_curves(curves: Mapping[str, TierCurve], path: str | Path, *, tiers: Seq
     fig.suptitle(title or "Hit ratio versus capacity over the whole run (LRU; dashed: the size in force)",
                  fontsize=11)
     out = Path(path)
-    fig.savefig(out, dpi=110)
+    with replacing(out) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return out

@@ -65,7 +65,7 @@ def test_per_tier_hit_ratios_and_l2_read_time_equal_the_engines_counters(capture
     snap = _snapshot((1000.0, capture))
     tiers = {t.tier: t for t in snap.tiers}
     cpu, l2 = tiers["cpu"], tiers["l2"]
-    assert (cpu.source, l2.source) == ("vllm_native_tiering", "vllm_native_tiering")
+    assert (cpu.source, l2.source) == ("vllm_tiering", "vllm_tiering")
     assert cpu.hit_ratio == L1_HITS / L1_QUERIES
     assert l2.hit_ratio == L2_HITS / L2_QUERIES
     # chunks of 32 tokens: the hit tokens are exactly what vLLM counted as cached from host and disk
@@ -75,7 +75,7 @@ def test_per_tier_hit_ratios_and_l2_read_time_equal_the_engines_counters(capture
     assert l2.read_latency_seconds == L2_READ_SECONDS / L2_HITS
     assert cpu.usage_ratio == 0.0 and cpu.read_seconds is None
     reg = build_registry(lambda: snap)
-    labels = {"pod": "engine-0", "model": MODEL, "source": "vllm_native_tiering"}
+    labels = {"pod": "engine-0", "model": MODEL, "source": "vllm_tiering"}
     assert reg.get_sample_value("tierpilot_kv_hit_ratio", {**labels, "tier": "cpu"}) == L1_HITS / L1_QUERIES
     assert reg.get_sample_value("tierpilot_kv_hit_ratio", {**labels, "tier": "l2"}) == L2_HITS / L2_QUERIES
     assert reg.get_sample_value("tierpilot_kv_read_seconds_total", {**labels, "tier": "l2"}) == L2_READ_SECONDS
@@ -116,11 +116,11 @@ def test_a_tier_that_never_hit_has_no_hit_counter_yet_and_a_ratio_of_zero(captur
     no_hits = "\n".join(line for line in capture.splitlines()
                         if not line.startswith("vllm:kv_offload_tiering_chunk_hits")) + "\n"
     tiers = {t.tier: t for t in _snapshot((1000.0, no_hits)).tiers}
-    assert (tiers["cpu"].source, tiers["cpu"].hit_ratio, tiers["l2"].hit_ratio) == ("vllm_native_tiering", 0.0, 0.0)
+    assert (tiers["cpu"].source, tiers["cpu"].hit_ratio, tiers["l2"].hit_ratio) == ("vllm_tiering", 0.0, 0.0)
 
 
 def test_without_an_fs_tier_only_the_cpu_tier_is_native(capture):
     cpu_only = "\n".join(line for line in capture.splitlines() if 'tier="1:fs"' not in line) + "\n"
     tiers = {t.tier: t for t in _snapshot((1000.0, cpu_only)).tiers}
-    assert tiers["cpu"].source == "vllm_native_tiering" and tiers["cpu"].hit_ratio == L1_HITS / L1_QUERIES
+    assert tiers["cpu"].source == "vllm_tiering" and tiers["cpu"].hit_ratio == L1_HITS / L1_QUERIES
     assert "l2" not in tiers

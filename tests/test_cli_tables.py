@@ -75,6 +75,20 @@ def test_scrape_once_at_80_columns_keeps_numbers_and_sources_whole():
     assert "…" not in result.output
 
 
+def test_scrape_once_shows_native_tierings_per_tier_ratios_and_l2_read_time(samples_dir):
+    text = (samples_dir / "vllm_0_32_cpu_native_tiering_metrics.prom").read_text()
+    with MetricsServer() as srv:
+        url = srv.route("/metrics", text=text)
+        result = CliRunner().invoke(main, ["scrape-once", "-t", f"vllm/engine-0={url}", "--format", "table"],
+                                    env=NARROW)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    # the capture: CPU tier 368 hits of 3,530 chunk lookups, fs tier 496 of 539; fs reads 1.0413 s
+    for cell in ("vllm_tiering", "usage", "10.4%", "92.0%", "1.04", f"{1.0412832689989955 / 496 * 1000:.2f}"):
+        assert _whole(lines, cell), (cell, result.output)
+
+
 def test_kv_events_at_80_columns_has_whole_headers():
     with KvEventPublisher("tcp://127.0.0.1:0", bind=True) as pub:
         from tests.test_kvevents_cli import stored_event

@@ -297,6 +297,12 @@ def render_table(snap: Snapshot, *, window: str | None = None, console: object =
                                for q in (0.5, 0.95, 0.99))) for x in snap.l2_io]
     tables.append(table(f"L2 I/O latency ({quantiles})", ("pod", "op", "p50 (ms)", "p95 (ms)", "p99 (ms)"), io_rows,
                         text=("pod",), left=("op",)))
+    read_rows = [(t.pod, t.tier, t.source, f"{t.read_seconds:,.2f}", f"{t.read_latency_seconds * 1000:.2f}")
+                 for t in snap.tiers if t.read_seconds is not None and t.read_latency_seconds is not None]
+    tables.append(table(f"Tier reads into the tier above: time is a lifetime total, per chunk the mean "
+                        f"{f'over {window}' if window else 'of the lifetime totals'}",
+                        ("pod", "tier", "source", "time (s)", "per chunk (ms)"), read_rows,
+                        text=("pod",), left=("tier", "source")))
     for t in tables:
         if t.row_count:
             out.print(t)  # type: ignore[attr-defined]

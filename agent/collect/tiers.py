@@ -13,7 +13,7 @@ The L1/L2 split has several possible sources, tried in this fixed order (the win
 `source` label; an estimate says so in its name):
 
 1. `lmcache_mp`: LMCache MP per-tier lookup hits (exact);
-   `vllm_native_tiering`: vLLM's native tiering, per-tier chunk lookups and hits of the CPU
+   `vllm_tiering`: vLLM's native tiering, per-tier chunk lookups and hits of the CPU
    primary tier (L1) and the fs tier (L2), exact: the hit ratios are the engine's own. Chunks become
    tokens at the offload chunk size, `offload_chunk_tokens`;
 2. `vllm_by_source`: vLLM `prompt_tokens_cached_by_source{source=host|disk}` (exact when the
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from agent.collect.counter_math import ratio
 from contracts.tier_model import TIERS, Tier
 
-SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_native_tiering", "vllm_by_source", "vllm_native_offload", "estimated_l2_read_bytes",
+SPLIT_ORDER: tuple[str, ...] = ("lmcache_mp", "vllm_tiering", "vllm_by_source", "vllm_native_offload", "estimated_l2_read_bytes",
                                  "connector_combined")
 NATIVE_OFFLOAD_SIGNALS = ("offload_load_bytes", "offload_store_bytes")
 
@@ -101,7 +101,7 @@ def _native_tiering(values: Mapping[str, float]
     l2 = None
     if "l2_chunk_queries" in values:
         l2 = (values["l2_chunk_queries"] * per, values.get("l2_chunk_hits", 0.0) * per)
-    return "vllm_native_tiering", l1, l2
+    return "vllm_tiering", l1, l2
 
 
 def split_l1_l2(

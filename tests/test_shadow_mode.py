@@ -241,3 +241,20 @@ def test_with_credentials_the_shadow_reads_the_running_configuration_from_the_ta
     rt.shadow.update(fake.t)
     assert rt.shadow.summary()["pending_changes"] == 1
     assert rt.shadow.summary()["running"]["chunk_tokens"] == 1024
+
+
+def test_with_a_leader_lease_only_the_holder_plans_and_keeps_the_record(kube, cluster, tmp_path):
+    """The chart runs two replicas sharing the export's Lease: a standby makes no plans and scores
+    nothing twice."""
+    fake = FakeTime()
+    settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5},
+                             tuner=tuner(tmp_path, "lease", mode="shadow"), export={"fleet": "leader"},
+                             actuation={"lease_namespace": NS, "identity": "agent-b"})
+    targets = StaticTargets([Target(p.vllm_endpoint.url, "vllm", p.name) for p in cluster.pods.values()])
+    rt = build_runtime(settings, plan_executor=InlineExecutor(), clock=fake.clock, monotonic=fake.clock,
+                       sleep=fake.sleep, now=fake.now, env={}, targets=targets, api_client=kube.api_client(),
+                       running_knobs=Knobs)
+    traffic(cluster, (rt,), fake, 5, ttft_s=0.6)
+    assert rt.tuning.step() is None and rt.tuning.state == "standby"  # no Lease yet
+    assert rt.elector.try_acquire_or_renew() is True
+    assert rt.tuning.step().state == "baseline"

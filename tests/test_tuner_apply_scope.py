@@ -187,6 +187,9 @@ def test_default_runtime_restarts_nothing_and_the_proposal_is_applied_with_one_c
     def cli(*args: str):
         return runner.invoke(main, ["--kubeconfig", str(kubeconfig), "apply-proposal", str(targets), *args])
 
+    out = cli("--file", str(proposals), "--diff")
+    assert out.exit_code == 0 and "knob(s) would change" in out.stdout, out.output
+    assert vllm_env(kube) == {"LMCACHE_CHUNK_SIZE": "256"}  # --diff changes nothing
     out = cli("--file", str(proposals), "--yes")
     assert out.exit_code == 0, out.output
     assert f"proposal {newest['id']}" in out.stdout and "knob(s) would change" in out.stdout
@@ -200,3 +203,25 @@ def test_default_runtime_restarts_nothing_and_the_proposal_is_applied_with_one_c
     out = cli("--file", str(stale), "--yes")
     assert out.exit_code == 1 and "the cluster has changed since" in out.output
     assert vllm_env(kube) == before
+
+
+def test_check_prints_the_role_rules_for_an_apply_scope(tmp_path):
+    from click.testing import CliRunner
+
+    from agent.k8s.__main__ import main
+
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(yaml.safe_dump({"namespace": "llm", "targets": [
+        {"kind": "deployment-env", "name": "vllm", "container": "vllm"},
+        {"kind": "router-configmap", "name": "router-dyn", "key": "dynamic_config.json",
+         "restart": [{"kind": "Deployment", "name": "vllm-router"}]}]}))
+
+    def patched(scope: str) -> set[str]:
+        out = CliRunner().invoke(main, ["check", str(targets), "--apply", scope])
+        assert out.exit_code == 0, out.output
+        rules = yaml.safe_load(out.stdout[out.stdout.index("rules:"):])["rules"]
+        return {n for r in rules if "patch" in r["verbs"] for n in r.get("resourceNames", ())}
+
+    assert patched("all") == {"vllm", "router-dyn", "vllm-router"}
+    assert patched("hot") == {"router-dyn", "vllm-router"}
+    assert patched("none") == set()

@@ -118,7 +118,10 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--config", type=FILE,
               help="A knobs YAML (e.g. the tuner's best.yaml) to validate against the targets, offline: "
                    "each value a target cannot express is listed with the reason; exit 1 if any.")
-def check(targets_arg: Path | None, targets_opt: Path | None, config: Path | None) -> None:
+@click.option("--apply", "apply_scope", type=click.Choice(["none", "hot", "all"]), default="all", show_default=True,
+              help="The Role rules for a tuner with this tuner.apply (hot: patch only on the router's targets; "
+                   "none: get only, as in shadow mode).")
+def check(targets_arg: Path | None, targets_opt: Path | None, config: Path | None, apply_scope: str) -> None:
     """Validate TARGETS offline; print the tunable knobs, the values they accept and the Role rules
     they need. With --config, say whether `apply` would accept that configuration."""
     from agent.k8s.offline import acceptance, refusals
@@ -144,7 +147,7 @@ def check(targets_arg: Path | None, targets_opt: Path | None, config: Path | Non
     acc = acceptance(settings, maps)
     for knob, values in acc.accepts.items():
         click.echo(f"  {knob}: {', '.join(map(str, values)) if values is not None else 'any number'}")
-    click.echo(yaml.safe_dump({"rules": required_rules(settings)}, sort_keys=False), nl=False)
+    click.echo(yaml.safe_dump({"rules": required_rules(settings, writes=apply_scope)}, sort_keys=False), nl=False)
 
 
 @main.command()
@@ -218,8 +221,9 @@ def apply(targets: Path, config: Path, dry_run: bool, mark_good: bool) -> None:
 @cluster_options
 @click.option("--dry-run", is_flag=True, help="Server-side dry-run: validate everything, store nothing.")
 @click.option("--yes", is_flag=True, help="Apply without asking (the diff is printed first either way).")
+@click.option("--diff", "diff_only", is_flag=True, help="Print the proposal and its diff, change nothing.")
 def apply_proposal(targets: Path, proposal_id: str | None, agent_url: str | None, file: Path | None,
-                   dry_run: bool, yes: bool) -> None:
+                   dry_run: bool, yes: bool, diff_only: bool) -> None:
     """Apply a change the tuner proposed but did not make (tuner.apply: a restart-requiring move
     under `hot`, or any move under `none`). ID is the proposal's id or a unique prefix [default: the
     newest]. Prints the proposal's plan line and the diff, refuses if the cluster no longer runs
@@ -230,6 +234,7 @@ def apply_proposal(targets: Path, proposal_id: str | None, agent_url: str | None
     Examples:
       tierpilot k8s apply-proposal deploy/overlays/plain-vllm/targets.yaml --agent http://127.0.0.1:9400
       tierpilot k8s apply-proposal targets.yaml 3f9c0e1a2b --file /var/lib/tierpilot/proposals.json --yes
+      tierpilot k8s apply-proposal targets.yaml --agent http://127.0.0.1:9400 --diff
     """
     from tuners.proposals import load_proposals, pick
 
@@ -250,7 +255,7 @@ def apply_proposal(targets: Path, proposal_id: str | None, agent_url: str | None
     changes, refused = _print_diff(act, chosen.knobs, f"proposal {chosen.id}")
     if refused:
         raise click.ClickException(f"proposal {chosen.id}: {refused} value(s) the targets refuse")
-    if not changes:
+    if not changes or diff_only:
         return
     if not (yes or dry_run) and not click.confirm("apply it now (the listed objects roll)?", default=False):
         raise click.ClickException("not applied")

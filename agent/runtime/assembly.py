@@ -531,7 +531,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     rt.tuning = TuningLoop(
         make_controller,
         lambda: drift_signals(rt.fleet_store, rt.overlap_source, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
-        clock=clock, guardrails=guardrails, is_leader=rt.elector.is_leader if rt.elector is not None else None)
+        clock=clock, guardrails=guardrails, is_leader=_tuning_leader(rt, settings))
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     rt.agent.add_health_check("tuner", rt.tuning.health)
     if rt.paying is not None:  # every priced candidate of the latest plan: gain/h, cost, payback, verdict
@@ -546,6 +546,17 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
              ", ".join(d.name for d in space.dimensions), mode, t.apply,
              "on" if rt.elector is not None else "off",
              "planner on (transition costs, twin counterfactual)" if rt.paying is not None else "live search")
+
+
+def _tuning_leader(rt: Runtime, settings: AgentSettings) -> Callable[[], bool] | None:
+    """Who runs the tuner's steps: the Lease holder. Shadow mode has no elector of its own; with
+    leader election on it follows the export's, made later (export.fleet: leader), so replicas do
+    not plan and export the same shadow record twice."""
+    if rt.elector is not None:
+        return rt.elector.is_leader
+    if settings.tuner.mode == "shadow" and settings.actuation.leader_election and settings.export.fleet == "leader":
+        return lambda: rt.elector is not None and rt.elector.is_leader()
+    return None
 
 
 def _running_knobs(actuator: Any, fixed_knobs: Mapping[str, Any]) -> Knobs:

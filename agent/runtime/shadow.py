@@ -148,7 +148,8 @@ def add_shadow_log(rt: Any, settings: Any, *, clock: Callable[[], float], namesp
                           else t.live.settle_s, window_s=sh.window_s if sh.window_s is not None else t.live.window_s,
                           min_requests=t.live.min_requests, keep=sh.keep, log=writer, target=namespace)
     rt.agent.add_collector(rt.shadow)
-    rt.agent.add_job(JobSpec("shadow", t.step_interval_s, lambda: rt.shadow.update(clock())))
+    # the Lease holder keeps the record (a standby makes no plans and would score changes twice)
+    rt.agent.add_job(JobSpec("shadow", t.step_interval_s, lambda: rt.shadow.update(clock()) if rt.tuning.leading else 0))
     rt.agent.add_health_info("tuner_shadow", rt.shadow.summary)
     log.info("shadow mode: planning as a live tuner with apply %s would; nothing is applied%s", t.apply,
              f"; record in {sh.log_file}" if sh.log_file else "")

@@ -124,3 +124,29 @@ def test_without_an_fs_tier_only_the_cpu_tier_is_native(capture):
     tiers = {t.tier: t for t in _snapshot((1000.0, cpu_only)).tiers}
     assert tiers["cpu"].source == "vllm_tiering" and tiers["cpu"].hit_ratio == L1_HITS / L1_QUERIES
     assert "l2" not in tiers
+
+
+def _doubled(text: str) -> str:
+    """The capture as a later scrape that saw everything twice: counters and histograms x2."""
+    cumulative = set(re.findall(r"^# TYPE (\S+) (?:counter|histogram)$", text, re.MULTILINE))
+    out = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in cumulative or re.sub(r"_(total|bucket|count|sum)$", "", name) in cumulative:
+                head, _, value = line.rpartition(" ")
+                line = f"{head} {float(value) * 2!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_l2_break_even_from_the_fs_tiers_own_read_time_and_lookup_delay(capture):
+    # by hand from the capture: prefill 94.26839201899884 s for 86,384 computed tokens; the fs tier
+    # read 130,023,424 bytes in 1.0412832689989955 s for 15,872 disk-cached tokens (8,192 bytes a
+    # token); its lookups resolved after a retry: 10 by 5 ms, 343 by 10 ms, 539 in all (median in
+    # (5 ms, 10 ms], interpolated)
+    c_p = 94.26839201899884 / 86384
+    c_r = 1.0412832689989955 / 130023424 * (130023424 / 15872)
+    fixed = 0.005 + 0.005 * (539 / 2 - 10) / (343 - 10)
+    (pod,) = _snapshot((1000.0, capture), (1010.0, _doubled(capture))).pods
+    assert pod.l2_break_even_tokens == pytest.approx(fixed / (c_p - c_r), rel=1e-9)

@@ -61,7 +61,7 @@ class SeriesGroup:
 
 
 # the histograms whose buckets the snapshot reads (the others, e.g. prompt length, are the store's)
-READ_BUCKETS = ("ttft_seconds", "l2_read_latency_seconds", "l2_write_latency_seconds",
+READ_BUCKETS = ("ttft_seconds", "l2_read_latency_seconds", "l2_write_latency_seconds", "l2_lookup_async_seconds",
                 *(f"{tier}_{sig}" for tier in AGE_TIERS for sig in AGE_SIGNALS.values()))
 
 
@@ -218,16 +218,31 @@ def _rate(g: SeriesGroup, signal: str) -> float | None:
     return g.increase[signal] / secs
 
 
+def _l2_read_costs(g: SeriesGroup, kvbpt: float | None
+                   ) -> tuple[float | None, float | None, float | None, float | None]:
+    """(read seconds, read bytes, fixed seconds per read, KV bytes per token) over the window. From
+    the L2 read histogram (Curvine FUSE, LMCache) when there is one; for vLLM's native tiering,
+    which has none: its fs tier's read time and bytes, the median fs lookup (first retry to
+    resolution) as the fixed cost, and the bytes it read per disk-cached token as the KV size."""
+    l2_read = g.buckets.get("l2_read_latency_seconds", [])
+    inc = g.increase
+    if l2_read or "l2_read_seconds" not in inc:
+        fixed = histogram_quantile(0.5, [(le, n) for le, n, _ in l2_read]) if l2_read else None
+        return inc.get("l2_read_latency_seconds:sum"), inc.get("l2_read_bytes"), fixed, kvbpt
+    lookup = g.buckets.get("l2_lookup_async_seconds", [])
+    fixed = histogram_quantile(0.5, [(le, n) for le, n, _ in lookup]) if lookup else None
+    read_bytes, disk = inc.get("l2_read_bytes"), inc.get("cached_disk_tokens")
+    per_token = read_bytes / disk if read_bytes and disk else kvbpt
+    return inc["l2_read_seconds"], read_bytes, fixed, per_token
+
+
 def _pod_view(pod: str, model: str, g: SeriesGroup, kvbpt: float | None) -> PodView:
     ttft = g.buckets.get("ttft_seconds", [])
     if ttft and ttft[-1][1] <= 0:  # no request finished in the window: lifetime buckets
         ttft = [(le, last, last) for le, _, last in ttft]
-    l2_read = g.buckets.get("l2_read_latency_seconds", [])
-    fixed = histogram_quantile(0.5, [(le, inc) for le, inc, _ in l2_read]) if l2_read else None
     break_even = l2_break_even_tokens(
         g.increase.get("prefill_seconds:sum"), g.increase.get("prompt_computed_tokens"),
-        g.increase.get("l2_read_latency_seconds:sum"), g.increase.get("l2_read_bytes"),
-        fixed, kvbpt,
+        *_l2_read_costs(g, kvbpt),
     )
     return PodView(
         pod=pod, model=model,

@@ -325,6 +325,9 @@ class WarmStartSection(_Frozen):
     trace: Path | None = Field(None, description="Mooncake-format trace (workload: trace)")
     duration_s: float = Field(300.0, gt=0, le=7 * 86_400.0, description="span of the fitted synthetic workload")
     max_requests: int = Field(2000, ge=10, le=10_000_000, description="cap on the replayed requests (twin cost)")
+    max_block_refs: int = Field(100_000, ge=100, le=100_000_000,
+                                description="cap on the block references replayed in one plan (twin memory and "
+                                            "time), whatever prompt length or rate a pod claims")
     profile: str | None = Field(None, description="twin hardware profile (default: the twin's)")
     seed: int = 0
 

@@ -620,7 +620,8 @@ def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, o
             return TwinEvaluator(trace, twin_cluster, limits)
         log.info("warm start: twin workload fitted to %s (observed queue delay %s s, Little's law)", observed,
                  observed.queue_delay_s(limits.pods))
-        frame = fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests, seed=ws.seed)
+        frame = fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests,
+                                max_block_refs=ws.max_block_refs, seed=ws.seed)
         return TwinEvaluator(frame, twin_cluster, limits)
 
     return TwinWarmStart(evaluator, space, objective,

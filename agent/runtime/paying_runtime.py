@@ -17,6 +17,7 @@ load term (`vllm:num_requests_waiting` by Little's law -> `ClusterSpec.load_dela
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -25,13 +26,15 @@ import polars as pl
 
 from agent.collect.window import bucket_increases, bucket_shares, signal_values
 from agent.runtime.tuning_bridge import deepest_cumulative_ratio, drift_signals, gpu_observations
-from agent.runtime.workload_fit import ObservedWorkload, fitted_workload
+from agent.runtime.workload_fit import ObservedWorkload, capped_workload
 from simulator.cluster import ClusterSpec
 from tuners.objective import ObjectiveSpec
 from tuners.planning.horizon import RegimeHorizon
 from tuners.planning.paying import Paying, build_paying, every_value_knobs, restarts_serving_pods
 from tuners.planning.planner import PlanSettings
 from tuners.space import memory_cost_gib
+
+log = logging.getLogger(__name__)
 
 
 def store_window(store: Any, since: float, until: float) -> pl.DataFrame:
@@ -81,15 +84,19 @@ class FittedHistory:
     """`history(now, seconds)`: the synthetic workload fitted to the `window_s` before `now`."""
 
     def __init__(self, store: Any, kv: Any, clock: Callable[[], float], *, window_s: float,
-                 max_requests: int, seed: int) -> None:
+                 max_requests: int, max_block_refs: int, seed: int) -> None:
         self.store, self.kv, self.clock = store, kv, clock
-        self.window_s, self.max_requests, self.seed = window_s, max_requests, seed
+        self.window_s, self.max_requests, self.max_block_refs, self.seed = window_s, max_requests, max_block_refs, seed
+        self.capped: str | None = None  # the last plan workload's cap note (workload_fit.capped_workload)
 
     def observed(self, now: float) -> ObservedWorkload:
         return observed_between(self.store, self.kv, now - self.window_s, now, latest=now >= self.clock() - 1.0)
 
     def __call__(self, now: float, seconds: float) -> pl.DataFrame:
-        frame = fitted_workload(self.observed(now), duration_s=seconds, max_requests=self.max_requests, seed=self.seed)
+        frame, self.capped = capped_workload(self.observed(now), duration_s=seconds, max_requests=self.max_requests,
+                                             max_block_refs=self.max_block_refs, seed=self.seed)
+        if self.capped:
+            log.warning("%s", self.capped)
         if frame.height == 0:
             return frame
         shift = int(now * 1000.0) - int(frame["timestamp_ms"].max()) - 1
@@ -122,7 +129,7 @@ def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, 
     p, ws = tuner.planner, tuner.warm_start
     pods = int(cluster_kw["pods"])
     history = FittedHistory(rt.fleet_store, rt.overlap_source, clock, window_s=tuner.drift.window_s,
-                            max_requests=ws.max_requests, seed=ws.seed)
+                            max_requests=ws.max_requests, max_block_refs=ws.max_block_refs, seed=ws.seed)
 
     def twin_cluster() -> ClusterSpec:
         return twin_cluster_for(cluster_kw, history.observed(clock()), pods)

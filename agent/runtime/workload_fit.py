@@ -16,6 +16,12 @@ system prompts) plus a unique user part:
   do not dilute the overlap.
 
 `fitted_workload(observed, ...)` generates the frame with `simulator.synthetic.generate`.
+
+A plan's cost follows the frame, so the frame is capped whatever one pod claims: at most
+`max_requests` requests (the span shrinks as the claimed rate grows; it is not held at 1 s) and at
+most `max_block_refs` block references (a claimed prompt length is held to what that budget allows
+for a few requests, and the frame is cut where its references reach the budget).
+`capped_workload` returns the frame with a note saying which cap it hit, or None.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from simulator.chunking import BLOCK_TOKENS
 from simulator.synthetic import Phase, generate
 
 MIN_RATE_RPS = 0.05
+MIN_CAPPED_REQUESTS = 10  # a claimed prompt length is held so that this many requests fit the block budget
 DEFAULT_PROMPT_TOKENS = 2048.0
 
 
@@ -90,15 +97,37 @@ def _block_multiple(half: float) -> float:
     return step * max(1, round(half / step))
 
 
+def _blocks(tokens: float) -> int:
+    return max(1, math.ceil(tokens / BLOCK_TOKENS))
+
+
+def _held(mean: float, spread: float, max_block_refs: int | None) -> tuple[float, float]:
+    """(mean, spread) of prompt length held so that `MIN_CAPPED_REQUESTS` requests fit the budget."""
+    if max_block_refs is None:
+        return mean, spread
+    longest = max(1, max_block_refs // MIN_CAPPED_REQUESTS) * BLOCK_TOKENS
+    if mean + spread <= longest:
+        return mean, spread
+    scale = longest / (mean + spread)
+    return mean * scale, spread * scale
+
+
 def fit_phase(observed: ObservedWorkload, *, duration_s: float, max_requests: int | None = None,
-              name: str = "fitted") -> Phase:
-    """One synthetic phase matching the observed rate, length mix and overlap."""
+              max_block_refs: int | None = None, name: str = "fitted") -> Phase:
+    """One synthetic phase matching the observed rate, length mix and overlap, within the caps."""
     rate = max(observed.arrival_rate_rps or 0.0, MIN_RATE_RPS)
-    if max_requests is not None and rate * duration_s > max_requests:
-        duration_s = max(max_requests / rate, 1.0)
+    if not math.isfinite(rate):
+        rate = float(max_requests or 1)
     moments = length_moments(observed.prompt_length_mix)
     mean, std = moments if moments is not None else (DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS / 4)
     spread = min(std * math.sqrt(3.0), mean * 0.9)  # a uniform range with that deviation, kept >= 0
+    mean, spread = _held(mean, spread, max_block_refs)
+    cap = max_requests
+    if max_block_refs is not None:
+        by_refs = max(1, max_block_refs // _blocks(mean + spread))
+        cap = by_refs if cap is None else min(cap, by_refs)
+    if cap is not None and rate * duration_s > cap:
+        duration_s = cap / rate
     overlap = 0.0 if observed.overlap is None else observed.overlap
     shared = min(mean, overlap * mean + BLOCK_TOKENS / 2) if overlap > 0 else 0.0
     share = shared / mean if mean > 0 else 0.0
@@ -113,10 +142,34 @@ def fit_phase(observed: ObservedWorkload, *, duration_s: float, max_requests: in
         output_tokens=(100, 400), turns=(1, 1), name=name)
 
 
+def capped_workload(observed: ObservedWorkload, *, duration_s: float, max_requests: int | None,
+                    max_block_refs: int | None, seed: int = 0) -> tuple[pl.DataFrame, str | None]:
+    """The fitted frame within both caps (arrivals are random: the frame is cut at the caps too),
+    and a one-line note when a cap shaped it (None for a workload that fits)."""
+    phase = fit_phase(observed, duration_s=duration_s, max_requests=max_requests, max_block_refs=max_block_refs)
+    frame = generate((phase,), seed=seed)
+    full = frame.height
+    if frame.height and max_block_refs is not None:
+        frame = frame.filter(frame["hash_ids"].list.len().cum_sum() <= max_block_refs)
+    if max_requests is not None:
+        frame = frame.head(max_requests)
+    moments = length_moments(observed.prompt_length_mix)
+    held = moments is not None and _held(moments[0], 0.0, max_block_refs)[0] < moments[0]
+    if phase.duration_s >= duration_s and frame.height == full and not held:
+        return frame, None
+    mean = f"{moments[0]:.3g}" if moments is not None else "unknown"
+    refs = int(frame["hash_ids"].list.len().sum()) if frame.height else 0
+    note = (f"plan workload capped: the fleet claims {observed.arrival_rate_rps or 0.0:.3g} req/s and "
+            f"{mean}-token prompts over {duration_s:g} s; replaying {frame.height} requests and {refs} block "
+            f"references (caps: {max_requests} requests, {max_block_refs} block references)")
+    return frame, note
+
+
 def fitted_workload(observed: ObservedWorkload, *, duration_s: float = 300.0, max_requests: int | None = 2000,
-                    seed: int = 0) -> pl.DataFrame:
-    """The workload frame (simulator WORKLOAD_SCHEMA) of `fit_phase`, deterministic per seed."""
-    return generate((fit_phase(observed, duration_s=duration_s, max_requests=max_requests),), seed=seed)
+                    max_block_refs: int | None = None, seed: int = 0) -> pl.DataFrame:
+    """The workload frame (simulator WORKLOAD_SCHEMA) of `capped_workload`, deterministic per seed."""
+    return capped_workload(observed, duration_s=duration_s, max_requests=max_requests,
+                           max_block_refs=max_block_refs, seed=seed)[0]
 
 
-__all__ = ["ObservedWorkload", "fit_phase", "fitted_workload", "length_moments"]
+__all__ = ["ObservedWorkload", "capped_workload", "fit_phase", "fitted_workload", "length_moments"]

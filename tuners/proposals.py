@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from contracts.jsonsafe import dumps
 from contracts.knobs import Knobs, restarting_knobs
+from contracts.output_paths import write_output
 
 ApplyScope = Literal["none", "hot", "all"]
 APPLY_SCOPES: tuple[str, ...] = ("none", "hot", "all")
@@ -129,8 +128,9 @@ class ProposalBook(Collector):
                 self._book.popitem(last=False)
             self._total["restart" if restarts else "hot"] += 1
             doc = self._doc()
-        if self.path is not None:
-            write_atomically(self.path, doc)
+        if self.path is not None:  # a reader never sees half a file (contracts/output_paths.py)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_output(self.path, dumps(doc, indent=2) + "\n")
         return p
 
     def proposals(self) -> list[Proposal]:
@@ -179,18 +179,6 @@ class ProposalBook(Collector):
                                   labels=["workload", "id"])
             g.add_metric([t, latest.id], float(gain))
             yield g
-
-
-def write_atomically(path: Path, doc: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(dumps(doc, indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_proposals(doc: object, *, source: str) -> list[Proposal]:

@@ -388,7 +388,7 @@ def actuation_settings(settings: AgentSettings, env: Mapping[str, str], *, requi
         return None
     if path is None:
         raise RuntimeConfigError(f"key 'actuation.targets_file': tuner.enabled needs the actuator's targets "
-                                 f"file (or ${TARGETS_ENV})")
+                                 f"file (or ${TARGETS_ENV}); tuner.mode: shadow plans without one")
     try:
         act = load_actuation(path)
     except ActuationConfigError as exc:

@@ -95,6 +95,9 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
         return (f'histogram_quantile(\n  {a.l2_latency_quantile},\n  sum by (namespace, pod, op, source, le) '
                 f'(rate(tierpilot_l2_io_latency_seconds_bucket{{op="{op}"}}[5m]))\n) > {limit:g}')
 
+    # vLLM native tiering has no per-read histogram: the mean time per chunk its fs tier read
+    native = (f'label_replace(\n  max by (namespace, pod, source) (tierpilot_kv_read_latency_seconds{{tier="l2"}}),\n'
+              f'  "op", "read", "", ""\n) > {a.l2_read_latency_seconds:g}')
     q = a.l2_latency_quantile
     return (
         Alert(
@@ -110,11 +113,12 @@ def cache_alerts(a: AlertSettings) -> tuple[Alert, ...]:
         ),
         Alert(
             "TierpilotL2LatencyHigh",
-            f"{l2('read', a.l2_read_latency_seconds)}\nor\n{l2('write', a.l2_write_latency_seconds)}",
+            f"{l2('read', a.l2_read_latency_seconds)}\nor\n{l2('write', a.l2_write_latency_seconds)}\nor\n{native}",
             "warning",
             "L2 {{ $labels.op }} latency is high on {{ $labels.pod }}",
             f"The p{float(q) * 100:g} L2 (shared NVMe pool) {{{{ $labels.op }}}} latency on "
-            "{{ $labels.pod }} (source {{ $labels.source }}) is {{ $value | humanizeDuration }} (limits: read "
+            "{{ $labels.pod }} (source {{ $labels.source }}; vllm_tiering: the mean per chunk) is "
+            "{{ $value | humanizeDuration }} (limits: read "
             f"{a.l2_read_latency_seconds:g}s, write {a.l2_write_latency_seconds:g}s). Slow L2 reads can "
             "make a cache hit slower than recomputing the prefill.",
             "tierpilotl2latencyhigh", for_="10m",

@@ -80,6 +80,7 @@ def traffic(cluster, runtimes, fake, seconds: float, *, ttft_s: float, electors=
             rt.agent.scrape_now()
 
 
+@pytest.mark.slow  # two whole runtimes, each pricing a plan with a twin search: ~10 s quiet, ~30 s on a busy machine
 def test_shadow_plans_as_the_live_tuner_records_exports_and_scores_its_prediction(kube, cluster, tmp_path):
     kube.put(deployment("vllm-llama", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}]))
     kube.put(configmap("router-dyn", {"dynamic_config.json": ROUTER_JSON}))

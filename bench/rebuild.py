@@ -37,10 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.kvevents.rebuild import BlockRecorder, PodRequests, RebuiltHistory
 from agent.kvevents.rebuild.chains import rebuild
-from agent.kvevents.rebuild.log import STORED
-from agent.kvevents.rebuild.recorder import mix64
+from agent.kvevents.rebuild.log import STORED, mix64
 from agent.kvevents.settings import RebuildSpec
-from agent.kvevents.wire import Stored, decode_payload
+from agent.kvevents.wire import Batch, Stored, decode_payload
 from contracts import events as ce
 from emulator.cluster.kv_wire_formats import wire_format
 from emulator.demo.scenarios import SCENARIOS, scenario
@@ -129,6 +128,37 @@ def throughput(events: list, spec: RebuildSpec) -> dict:
             "bytes": recorder.nbytes(), "kept": recorder.refs()}
 
 
+def fleet_memory(max_refs: int, engines: int = FLEET_PODS, seed: int = 1) -> dict:
+    """A recorder fed a fleet's vLLM-shaped stream (`engines` pods; each request stores 64 blocks
+    under one of 1,000 shared prefixes) until it has sampled three times its budget: the bytes it
+    holds (its columns, and the peak Python allocations traced) per kept block reference."""
+    import tracemalloc
+
+    rng = np.random.default_rng(seed)
+    prefixes = rng.integers(1, 2**63, (1000, 32), dtype=np.uint64)
+    clock = [0.0]
+    rec = BlockRecorder(retain_s=FLEET_S, max_refs=max_refs, engine_refs_per_s=1e9, clock=lambda: clock[0])
+    names = [f"pod-{i}" for i in range(engines)]
+    for i, p in enumerate(prefixes):  # the shared prefixes, stored once
+        rec.record("m", names[i % engines], Batch(b"", 0, 0.0, 0, [Stored(p.tolist(), None, 16, "GPU", None)], {}))
+    tracemalloc.start()
+    t0 = time.process_time()
+    fed = 0
+    step = 0
+    while fed < 3 * max_refs:
+        clock[0] = step * FLEET_S / (3 * max_refs / 64)
+        own = rng.integers(1, 2**63, 64, dtype=np.uint64).tolist()
+        parent = int(prefixes[rng.integers(0, 1000), -1])
+        rec.record("m", names[step % engines], Batch(b"", 0, clock[0], 0, [Stored(own, parent, 16, "GPU", None)], {}))
+        fed += 64
+        step += 1
+    rec.flush()
+    took = time.process_time() - t0
+    _cur, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"fed": fed, "kept": rec.refs(), "level": rec.level, "bytes": rec.nbytes(), "peak": peak, "s": took}
+
+
 def curve_gap(true, rebuilt) -> float:
     top = max(true.max_useful_gib, rebuilt.max_useful_gib, 1e-3)
     grid = np.linspace(0.0, top, GRID)
@@ -196,6 +226,8 @@ def main() -> None:
                                  epilog="example: bench/rebuild.py --workloads cpu_hot,chunk --seeds 7,11")
     ap.add_argument("--workloads", default=",".join(ALL), help=f"comma-separated, from {', '.join(ALL)}")
     ap.add_argument("--seeds", default="7", help="comma-separated seeds (default 7)")
+    ap.add_argument("--memory-refs", type=int, default=8_000_000,
+                    help="max_refs of the fleet memory measurement (default 8 M; 0: skip it)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     spec = RebuildSpec()
@@ -226,6 +258,15 @@ def main() -> None:
           f"{sp['refs'] / max(sp['record'] - sp['decode'] + sp['rebuild'], 1e-9) / 1e6:.2f} M refs/s "
           f"(rebuild {sp['rebuild']:.2f} s for {sp['out_refs']:,} chain references out)")
     print(f"  memory: {sp['bytes'] / sp['kept']:.1f} bytes per recorded block reference at this block size")
+    if args.memory_refs:
+        m = fleet_memory(args.memory_refs)
+        per, peak = m["bytes"] / m["kept"], m["peak"] / m["kept"]
+        print(f"\nmemory, a {FLEET_PODS:,}-pod stream at 16-token blocks fed {m['fed'] / 1e6:.0f} M references into "
+              f"max_refs = {args.memory_refs / 1e6:.0f} M: kept {m['kept'] / 1e6:.1f} M at sample level {m['level']}; "
+              f"columns {per:.1f} bytes a reference, peak traced allocations {peak:.1f} ({m['s']:.0f} s, "
+              f"{m['fed'] / m['s'] / 1e6:.2f} M refs/s recorded with compactions)")
+        print(f"  at the default max_refs = {spec.max_refs / 1e6:.0f} M: {spec.max_refs * per / 2**30:.2f} GiB of columns, "
+              f"{spec.max_refs * peak / 2**30:.2f} GiB at the traced peak (compaction included), against 1 GiB")
     rec_refs = sum(o["refs"] for o in rows)
     per_ref = sum(o["bytes"] for o in rows) / max(rec_refs, 1)
     rate = max(o["refs"] / o["span"] / o["pods"] for o in rows)

@@ -147,3 +147,33 @@ def test_rebuilt_frame_replays_the_same_chunks(chunk: int) -> None:
         for x, y in zip(a, b, strict=True):
             assert rename.setdefault(x, y) == y
     assert len(set(rename.values())) == len(rename)
+
+
+def test_native_tiering_cpu_and_storage_events_are_recorded_apart() -> None:
+    """vLLM's native offloading publishes `medium "CPU"` / `"STORAGE"` stores and removals of its
+    own offload blocks (another block size, other hashes) in the same batches: they are counted per
+    medium and leave the requests, which only GPU stores make, unchanged."""
+    from contracts import events as ce
+
+    events: list = []
+    _served("rag", 256, restart=False, sink=events.append,
+            cluster={"gpu_tokens": 60_000, "cpu_tokens": 0, "l2_tokens": 0})
+    mixed: list = []
+    offloaded = {"CPU": 0, "STORAGE": 0}
+    for ev in events:
+        mixed.append(ev)
+        if isinstance(ev, ce.BlockStored) and ev.medium == "GPU":
+            pairs = tuple((h * 31 + 7) & ((1 << 64) - 1) for h in ev.block_hashes[::2])
+            for medium in ("CPU", "STORAGE"):
+                mixed.append(ce.BlockStored(ev.ts, ev.pod, pairs, None, 512, medium))
+                mixed.append(ce.BlockRemoved(ev.ts, ev.pod, pairs[:1], medium))
+                offloaded[medium] += len(pairs)
+    plain, native = (BlockRecorder.from_settings(RebuildSpec(), clock=lambda: 0.0) for _ in range(2))
+    _feed(plain, events)
+    _feed(native, mixed)
+    want = rebuild(plain.arrays("m"), -1.0, 1e6, join_s=1.0)
+    got = rebuild(native.arrays("m"), -1.0, 1e6, join_s=1.0)
+    assert _got(got) == _got(want) and got.requests > 100
+    stats = native.engine_stats("m")
+    for medium, n in offloaded.items():
+        assert sum(s.by_medium.get(medium, 0) for s in stats.values()) == n > 0

@@ -161,9 +161,9 @@ class RebuildSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     retain_s: float = Field(3600.0, gt=0, le=7 * 86400.0, description="stored chains kept this long")
-    max_refs: int = Field(64_000_000, ge=1024, le=2_000_000_000,
-                          description="block references kept, every model; beyond it the recorder samples by "
-                                      "root hash (about 10 bytes a reference)")
+    max_refs: int = Field(48_000_000, ge=1024, le=2_000_000_000,
+                          description="block references kept, every model; beyond it the recorder samples "
+                                      "requests by hash (about 16 bytes a reference at the peak of a compaction)")
     engine_refs_per_s: float = Field(50_000.0, gt=0, le=1e9,
                                      description="block references one engine may record per second (a token "
                                                  "bucket of 10 s); beyond it its chains are dropped and counted")

@@ -179,24 +179,38 @@ def request_keys(arr: ChainArrays, rows: _Rows, group: np.ndarray) -> np.ndarray
 def sample_mask(arr: ChainArrays, level: int, *, join_s: float, protect_from: int) -> np.ndarray:
     """Rows kept at sample level `level`: GPU stores of requests whose key (first stored block) is in
     range, with every row their chains descend from; other stores whose first block is in range;
-    clears; and every row from `protect_from` on (recent rows a later request may descend from)."""
+    clears; and every row from `protect_from` on (recent rows a later request may descend from).
+    Engine by engine (a stored block's parent is on the same engine's GPU, stored by that engine),
+    so the working memory is one engine's rows, not the fleet's."""
     keep = (arr.kind != STORED) | (np.arange(len(arr.kind)) >= protect_from)
     other = (arr.kind == STORED) & (arr.medium != GPU)
     if other.any():
         keep[other] |= sampled(arr.hashes[arr.off[other]], level)
-    rows = gpu_rows(arr)
-    if not len(rows.idx):
-        return keep
+    gpu = np.flatnonzero((arr.kind == STORED) & (arr.medium == GPU) & (arr.n > 0))
+    order = gpu[np.argsort(arr.eng[gpu], kind="stable")]
+    bounds = np.flatnonzero(np.diff(arr.eng[order])) + 1
+    for part in np.split(order, bounds) if len(order) else []:
+        keep[part] = _engine_mask(_subset(arr, part), level, join_s, keep[part])
+    return keep
+
+
+def _subset(arr: ChainArrays, idx: np.ndarray) -> ChainArrays:
+    """Rows `idx` of `arr` (their hashes stay where they are)."""
+    cols = {f.name: getattr(arr, f.name)[idx] for f in dataclasses.fields(arr)
+            if f.name not in ("hashes", "engines", "sample_level")}
+    return ChainArrays(**cols, hashes=arr.hashes, engines=arr.engines, sample_level=arr.sample_level)
+
+
+def _engine_mask(sub: ChainArrays, level: int, join_s: float, protected: np.ndarray) -> np.ndarray:
+    rows = gpu_rows(sub)
     group = _groups(rows, join_s)
-    mine = sampled(request_keys(arr, rows, group), level) | keep[rows.idx]
+    mine = sampled(request_keys(sub, rows, group), level) | protected
     while True:  # the ancestors of what is kept
         up = rows.anc[mine & (rows.anc >= 0)]
         up = up[~mine[up]]
         if not len(up):
-            break
+            return mine
         mine[up] = True
-    keep[rows.idx] = mine
-    return keep
 
 
 def rebuild(arr: ChainArrays, since: float, until: float, *, join_s: float) -> Rebuilt:

@@ -25,6 +25,7 @@ _CHAIN_COLUMNS = {"ts": np.float64, "eng": np.int32, "kind": np.int8, "medium": 
 _REMOVED_COLUMNS = {"ts": np.float64, "eng": np.int32, "medium": np.int8, "n": np.int32}
 _PENDING = ("ts", "eng", "kind", "medium", "n", "parent", "has_parent", "bsize")
 _INITIAL = 1024
+_MOVE = 1 << 20  # references moved per step of a compaction
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -73,13 +74,10 @@ class _Table:
         return self.cols[name][:self.size]
 
     def keep(self, mask: np.ndarray) -> None:
-        """Keep the rows where `mask` (len == size) is true, shrinking the capacity to fit."""
+        """Keep the rows where `mask` (len == size) is true, in place (the capacity stays)."""
         n = int(mask.sum())
-        cap = max(_INITIAL, 1 << max(n - 1, 1).bit_length())
-        for k, a in self.cols.items():
-            kept = np.empty(cap, dtype=a.dtype)
-            kept[:n] = a[:self.size][mask]
-            self.cols[k] = kept
+        for a in self.cols.values():
+            a[:n] = a[:self.size][mask]
         self.size = n
 
     @property
@@ -114,7 +112,8 @@ class ChainLog:
     """The rows of one model (see the module doc). New rows wait in Python lists (`pending`) and
     join the columns in one numpy call per column (`flush`), so a row costs a few list appends."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit  # the hash array never grows past this (the recorder's budget + one flush)
         self.chains = _Table(_CHAIN_COLUMNS)
         self.removed = _Table(_REMOVED_COLUMNS)
         self.hashes = np.empty(_INITIAL * 8, dtype=np.uint64)
@@ -171,7 +170,8 @@ class ChainLog:
         """Append hashes; returns the offset of the first."""
         need = self.nhashes + len(flat)
         if need > len(self.hashes):
-            grown = np.empty(max(need, _grown(len(self.hashes))), dtype=np.uint64)
+            cap = _grown(len(self.hashes)) if self.limit is None else min(_grown(len(self.hashes)), self.limit)
+            grown = np.empty(max(need, cap), dtype=np.uint64)
             grown[:self.nhashes] = self.hashes[:self.nhashes]
             self.hashes = grown
         at = self.nhashes
@@ -188,21 +188,24 @@ class ChainLog:
         return self.chains.nbytes + self.removed.nbytes + self.hashes.nbytes
 
     def keep_chains(self, mask: np.ndarray) -> None:
-        """Keep the (flushed) chain rows where `mask` is true, with their hashes (compacted)."""
+        """Keep the (flushed) chain rows where `mask` is true, with their hashes, compacted in place
+        a million references at a time (no second copy of the hashes, whatever their number)."""
         t = self.chains
-        n, off = t.view("n"), t.view("off")
-        starts = off[mask]
-        counts = n[mask].astype(np.int64)
-        idx = _ranges(starts, counts)
-        flat = self.hashes[idx]
-        t.keep(mask)
-        new_off = np.zeros(len(counts), dtype=np.int64)
+        n, off = t.view("n").astype(np.int64), t.view("off")
+        rows = np.flatnonzero(mask)
+        counts = n[rows]
+        new_off = np.zeros(len(rows), dtype=np.int64)
         new_off[1:] = np.cumsum(counts)[:-1]
+        ends = np.cumsum(counts)
+        start = 0
+        while start < len(rows):  # chunks of rows covering about a million references each
+            stop = max(int(np.searchsorted(ends, (ends[start] - counts[start]) + _MOVE, side="right")), start + 1)
+            r = rows[start:stop]
+            self.hashes[ranges(new_off[start:stop], counts[start:stop])] = self.hashes[ranges(off[r], counts[start:stop])]
+            start = stop
+        t.keep(mask)
         t.view("off")[:] = new_off
-        cap = max(_INITIAL * 8, 1 << max(len(flat) - 1, 1).bit_length())
-        self.hashes = np.empty(cap, dtype=np.uint64)
-        self.hashes[:len(flat)] = flat
-        self.nhashes = len(flat)
+        self.nhashes = int(counts.sum())
 
     def expire(self, cutoff: float) -> None:
         """Drop the rows older than `cutoff`."""
@@ -212,14 +215,16 @@ class ChainLog:
         if self.removed.size and self.removed.view("ts")[0] < cutoff:
             self.removed.keep(self.removed.view("ts") >= cutoff)
 
-    def arrays(self, sample_level: int = 0) -> ChainArrays:
+    def arrays(self, sample_level: int = 0, *, copy: bool = True) -> ChainArrays:
+        """The rows as arrays: copies, or views valid until the log changes (`copy=False`)."""
         self.flush()
         t = self.chains
         names = [""] * len(self.engine_ids)
         for k, i in self.engine_ids.items():
             names[i] = k
-        cols = {k: t.view(k).copy() for k in _CHAIN_COLUMNS}
-        return ChainArrays(**cols, hashes=self.hashes[:self.nhashes].copy(), engines=tuple(names),
+        cols = {k: t.view(k).copy() if copy else t.view(k) for k in _CHAIN_COLUMNS}
+        hashes = self.hashes[:self.nhashes]
+        return ChainArrays(**cols, hashes=hashes.copy() if copy else hashes, engines=tuple(names),
                            sample_level=sample_level)
 
 

@@ -90,7 +90,7 @@ class BlockRecorder:
         with self._lock:
             log = self._logs.get(model)
             if log is None:
-                log = self._logs[model] = ChainLog()
+                log = self._logs[model] = ChainLog(self.max_refs + FLUSH_HASHES)
             st = self._stats(model, engine)
             eid = log.engine(engine)
             ts = float(batch.ts)
@@ -153,7 +153,7 @@ class BlockRecorder:
     def _compact(self) -> None:
         for log in self._logs.values():
             log.flush()
-            arr = log.arrays(self.level)
+            arr = log.arrays(self.level, copy=False)
             protect = len(arr.ts) - len(arr.ts) // PROTECT_DIV
             before = log.refs
             log.keep_chains(sample_mask(arr, self.level, join_s=self.join_s, protect_from=protect))

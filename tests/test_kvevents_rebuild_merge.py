@@ -102,3 +102,29 @@ def test_a_malformed_state_is_refused_with_its_reason(served) -> None:
         decode_state(b"\xc1")
     with pytest.raises(StateError, match="version"):
         decode_state(msgspec.msgpack.encode([1, 2]))
+
+
+def test_the_sharded_runtime_serves_its_window_and_plans_on_the_merge() -> None:
+    """`tierpilot run` with KV events: the rebuilt history is on the runtime; sharded, each replica
+    serves its window on /kv/rebuilt and the history merges the peers' (refused without them)."""
+    from agent.collect.discovery import StaticTargets
+    from agent.runtime.assembly import build_runtime
+    from agent.settings import load_settings
+    from contracts.fleet import PartialFleetError
+
+    endpoints = [{"pod": f"vllm-{i}", "model": "m", "endpoint": f"tcp://127.0.0.1:{5600 + i}"} for i in range(4)]
+    kv = {"enabled": True, "discovery": False, "endpoints": endpoints}
+    plain = build_runtime(load_settings(env={}, kv_events=kv), targets=StaticTargets(()))
+    assert isinstance(plain.rebuilt_history, RebuiltHistory) and plain.rebuilt_history.kind == "rebuilt"
+    assert "tierpilot_kv_rebuild_block_refs 0.0" in plain.agent.metrics_text()
+    rt = build_runtime(load_settings(env={}, kv_events=kv, shard={"count": 2, "index": 1, "peers": ["http://127.0.0.1:9/"],
+                                                                "allow_unauthenticated": True}),
+                       targets=StaticTargets(()))
+    assert isinstance(rt.rebuilt_history, MergedHistory) and rt.rebuilt_history.kind == "rebuilt"
+    body, ctype = rt.agent.routes["/kv/rebuilt"]({"since": "0", "until": "60"})
+    r, _counts, level = decode_state(body)
+    assert ctype == "application/x-msgpack" and r.requests == 0 and level == 0
+    with pytest.raises(ValueError, match="since and until"):
+        rt.agent.routes["/kv/rebuilt"]({"since": "soon"})
+    with pytest.raises(PartialFleetError, match="shard http://127.0.0.1:9 left out"):
+        rt.rebuilt_history(60.0, 60.0)

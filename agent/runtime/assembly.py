@@ -329,9 +329,16 @@ def _add_block_recorder(rt: Runtime, settings: AgentSettings, kv: KvEventManager
     recorder = BlockRecorder.from_settings(cfg.rebuild, group_idx=cfg.group_idx, clock=clock)
     kv.enable_block_recorder(recorder)
     rt.block_recorder = recorder
-    rt.rebuilt_history = RebuiltHistory.from_settings(recorder, store_counts(rt.agent.store), clock, cfg.rebuild)
-    rt.agent.add_collector(RebuildCollector(recorder, lambda: rt.rebuilt_history.outliers,
-                                            lambda: rt.rebuilt_history.counter_outliers), fleet=True)
+    local = RebuiltHistory.from_settings(recorder, store_counts(rt.agent.store), clock, cfg.rebuild)
+    rt.rebuilt_history = local
+    if settings.shard.count > 1:  # each replica rebuilds its pods; the leader plans on the merge
+        from agent.kvevents.rebuild.merge import MergedHistory, peer_states, serve_state
+
+        rt.agent.add_route("/kv/rebuilt", serve_state(local))
+        rt.rebuilt_history = MergedHistory(local, peer_states(rt.shard_peers, rt.agent.peer_fetch,
+                                                              settings.shard.peer_timeout_s))
+    rt.agent.add_collector(RebuildCollector(recorder, lambda: local.outliers, lambda: local.counter_outliers),
+                           fleet=True)
 
 
 def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager,

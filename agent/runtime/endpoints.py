@@ -24,9 +24,10 @@ DESCRIPTIONS = {
     "/snapshot": "the latest unified snapshot (JSON)",
     "/window": "this replica's window aggregate (Arrow IPC; ?window_s=S or ?since=T0&until=T1)",
     "/kv/sketch": "KV block sketches for the fleet merge (sharded KV events)",
+    "/kv/rebuilt": "this replica's rebuilt planning workload (msgpack; ?since=T0&until=T1) for the leader's merge",
     "/proposals": "changes the tuner holds back for a person (tuner.apply; JSON)",
 }
-PEER_PATHS = ("/window", "/kv/sketch")
+PEER_PATHS = ("/window", "/kv/sketch", "/kv/rebuilt")
 ACCESS_TEXT = {
     "open": "open",
     "loopback": "loopback clients only",

@@ -32,7 +32,7 @@ from contracts.redact import redact_url
 
 log = logging.getLogger(__name__)
 REALM = 'Bearer realm="tierpilot-peers"'
-PEER_ENDPOINTS = ("/window", "/kv/sketch")  # what the token guards
+PEER_ENDPOINTS = ("/window", "/kv/sketch", "/kv/rebuilt")  # what the token guards
 
 
 class PeerTokenError(ValueError):

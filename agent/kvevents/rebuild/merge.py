@@ -24,6 +24,7 @@ from agent.kvevents.rebuild.fill import PodRequests, concat
 from agent.kvevents.rebuild.history import RebuiltHistory
 from agent.kvevents.rebuild.layout import to_frame
 from agent.kvevents.rebuild.log import sampled
+from contracts.fleet import PartialFleetError
 
 STATE_VERSION = 1
 MAX_STATE_REFS = 200_000_000  # a state claiming more chain references than this is refused
@@ -111,6 +112,37 @@ def merge_states(parts: Iterable[tuple[Rebuilt, Mapping[str, PodRequests], int]]
             out = concat(out, _renamed(r.take(keep), names))
         counts.update(c)
     return out, counts, level
+
+
+def peer_states(peers: Iterable[str], fetch: Callable[[str, float], bytes], timeout_s: float
+                ) -> Callable[[float, float], list[bytes]]:
+    """`peers(now, seconds)` for MergedHistory: every peer's `GET /kv/rebuilt?since=&until=`.
+    A peer that does not answer raises contracts.fleet.PartialFleetError (no plan on part of the
+    fleet)."""
+    urls = tuple(p.rstrip("/") for p in peers)
+
+    def states(now: float, seconds: float) -> list[bytes]:
+        out = []
+        for peer in urls:
+            try:
+                out.append(bytes(fetch(f"{peer}/kv/rebuilt?since={now - seconds!r}&until={now!r}", timeout_s)))
+            except (OSError, ValueError) as exc:
+                raise PartialFleetError(peer, str(exc) or type(exc).__name__) from None
+        return out
+    return states
+
+
+def serve_state(history: RebuiltHistory) -> Callable[[dict[str, str]], tuple[bytes, str]]:
+    """The `/kv/rebuilt?since=T0&until=T1` handler: this replica's window, encoded."""
+    def handler(query: dict[str, str]) -> tuple[bytes, str]:
+        try:
+            since, until = float(query["since"]), float(query["until"])
+        except (KeyError, ValueError):
+            raise ValueError("/kv/rebuilt needs since and until, in seconds") from None
+        if not until >= since:
+            raise ValueError("/kv/rebuilt: until must not be before since")
+        return encode_state(window_state(history, until, until - since)), "application/x-msgpack"
+    return handler
 
 
 class MergedHistory:

@@ -38,6 +38,9 @@ from dashboards.source import PrometheusSource
 from tests.support.fake_targets import MetricsServer
 from tests.support.prometheus import PrometheusServer, run_prometheus
 from tuners.metrics import TunerMetrics
+from tuners.objective import TtftObservations
+from tuners.proposals import ProposalBook
+from tuners.shadow import ShadowLog
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +108,43 @@ def tuner_metrics() -> TunerMetrics:
     return m
 
 
+class _Ttft:
+    """TTFT for the shadow log: p95 0.8 s before the change, 0.6 s after it."""
+
+    def __init__(self) -> None:
+        self.p95 = 0.8
+
+    def ttft_observations(self, since: float, until: float) -> TtftObservations:
+        return TtftObservations(samples=(self.p95 / 2,) * 50 + (self.p95,) * 10)
+
+
+class ShadowFeed:
+    """A shadow tuner's record and a live tuner's proposal book with a few events each: one plan
+    pricing a restart (proposed under `hot`), then the fleet changing to it and the change scored."""
+
+    def __init__(self) -> None:
+        self.before, self.after = Knobs(), Knobs(cpu_gib=16.0)
+        self.plans: list[dict] = []
+        self.running = self.before
+        self.ttft = _Ttft()
+        self.log = ShadowLog(scope="hot", plans=self.plans, running=lambda: self.running, ttft=self.ttft,
+                             settle_s=0.0, window_s=1.0, min_requests=10, target="vllm-fleet")
+        self.book = ProposalBook("hot")
+
+    def plan(self, at: float) -> None:
+        line = {"knobs": {"cpu_gib": [self.before.cpu_gib, self.after.cpu_gib]}, "verdict": "apply",
+                "gain_per_hour_s": 52.0, "transition_cost_s": 14.0, "steady_gain_p95": 0.2}
+        self.plans.append({"at": at, "current": self.before.to_dict(), "plan": "restart", "priced": [line]})
+        self.log.update(at)
+        self.book.record(self.before, self.after, "restart", at=at)
+
+    def change(self, at: float) -> None:
+        self.running = self.after
+        self.log.update(at)
+        self.ttft.p95 = 0.6
+        self.log.update(at + 2.0)
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory, samples_dir: Path
          ) -> Iterator[tuple[PrometheusServer, TunerMetrics]]:
@@ -127,12 +167,14 @@ def live(tmp_path_factory: pytest.TempPathFactory, samples_dir: Path
         grower = threading.Thread(target=grow, daemon=True)
         grower.start()
         tuner = tuner_metrics()
+        shadow = ShadowFeed()
+        shadow.log.update(time.time())
         actuation = ActuationMetrics()
         actuation.leader("tierpilot-0", True)
         actuation.reapplied("deployment/vllm")
         settings = load_settings(server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 1.0},
                                  tiers={"cpu_capacity_gib": 5.0})
-        collectors = (tuner, ActuationCollector(actuation),
+        collectors = (tuner, shadow.log, shadow.book, ActuationCollector(actuation),
                       KvEventsCollector(kv_signals(time.time()).snapshot))
         try:
             with Agent(settings, StaticTargets(targets), collectors=collectors) as agent:
@@ -150,9 +192,12 @@ def live(tmp_path_factory: pytest.TempPathFactory, samples_dir: Path
                     tuner.actuation("rolled_back")
                     tuner.drift_event("overlap")
                     tuner.trial_finished("complete")
+                    shadow.plan(time.time())
+                    shadow.change(time.time())
                     prom.wait_for("rate(tierpilot_kv_hit_tokens_total[10s]) > 0", timeout=30)
                     prom.wait_for('increase(tierpilot_actuations_total{result="rolled_back"}[1m]) > 0', timeout=30)
                     prom.wait_for("increase(tierpilot_drift_events_total[1m]) > 0", timeout=30)
+                    prom.wait_for("increase(tierpilot_tuner_shadow_moves_total[1m]) > 0", timeout=30)
                     yield prom, tuner
         finally:
             stop.set()

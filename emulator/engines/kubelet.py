@@ -1,0 +1,318 @@
+"""A small kubelet for one namespace: Deployments in a Kubernetes API become real processes here.
+
+It reads the namespace's Deployments and ConfigMaps through the `kubernetes` client (injected:
+`AppsV1Api` and `CoreV1Api` objects, e.g. over kmock's HTTP API in tests and in the demo) and runs
+each replica's container as the kubelet would (emulator/engines/podspec.py: the argv from command
+and args, the environment from env and envFrom, ConfigMap volumes as files). Each `sync()`:
+
+- a Deployment whose pod template changed (args, env, image, annotations: any byte of it) is
+  rolled, one replica at a time (maxSurge 0, maxUnavailable 1: a replica keeps its pod IP, so its
+  ports are free only once the old process is gone): stop the old process, start the new command
+  line, wait until its readiness probe answers, then the next replica;
+- a replica whose process exited is started again (restartPolicy Always);
+- a ConfigMap change rewrites the files of every pod that mounts it, atomically, as the kubelet
+  does (a `..data` symlink swapped to a new directory). A process that re-reads its file (the
+  emulated Curvine master re-reads nothing: it reads its TOML at start) sees it; one that reads at
+  start sees it at its next start, which is why a restart-requiring file change is paired with a
+  pod-template annotation (the agent's config hash) that rolls the pods. Environment variables
+  from a ConfigMap are, as in Kubernetes, read only when the container starts;
+- replicas above `spec.replicas`, and the pods of a deleted Deployment, are stopped.
+
+Pods get stable loopback IPs (127.0.0.N per Deployment and replica ordinal), so several replicas
+bind the same port; each running pod is published as a Pod object (labels, annotations,
+status.podIP) so the agent's discovery finds it, and the Deployment's status is written once its
+replicas are ready. The container runtime is injected (`ProcessRuntime`: real child processes;
+tests use fakes).
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from emulator.engines.child import ChildProcess, Launcher, http_status
+from emulator.engines.podspec import Image, PodCommand, PodInfo, PodSpecError, pod_command, template_hash
+
+log = logging.getLogger("tierpilot.kubelet")
+
+
+class Runtime(Protocol):
+    """Starts and stops containers (`ProcessRuntime`, or a fake in tests)."""
+
+    def start(self, pod: str, cmd: PodCommand) -> Any: ...
+
+    def wait_ready(self, handle: Any) -> float: ...
+
+    def running(self, handle: Any) -> bool: ...
+
+    def stop(self, handle: Any) -> None: ...
+
+
+class PodProcess(ChildProcess):
+    kind = "pod"
+
+    def __init__(self, name: str, cmd: PodCommand, scratch: Path, **kw: Any) -> None:
+        super().__init__(scratch, f"{name}.log", **kw)
+        self.name, self.spec = name, cmd
+
+    def start(self) -> PodProcess:
+        self._launch(self.spec.argv, self.spec.env)
+        return self
+
+    def _healthy(self) -> bool:
+        return self.spec.ready_url is None or self.probe(self.spec.ready_url, 2.0) == 200
+
+
+class ProcessRuntime:
+    """Containers as real process groups (logs in `scratch/<pod>.log`)."""
+
+    def __init__(self, scratch: Path, *, launcher: Launcher = subprocess.Popen,
+                 probe: Callable[[str, float], int] = http_status, ready_timeout_s: float = 240.0) -> None:
+        self.scratch, self.launcher, self.probe, self.ready_timeout_s = Path(scratch), launcher, probe, ready_timeout_s
+        self.scratch.mkdir(parents=True, exist_ok=True)
+
+    def start(self, pod: str, cmd: PodCommand) -> PodProcess:
+        return PodProcess(pod, cmd, self.scratch, launcher=self.launcher, probe=self.probe).start()
+
+    def wait_ready(self, handle: PodProcess) -> float:
+        return handle.wait_healthy(self.ready_timeout_s)
+
+    def running(self, handle: PodProcess) -> bool:
+        return handle.proc is not None and handle.proc.poll() is None
+
+    def stop(self, handle: PodProcess) -> None:
+        handle.stop()
+
+
+@dataclass
+class Pod:
+    name: str
+    deployment: str
+    ordinal: int
+    template_hash: str
+    ip: str
+    cmd: PodCommand
+    handle: Any
+    configmaps: tuple[str, ...]  # the ConfigMaps its volumes project
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """Something the kubelet did: `started`, `stopped`, `restarted` (the process had exited), `files`."""
+
+    what: str
+    pod: str
+    at: float
+    reason: str = ""
+
+
+def project_configmap(target: Path, data: Mapping[str, str], stamp: str) -> None:
+    """The kubelet's atomic writer: keys as symlinks into `..data`, itself a symlink swapped at once."""
+    target.mkdir(parents=True, exist_ok=True)
+    fresh = target / f"..{stamp}"
+    fresh.mkdir()
+    for key, value in data.items():
+        (fresh / key).write_text(value)
+    tmp = target / "..data_tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(fresh.name)
+    old = (target / "..data").resolve() if (target / "..data").is_symlink() else None
+    tmp.replace(target / "..data")
+    for key in data:
+        link = target / key
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{key}")
+    if old is not None and old != fresh.resolve():
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+
+
+class Kubelet:
+    """Runs the Deployments of `namespace` as processes (`sync()` once, `run()` until stopped)."""
+
+    def __init__(self, apps: Any, core: Any, namespace: str, scratch: Path, images: Mapping[str, Image],
+                 runtime: Runtime, *, clock: Callable[[], float] = time.monotonic,
+                 on_event: Callable[[PodEvent], None] | None = None, publish: bool = True) -> None:
+        self.apps, self.core, self.namespace = apps, core, namespace
+        self.scratch, self.images, self.runtime = Path(scratch), dict(images), runtime
+        self.clock, self.on_event, self.publish = clock, on_event, publish
+        self.pods: dict[str, dict[int, Pod]] = {}
+        self.events: list[PodEvent] = []
+        self._ips: dict[tuple[str, int], str] = {}
+        self._cm_seen: dict[str, dict[str, str]] = {}
+        self._stamp = 0
+        self._lock = threading.Lock()
+
+    # -- reading the API -------------------------------------------------------------------------
+    def _configmaps(self) -> dict[str, dict[str, str]]:
+        items = self.core.list_namespaced_config_map(self.namespace).items
+        return {cm.metadata.name: dict(cm.data or {}) for cm in items}
+
+    def _deployments(self) -> dict[str, dict[str, Any]]:
+        items = self.apps.list_namespaced_deployment(self.namespace).items
+        client = self.apps.api_client
+        return {d.metadata.name: client.sanitize_for_serialization(d) for d in items}
+
+    # -- one pass --------------------------------------------------------------------------------
+    def sync(self) -> list[PodEvent]:
+        """Bring the processes in line with the API once; the events of this pass."""
+        with self._lock:
+            before = len(self.events)
+            configmaps = self._configmaps()
+            self._update_files(configmaps)
+            deployments = self._deployments()
+            for name in [n for n in self.pods if n not in deployments]:
+                for ordinal in list(self.pods[name]):
+                    self._stop(name, ordinal, "Deployment deleted")
+                del self.pods[name]
+            for name, obj in deployments.items():
+                self._reconcile(name, obj, configmaps)
+            return self.events[before:]
+
+    def run(self, stop: threading.Event, interval_s: float = 1.0) -> None:
+        """`sync()` every `interval_s` until `stop` is set; a failing pass is logged and retried."""
+        while not stop.is_set():
+            try:
+                self.sync()
+            except Exception as exc:  # noqa: BLE001 - the loop outlives one bad pass, as the kubelet does
+                log.warning("kubelet sync: %s", exc)
+            stop.wait(interval_s)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for name in list(self.pods):
+                for ordinal in list(self.pods[name]):
+                    self._stop(name, ordinal, "kubelet shutdown")
+            self.pods.clear()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _event(self, what: str, pod: str, reason: str = "") -> None:
+        ev = PodEvent(what, pod, self.clock(), reason)
+        self.events.append(ev)
+        log.info("%s %s %s", what, pod, reason)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def _ip(self, deployment: str, ordinal: int) -> str:
+        key = (deployment, ordinal)
+        if key not in self._ips:
+            self._ips[key] = f"127.0.0.{10 + len(self._ips)}"
+        return self._ips[key]
+
+    def _reconcile(self, name: str, obj: dict[str, Any], configmaps: dict[str, dict[str, str]]) -> None:
+        spec = obj.get("spec") or {}
+        template = spec.get("template") or {}
+        want, replicas = template_hash(template), int(spec.get("replicas", 1))
+        pods = self.pods.setdefault(name, {})
+        for ordinal in sorted(o for o in pods if o >= replicas):
+            self._stop(name, ordinal, "scaled down")
+        for ordinal in range(replicas):
+            pod = pods.get(ordinal)
+            if pod is not None and pod.template_hash == want:
+                if not self.runtime.running(pod.handle):
+                    self.runtime.stop(pod.handle)
+                    pod.handle = self.runtime.start(pod.name, pod.cmd)
+                    pod.restarts += 1
+                    self._event("restarted", pod.name, "the process exited (restartPolicy Always)")
+                    self.runtime.wait_ready(pod.handle)
+                continue
+            if pod is not None:
+                self._stop(name, ordinal, "pod template changed")
+            self._start(name, ordinal, template, want, configmaps)
+        self._write_status(name, obj, replicas)
+
+    def _start(self, name: str, ordinal: int, template: dict[str, Any], want: str,
+               configmaps: dict[str, dict[str, str]]) -> None:
+        meta = template.get("metadata") or {}
+        pod_name = f"{name}-{want}-{ordinal}"
+        info = PodInfo(pod_name, self.namespace, self._ip(name, ordinal), dict(meta.get("labels") or {}),
+                       dict(meta.get("annotations") or {}))
+        pod_dir = self.scratch / "pods" / pod_name
+        try:
+            cmd = pod_command(template, None, info, configmaps, self.images, pod_dir)
+        except PodSpecError as exc:
+            self._event("failed", pod_name, str(exc))
+            return
+        projected = []
+        for vol in (template.get("spec") or {}).get("volumes") or []:
+            if "configMap" in vol:
+                cm = vol["configMap"]["name"]
+                self._project(pod_dir / "volumes" / vol["name"], configmaps.get(cm, {}))
+                projected.append(cm)
+            elif "emptyDir" in vol:
+                (pod_dir / "volumes" / vol["name"]).mkdir(parents=True, exist_ok=True)
+        handle = self.runtime.start(pod_name, cmd)
+        pod = Pod(pod_name, name, ordinal, want, info.ip, cmd, handle, tuple(projected))
+        self.pods[name][ordinal] = pod
+        self._event("started", pod_name, " ".join(cmd.argv[-4:]))
+        self.runtime.wait_ready(handle)
+        self._publish_pod(pod, info)
+
+    def _stop(self, name: str, ordinal: int, reason: str) -> None:
+        pod = self.pods[name].pop(ordinal)
+        self.runtime.stop(pod.handle)
+        self._event("stopped", pod.name, reason)
+        if self.publish:
+            try:
+                self.core.delete_namespaced_pod(pod.name, self.namespace)
+            except Exception as exc:  # noqa: BLE001 - the Pod object is a report; the process is what runs
+                log.debug("delete pod %s: %s", pod.name, exc)
+
+    def _project(self, target: Path, data: Mapping[str, str]) -> None:
+        self._stamp += 1
+        project_configmap(target, data, f"{self._stamp:06d}")
+
+    def _update_files(self, configmaps: dict[str, dict[str, str]]) -> None:
+        for cm, data in configmaps.items():
+            if self._cm_seen.get(cm, data) != data:
+                for pods in self.pods.values():
+                    for pod in pods.values():
+                        if cm in pod.configmaps:
+                            self._refresh(pod, cm, data)
+            self._cm_seen[cm] = data
+
+    def _refresh(self, pod: Pod, cm: str, data: Mapping[str, str]) -> None:
+        obj = self.apps.read_namespaced_deployment(pod.deployment, self.namespace)
+        volumes = self.apps.api_client.sanitize_for_serialization(obj)["spec"]["template"]["spec"].get("volumes", [])
+        for vol in volumes:
+            if (vol.get("configMap") or {}).get("name") == cm:
+                self._project(self.scratch / "pods" / pod.name / "volumes" / vol["name"], data)
+                self._event("files", pod.name, f"ConfigMap {cm} updated in volume {vol['name']}")
+
+    def _publish_pod(self, pod: Pod, info: PodInfo) -> None:
+        if not self.publish:
+            return
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod.name, "namespace": self.namespace, "labels": dict(info.labels),
+                             "annotations": dict(info.annotations)},
+                "spec": {"containers": [{"name": "main", "image": "-"}]},
+                "status": {"phase": "Running", "podIP": pod.ip,
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+        try:
+            self.core.create_namespaced_pod(self.namespace, body)
+        except Exception as exc:  # noqa: BLE001 - see _stop
+            log.debug("create pod %s: %s", pod.name, exc)
+
+    def _write_status(self, name: str, obj: dict[str, Any], replicas: int) -> None:
+        if not self.publish:
+            return
+        gen = (obj.get("metadata") or {}).get("generation", 1)
+        status = obj.get("status") or {}
+        want = {"observedGeneration": gen, "replicas": replicas, "updatedReplicas": replicas,
+                "readyReplicas": replicas, "availableReplicas": replicas}
+        if all(status.get(k) == v for k, v in want.items()):
+            return
+        try:
+            self.apps.patch_namespaced_deployment_status(name, self.namespace, {"status": want})
+        except Exception as exc:  # noqa: BLE001 - see _stop
+            log.debug("status of %s: %s", name, exc)
+
+
+__all__ = ["Kubelet", "Pod", "PodEvent", "PodProcess", "ProcessRuntime", "Runtime", "project_configmap"]

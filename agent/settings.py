@@ -353,6 +353,20 @@ class ShadowSection(_Frozen):
     keep: int = Field(500, ge=1, le=100_000, description="priced moves and scores kept in memory (/healthz)")
 
 
+class FleetBoundsSection(_Frozen):
+    """`tuner.fleet_bounds:` what one pod may claim in the windows the tuner plans and judges on
+    (agent/runtime/fleet_robust.py): an outlier pod's signals are replaced by the median pod's."""
+
+    max_ratio: float = Field(4.0, gt=1.0, le=1000.0,
+                             description="a pod's rate above, or prompt length or mean TTFT outside, this factor of "
+                                         "the median pod's makes it an outlier")
+    max_hit_gap: float = Field(0.5, gt=0.0, le=1.0, description="a pod's hit ratio this far from the median's: outlier")
+    max_pod_rps: float = Field(1000.0, gt=0, description="more requests per second than one pod can serve: outlier")
+    max_pod_prompt_tokens_per_s: float = Field(
+        2_000_000.0, gt=0, description="more prompt tokens per second than a model's prefill can take: outlier")
+    min_pods: int = Field(3, ge=3, le=1000, description="pods with traffic needed for a median to compare with")
+
+
 class TunerSection(_Frozen):
     """`tuner:` live tuning with optuna (tuners/), through the guardrails and the actuator."""
 
@@ -383,6 +397,7 @@ class TunerSection(_Frozen):
     guardrails: GuardrailsSection = GuardrailsSection()
     live: LiveSection = LiveSection()
     drift: DriftSection = DriftSection()
+    fleet_bounds: FleetBoundsSection = FleetBoundsSection()
     warm_start: WarmStartSection = WarmStartSection()
     planner: PlannerSection = PlannerSection()
     shadow: ShadowSection = ShadowSection()

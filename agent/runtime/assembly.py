@@ -418,6 +418,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
     from agent.k8s.mapping import load_mappings
     from agent.k8s.offline import acceptance
+    from agent.runtime.fleet_robust import FleetBounds, RobustFleet
     from agent.runtime.tuning_bridge import StoreWindowSource, StudyLastGood, drift_signals, restrict_space
     from agent.runtime.tuning_loop import TuningLoop
     from tuners.controller import ControllerSettings, TuningController
@@ -490,7 +491,10 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                       min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic,
         proposals=rt.proposals)
     objective = ObjectiveSpec(metric=t.objective, memory_ms_per_gib=t.memory_ms_per_gib)
-    source = StoreWindowSource(rt.fleet_store)
+    # the tuner plans and judges on windows no single pod can steer (fleet_robust.py)
+    planning_store = RobustFleet(rt.fleet_store, FleetBounds(**t.fleet_bounds.model_dump()))
+    rt.agent.add_collector(planning_store.collector())
+    source = StoreWindowSource(planning_store)
     d = t.drift
     drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold,
                                         track=d.track, refractory=d.refractory, min_rel_shift=d.min_rel_shift),
@@ -513,7 +517,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                                     cap_s=max(t.planner.horizon_cap_s, t.planner.horizon_floor_s),
                                                     trust_after=t.planner.horizon_trust_after))
         rt.paying = build_runtime_paying(rt, settings.tuner, space, twin_cluster_kw(settings, limits), search=warm,
-                                          clock=clock, horizon=horizon, objective=objective)
+                                          clock=clock, horizon=horizon, objective=objective, store=planning_store)
         warm, counterfactual = rt.paying.planner, rt.paying.counterfactual
         quiet = d.quiet_s if d.quiet_s is not None else t.planner.restart_downtime_s * limits.pods + 10.0
         paying = {"plan_after_baseline": True, "live_search": False, "drift_quiet_s": quiet,

@@ -123,19 +123,21 @@ def latency_points(store: Any, since: float, until: float, step_s: float) -> lis
 
 def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, Any], *, search: Any,
                          clock: Callable[[], float], horizon: RegimeHorizon | None = None,
-                         objective: ObjectiveSpec | None = None) -> Paying:
+                         objective: ObjectiveSpec | None = None, store: Any = None) -> Paying:
     """tuners.planning.paying over the agent's store: the fitted twin, the load term, the live calibration.
-    `tuner` is the `tuner:` settings section (agent.settings.TunerSection)."""
+    `tuner` is the `tuner:` settings section (agent.settings.TunerSection); `store`: the windows to plan
+    on (the runtime's robust fleet view, fleet_robust.RobustFleet; default: rt.fleet_store)."""
     p, ws = tuner.planner, tuner.warm_start
     pods = int(cluster_kw["pods"])
-    history = FittedHistory(rt.fleet_store, rt.overlap_source, clock, window_s=tuner.drift.window_s,
+    store = store if store is not None else rt.fleet_store
+    history = FittedHistory(store, rt.overlap_source, clock, window_s=tuner.drift.window_s,
                             max_requests=ws.max_requests, max_block_refs=ws.max_block_refs, seed=ws.seed)
 
     def twin_cluster() -> ClusterSpec:
         return twin_cluster_for(cluster_kw, history.observed(clock()), pods)
 
     def points(since: float, until: float) -> list[tuple[float, float, float]]:
-        return latency_points(rt.fleet_store, since, until, p.calibration_step_s)
+        return latency_points(store, since, until, p.calibration_step_s)
 
     return build_paying(
         history=history, twin_cluster=twin_cluster, current=rt.actuator.current, clock=clock,

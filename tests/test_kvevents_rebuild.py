@@ -177,3 +177,23 @@ def test_native_tiering_cpu_and_storage_events_are_recorded_apart() -> None:
     stats = native.engine_stats("m")
     for medium, n in offloaded.items():
         assert sum(s.by_medium.get(medium, 0) for s in stats.values()) == n > 0
+
+
+def test_a_plan_replays_at_most_its_caps_the_same_requests_every_time(caplog) -> None:
+    """max_requests / max_block_refs cut the plan workload by request hash (a subset that does
+    not change from one plan to the next), and say so."""
+    import logging
+
+    events: list = []
+    _served("rag", 256, restart=False, sink=events.append, cluster={"gpu_tokens": 60_000, "cpu_tokens": 0,
+                                                                     "l2_tokens": 0})
+    recorder = BlockRecorder.from_settings(RebuildSpec(), clock=lambda: 0.0)
+    _feed(recorder, events)
+    whole = RebuiltHistory.from_settings(recorder, None, lambda: 200.0, RebuildSpec())(200.0, 201.0)
+    capped = RebuiltHistory.from_settings(recorder, None, lambda: 200.0, RebuildSpec(), max_requests=200,
+                                          max_block_refs=whole["hash_ids"].list.len().sum() // 3)
+    with caplog.at_level(logging.WARNING, logger="agent.kvevents.rebuild.history"):
+        a, b = capped(200.0, 201.0), capped(200.0, 201.0)
+    assert a.equals(b) and 0 < a.height <= 200 and a["hash_ids"].list.len().sum() <= capped.max_block_refs
+    assert capped.capped_level >= 1 and any("plan workload capped" in r.getMessage() for r in caplog.records)
+    assert set(a["timestamp_ms"].to_list()) <= set(whole["timestamp_ms"].to_list())

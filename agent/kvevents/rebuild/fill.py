@@ -8,7 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from agent.kvevents.rebuild.chains import Rebuilt
-from agent.kvevents.rebuild.log import mix64, ranges
+from agent.kvevents.rebuild.log import mix64, ranges, sampled
+from simulator.chunking import BLOCK_TOKENS
 
 RECENT_SOURCES = 16  # a fully cached request repeats one of its pod's this many latest prompts
 CANDIDATES = 4  # drawn among them; the one nearest the length the counters leave wins
@@ -184,3 +185,17 @@ def concat(a: Rebuilt, b: Rebuilt) -> Rebuilt:
     flat = flat_all[ranges(starts[order], lengths[order])]
     return Rebuilt(ts[order], np.concatenate([a.eng, b.eng])[order], np.concatenate([a.block_size, b.block_size])[order],
                    np.concatenate([a.own, b.own])[order], flat, offsets, a.engines)
+
+
+def plan_cap(r: Rebuilt, max_requests: int | None, max_block_refs: int | None) -> tuple[np.ndarray, int]:
+    """The requests a plan replays under its caps: the smallest sample level L whose requests (key in
+    the first 2^-L of hash space: the same ones on every call) fit both `max_requests` and
+    `max_block_refs` (512-token ids). Returns the mask and L (0: all of them)."""
+    ids = -(-(r.lengths * np.maximum(r.block_size.astype(np.int64), 1)) // BLOCK_TOKENS)
+    keys = r.keys
+    for level in range(64):
+        keep = sampled(keys, level)
+        if (max_requests is None or keep.sum() <= max_requests) and \
+                (max_block_refs is None or ids[keep].sum() <= max_block_refs):
+            return keep, level
+    return np.zeros(r.requests, dtype=bool), 64

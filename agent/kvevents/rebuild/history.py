@@ -36,13 +36,33 @@ import numpy as np
 import polars as pl
 
 from agent.kvevents.rebuild.chains import Rebuilt, empty, rebuild
-from agent.kvevents.rebuild.fill import PodRequests, cap_engines, concat, pod_of, synthesise, tail_tokens
+from agent.kvevents.rebuild.fill import (
+    PodRequests,
+    cap_engines,
+    concat,
+    plan_cap,
+    pod_of,
+    synthesise,
+    tail_tokens,
+)
 from agent.kvevents.rebuild.layout import to_frame
 from agent.kvevents.rebuild.recorder import BlockRecorder
 
 log = logging.getLogger(__name__)
 COUNTER_FIELDS = {"requests": "requests", "prompt_tokens": "prompt_tokens", "gpu_hit_tokens": "gpu_hit_tokens"}
 Counts = Callable[[float, float], Mapping[str, PodRequests]]
+
+
+def capped_frame(history: RebuiltHistory, w: RebuiltWindow) -> pl.DataFrame:
+    """A window as the plan workload, within the history's caps (fill.plan_cap); a cut is logged."""
+    keep, level = plan_cap(w.requests, history.max_requests, history.max_block_refs)
+    if level:
+        log.warning("plan workload capped: %d rebuilt requests over max_requests=%s / max_block_refs=%s; "
+                    "replaying the %d whose key falls in 1/%d of hash space", w.requests.requests,
+                    history.max_requests, history.max_block_refs, int(keep.sum()), 1 << level)
+    history.capped_level = level
+    r = w.requests.take(keep) if level else w.requests
+    return to_frame(r, output_tokens=history.output_tokens, tails=w.tails[keep] if level else w.tails)
 
 
 def scaled(c: PodRequests, rate: float) -> PodRequests:
@@ -89,10 +109,12 @@ class RebuiltHistory:
 
     def __init__(self, recorder: BlockRecorder, counts: Counts | None, clock: Callable[[], float], *,
                  join_s: float, engine_share: float, output_tokens: int, model: str | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_requests: int | None = None, max_block_refs: int | None = None) -> None:
         self.recorder, self.counts, self.clock = recorder, counts, clock
         self.join_s, self.engine_share, self.output_tokens = join_s, engine_share, output_tokens
         self.model, self.seed = model, seed
+        self.max_requests, self.max_block_refs = max_requests, max_block_refs
+        self.capped_level = 0  # the sample level the last plan workload was cut to (0: whole)
         self.outliers: dict[str, int] = {}
         self.counter_outliers: set[str] = set()
         self.last: RebuiltWindow | None = None
@@ -158,8 +180,7 @@ class RebuiltHistory:
         self.outliers, self.counter_outliers = outliers, liars
 
     def __call__(self, now: float, seconds: float) -> pl.DataFrame:
-        w = self.window(now, seconds)
-        return to_frame(w.requests, output_tokens=self.output_tokens, tails=w.tails)
+        return capped_frame(self, self.window(now, seconds))
 
 
 __all__ = ["Counts", "PodRequests", "RebuiltHistory", "RebuiltWindow", "store_counts"]

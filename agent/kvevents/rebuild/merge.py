@@ -21,8 +21,7 @@ import polars as pl
 
 from agent.kvevents.rebuild.chains import Rebuilt, empty
 from agent.kvevents.rebuild.fill import PodRequests, concat
-from agent.kvevents.rebuild.history import RebuiltHistory
-from agent.kvevents.rebuild.layout import to_frame
+from agent.kvevents.rebuild.history import RebuiltHistory, capped_frame
 from agent.kvevents.rebuild.log import sampled
 from contracts.fleet import PartialFleetError
 
@@ -160,5 +159,4 @@ class MergedHistory:
         return self.local.finish(r, counts if counts else None, level, now - seconds, now)
 
     def __call__(self, now: float, seconds: float) -> pl.DataFrame:
-        w = self.window(now, seconds)
-        return to_frame(w.requests, output_tokens=self.local.output_tokens, tails=w.tails)
+        return capped_frame(self.local, self.window(now, seconds))

@@ -45,6 +45,10 @@ def test_demo_detects_drift_applies_config_and_beats_defaults_in_the_shifted_pha
     assert result.count("apply") >= 1 and any(r.applied for r in demo.actuator.history)
     report = result.report_path.read_text()
     assert "## Verdict: did tuning pay for itself?" in report and "phase 2: multi-turn sessions" in report
+    answer = report.split("## Verdict: did tuning pay for itself?\n\n", 1)[1].splitlines()[0]
+    assert answer.split(":")[0] in ("Yes", "No", "Partly", "About even", "No change"), answer  # one sentence first
+    assert "over the whole run, against the defaults held" in answer, answer
+    assert any(word in answer for word in ("x faster", "x slower", "unchanged")), answer
     assert "### End-configuration replay" in report and "Twin prediction error" in report
     # The headline: every request as served, against the defaults held and hindsight, per phase and whole run.
     labels = [s.label for s in result.scores]

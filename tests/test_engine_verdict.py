@@ -1,6 +1,6 @@
 """The real-engine verdict tells noise from effect: on synthetic paired streams whose two fleets
 have slow stretches of their own (a busy core slows a fleet for many requests in a row), A/A runs
-rarely state an effect, a real 1.5x change is found, and nothing applied reads "no change, noise".
+rarely state an effect, a real 2x change is found, and nothing applied reads "no change, noise".
 Resampling single requests (the verdict's former statistic) calls that A/A noise an effect."""
 from __future__ import annotations
 
@@ -61,10 +61,10 @@ def test_aa_runs_rarely_state_an_effect_and_never_when_nothing_was_applied():
         idle = paired_verdict(sent, t, h, None)
         assert not idle.stated and idle.sentence().startswith("No change, noise: the tuner applied nothing")
         stated += paired_verdict(sent, t, h, SPAN_S / 2).stated  # a change that changed nothing
-    assert stated / len(SEEDS) <= 0.10
+    assert stated / len(SEEDS) <= 0.05
 
 
-@pytest.mark.parametrize("effect, word", [(1.5, "Yes"), (1 / 1.5, "No, it cost")])
+@pytest.mark.parametrize("effect, word", [(2.0, "Yes"), (1 / 2.0, "No, it cost")])
 def test_a_real_change_is_found_and_named_in_its_direction(effect, word):
     found = 0
     for seed in SEEDS:
@@ -73,7 +73,7 @@ def test_a_real_change_is_found_and_named_in_its_direction(effect, word):
         if v.stated:
             found += 1
             assert (v.effect > 1) == (effect > 1) and v.sentence().startswith(word + ":"), v.sentence()
-    assert found / len(SEEDS) >= 0.75
+    assert found / len(SEEDS) >= 0.6  # the price of a noise floor that holds on real A/A runs
 
 
 def test_a_fleet_bias_is_not_an_effect():

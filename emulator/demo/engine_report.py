@@ -25,8 +25,9 @@ METHOD = ("tuned = every request of the tuned pass as the client saw it (TTFT = 
           "per static configuration), so captured gain is n/a. Noise or effect: the requests sent before the "
           "tuner's first change went to two fleets with the same configuration, so they measure the noise floor of "
           "this machine (fleet bias included); the effect is the ratio after the change over that one, each from "
-          "four consecutive blocks of requests (Student's t over the blocks, 95%), and is stated only when its "
-          "interval excludes no change (emulator/demo/paired_verdict.py).")
+          "four consecutive blocks of requests, and is stated only when its 95% prediction interval (the fleets' "
+          "bias drifts: the after segment may sit where one more A/A block would) excludes no change "
+          "(emulator/demo/paired_verdict.py).")
 HIT_RATIOS = (
     "- **engines' counters**: `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` summed over the "
     "fleet's engines since they started: the warm-up requests included, and every lookup vLLM makes;\n"

@@ -13,9 +13,13 @@ independent draws and calls the difference an effect (an A/A run read "0.84x, 90
 - the **noise floor** is measured on the run itself: the requests sent before the tuner's first
   change went to two fleets with the same configuration (an A/A segment), so their ratio and its
   interval are what noise alone does on this machine, fleet bias included;
-- an **effect** is the ratio after the first change over the A/A ratio (Welch's t on the blocks of
-  both segments), stated only when its interval excludes 1. When the tuner applied nothing, the
-  whole run is A/A and the verdict says "no change, noise".
+- an **effect** is the ratio after the first change over the A/A ratio, stated only when its
+  interval excludes 1. The fleets' bias drifts over a run, so the interval is a prediction
+  interval: the after segment may sit where one more A/A block would (Student's t over the A/A
+  blocks, plus the after segment's own error). On real A/A runs cut at a pretend change, the
+  narrower interval of the two means alone stated an effect in 3 of 9 cuts, this one in none
+  (docs/demo.md). When the tuner applied nothing, the whole run is A/A and the verdict says
+  "no change, noise".
 
 Ratios are held TTFT / tuned TTFT (geometric mean over blocks of the blocks' mean ratios): above
 1, tuned is faster, and they are written that way ("1.12x faster", "1.19x slower"). Pure
@@ -90,7 +94,7 @@ def block_ratio(tuned: Sequence[float], held: Sequence[float], *, blocks: int = 
 class PairedVerdict:
     """aa: the segment before the first change (the whole run when nothing was applied), the noise
     floor. after: from the first change on (None when nothing was applied). effect: after / aa,
-    with its interval; stated only when that interval excludes 1."""
+    with its prediction interval; stated only when that interval excludes 1."""
 
     changed_at_s: float | None
     aa: RatioInterval
@@ -146,10 +150,10 @@ def paired_verdict(sent_s: Sequence[float], tuned: Sequence[float], held: Sequen
     if not (aa.measured and after.measured):
         return PairedVerdict(changed_at_s, aa, after)
     a, b = np.asarray(aa.log_ratios), np.asarray(after.log_ratios)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    diff, se = float(b.mean() - a.mean()), math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if va + vb > 0 else len(a) + len(b) - 2
-    half = _t_quantile(df) * se
+    # the fleets' bias drifts: after the change it may differ from the A/A segment's mean by as much
+    # as one more A/A block does (a prediction interval), on top of the after segment's own error
+    se = math.sqrt(a.var(ddof=1) * (1 + 1 / len(a)) + b.var(ddof=1) / len(b))
+    diff, half = float(b.mean() - a.mean()), _t_quantile(len(a) - 1) * se
     return PairedVerdict(changed_at_s, aa, after, math.exp(diff), math.exp(diff - half), math.exp(diff + half))
 
 

@@ -69,6 +69,34 @@ def free_port_range(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
+def fixed_port_range(n: int, seed: int | None = None) -> int:
+    """A base port below the kernel's ephemeral range with n consecutive ports free a moment ago:
+    for a program given fixed ports to bind later (`--pods-port`). Ephemeral ports are handed to
+    every outgoing connection on the machine, so on a busy one a range picked there is soon taken."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random(seed)
+    for _ in range(200):
+        base = rng.randrange(10000, max(low - n, 10001))
+        socks: list[socket.socket] = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports below {low}")
+
+
 class PrometheusError(RuntimeError):
     """Prometheus did not start, or a query failed."""
 

@@ -36,12 +36,15 @@ def _runtime(kube, tmp_path, fake, srv, pods: int):
     path.write_text(yaml.safe_dump({"namespace": NS, "targets": [
         {"kind": "deployment-env", "name": "vllm-llama", "container": "vllm"}],
         "fixed_knobs": {"router": "roundrobin"}, "rollout_poll_s": 1, "rollout_timeout_s": 30}))
-    settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0}, scrape={"interval_s": 60, "timeout_s": 5}, tuner={"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/p.db", "seed": 3,
-                  "step_interval_s": 60, "limits": {"pods": 4, "node_memory_headroom_gib": 16},
-                  "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
-                  "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
-                  "warm_start": {"trials": 3, "top_k": 2, "max_requests": 300, "duration_s": 120},
-                  "drift": {"enabled": False, "window_s": 60}, "planner": {"recent_s": 60, "warm_s": 60}}, actuation={"targets_file": str(path), "identity": "agent-a"})
+    tuner = {"enabled": True, "apply": "all", "storage": f"sqlite:///{tmp_path}/p.db", "seed": 3,
+             "step_interval_s": 60, "limits": {"pods": 4, "node_memory_headroom_gib": 16},
+             "guardrails": {"cooldown_s": 0, "max_changes_per_hour": 10},
+             "live": {"settle_s": 0, "window_s": 10, "min_requests": 5},
+             "warm_start": {"trials": 3, "top_k": 2, "max_requests": 300, "duration_s": 120},
+             "drift": {"enabled": False, "window_s": 60}, "planner": {"recent_s": 60, "warm_s": 60}}
+    settings = load_settings(env={}, server={"host": "127.0.0.1", "port": 0},
+                             scrape={"interval_s": 60, "timeout_s": 5}, tuner=tuner,
+                             actuation={"targets_file": str(path), "identity": "agent-a"})
     targets = [Target(srv.url(f"/p{i}"), "vllm", f"vllm-{i}") for i in range(pods)]
     return build_runtime(settings, plan_executor=InlineExecutor(), api_client=kube.api_client(), clock=fake.clock,
                          monotonic=fake.clock, sleep=fake.sleep, now=fake.now, env={}, targets=StaticTargets(targets))

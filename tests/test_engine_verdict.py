@@ -17,12 +17,12 @@ SEEDS = range(120)
 
 
 def _ar1(rng: np.random.Generator, n: int, phi: float, sd: float) -> np.ndarray:
-    x = np.empty(n)
-    x[0] = rng.normal(0, sd)
+    """A stationary AR(1) series: x[i] = phi x[i-1] + shock."""
+    from scipy.signal import lfilter
+
     shocks = rng.normal(0, sd * math.sqrt(1 - phi**2), n)
-    for i in range(1, n):
-        x[i] = phi * x[i - 1] + shocks[i]
-    return x
+    shocks[0] = rng.normal(0, sd)
+    return lfilter([1.0], [1.0, -phi], shocks)
 
 
 def stream(seed: int, *, effect: float = 1.0, change_at: float = SPAN_S / 2):

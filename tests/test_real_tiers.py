@@ -11,11 +11,14 @@ from the tier below. Checked against the engines' own counters and outputs:
   prefill exactly, with `kv_offload_tiering_chunk_hits{tier="0:primary"|"1:fs"}` showing the tier;
 - engine B hits, in its own fs-tier counters, every chunk engine A wrote (the cross-pod L2 hit);
 - the agent's L1 and L2 hit ratios, hit tokens and L2 read time equal the engines' own counters;
+- the emulated Curvine master's LRU quota eviction deletes the oldest files, and an engine then
+  misses them and recomputes;
 - a restarted engine hits the files its previous process wrote.
 The restart comes last (tests run in file order).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -33,6 +36,8 @@ from agent.collect.parse import parse
 from agent.collect.snapshot import build_snapshot
 from agent.collect.store import WindowStore
 from contracts.tier_model import Target, TierView
+from emulator.cluster.curvine_master import CurvineMaster, CurvineMasterServer
+from emulator.cluster.curvine_quota import QuotaConfig
 from emulator.engines.engine import EngineProcess, engine_python, kv_bytes_per_token
 from emulator.engines.tiering import TieringConfig
 from tests.conftest import REPO_ROOT
@@ -139,12 +144,25 @@ def test_worker_round_trip_is_byte_identical() -> None:
     assert got["after"] == 0
 
 
-def test_cpu_tier_and_fs_tier_reloads_equal_the_cold_prefill(engines: list[EngineProcess]) -> None:
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*.bin")}
+
+
+@pytest.fixture(scope="module")
+def first_prompt() -> dict:
+    """What the first test wrote: its cold output and its L2 files (a later test evicts them)."""
+    return {}
+
+
+def test_cpu_tier_and_fs_tier_reloads_equal_the_cold_prefill(engines: list[EngineProcess], fs_root: Path,
+                                                             first_prompt: dict) -> None:
     a = engines[0]
     prompt = _prompt(1)
     c0 = _counters(a)
+    files0 = _files(fs_root)
     cold = _generate(a, prompt)
     _wait_fs_written(a, c0, CHUNKS)
+    first_prompt.update(cold=cold, files=_files(fs_root) - files0)
 
     _reset(a, cpu_tier=False)
     c1 = _counters(a)
@@ -228,6 +246,30 @@ def test_the_agents_tier_ratios_equal_the_engines_counters(engines: list[EngineP
             assert tiers["l2"].hit_tokens == c[("vllm:prompt_tokens_cached_by_source_total", "disk")]
             assert tiers["l2"].read_seconds == c.get(("vllm:kv_offload_tiering_read_time_total", FS))
     assert (queries, FS) in c  # engine B asked its fs tier
+
+
+def test_the_curvine_quota_evicts_the_oldest_files_and_an_engine_then_misses(engines: list[EngineProcess],
+                                                                             fs_root: Path, first_prompt: dict) -> None:
+    """The emulated Curvine master on the shared directory, its quota set so that reaching it means
+    freeing exactly the first prompt's bytes: LRU evicts the oldest files, the first prompt's
+    (written before anything else here); engine B, which never saw that prompt, then misses its
+    first chunk in its own counters, and recomputes it to the same output."""
+    b = engines[1]
+    assert len(first_prompt["files"]) == CHUNKS
+    master = CurvineMaster(fs_root, QuotaConfig(capacity_bytes=1 << 40))
+    with CurvineMasterServer(master).start(loop=False) as server:
+        others = master.used - CHUNKS * _chunk_bytes(b)
+        master.cfg = dataclasses.replace(master.cfg, capacity_bytes=int(others / master.cfg.low_watermark))
+        result = server.step()
+        assert result is not None and first_prompt["files"] <= set(result.files)
+        assert not first_prompt["files"] & _files(fs_root)
+        assert len(result.files) <= CHUNKS + 2  # the first prompt's files, config.json and a page's overshoot
+        before = _counters(b)
+        assert _generate(b, _prompt(1)) == first_prompt["cold"]
+        after = _counters(b)
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_queries_total", FS) >= 1
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits_total", FS) == 0
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits_total", CPU) == 0
 
 
 def test_a_restarted_engine_hits_the_files_it_wrote(engines: list[EngineProcess]) -> None:

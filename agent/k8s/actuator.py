@@ -8,7 +8,7 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agent.k8s.api import ConflictError, KubeApi, ObjectRef
@@ -25,12 +25,13 @@ from agent.k8s.patches import (
     op_remove,
     op_test,
     pointer,
+    resolve,
     template_annotations_patch,
 )
 from agent.k8s.reapply import ReapplyGuard
 from agent.k8s.rollout import ASSESSORS, wait_for_rollout
 from agent.k8s.settings import ActuationSettings
-from agent.k8s.targets import LastGood, Target, workload_hash
+from agent.k8s.targets import LastGood, Target, envfrom_refs, workload_hash
 from contracts.actuator import (
     ActuationError,
     ApplyResult,
@@ -267,6 +268,30 @@ class KubernetesActuator:
         except RetriableActuationError as exc:
             raise RetriableActuationError(str(exc), delay_s=self.backoff.next_delay()) from None
 
+    def _envfrom_keys(self, workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], frozenset[str] | None]:
+        """(kind, namespace, name) -> key names of every ConfigMap the workloads' containers take
+        `envFrom`; None where unknown (a Secret: never read; a ConfigMap that cannot be read). An
+        optional ConfigMap that does not exist provides nothing."""
+        out: dict[tuple[str, str, str], frozenset[str] | None] = {}
+        for wl in workloads:
+            ns = str(resolve(wl, "/metadata/namespace", "") or "")
+            for c in resolve(wl, "/spec/template/spec/containers", []) or []:
+                for kind, name, _prefix, optional in envfrom_refs(c):
+                    key = (kind, ns, name)
+                    if key in out or kind != "ConfigMap":
+                        out.setdefault(key, None)
+                        continue
+                    try:
+                        cm = self.api.read(ObjectRef("ConfigMap", ns, name))
+                    except TargetGoneError:
+                        out[key] = frozenset() if optional else None
+                        continue
+                    except ActuationError:
+                        out[key] = None
+                        continue
+                    out[key] = frozenset(cm.get("data") or {}) | frozenset(cm.get("binaryData") or {})
+        return out
+
     def _mark_gone(self, t: Target) -> None:
         self.gone.add(t.label)
         self.metrics.gone(t.label)
@@ -342,7 +367,7 @@ class KubernetesActuator:
                 t.check_preconditions(obj)
             if t.mapping.overridden_by_env:
                 workloads = {str(r): self._read(r, t) for r in t.restart_refs}
-                problems = t.env_overrides(obj, tokens, workloads)
+                problems = t.env_overrides(obj, tokens, workloads, self._envfrom_keys(workloads.values()))
                 if problems:
                     raise RefusedConfigError(
                         f"{t.where}: refusing a config-file change that environment variables would silently "

@@ -122,3 +122,15 @@ def test_the_command_refuses_a_bad_quota_in_one_line(tmp_path: Path, capsys: pyt
         main(["--root", str(tmp_path), "--capacity-mib", "64", "--high", "1.5"])
     assert exc.value.code == 2
     assert "watermarks high 1.5, low 0.6: fractions of the quota" in capsys.readouterr().err
+
+
+def test_the_command_reads_the_quota_from_curvines_cluster_toml(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    toml = tmp_path / "curvine-cluster.toml"
+    toml.write_text('[master]\nquota_eviction_policy = "arc"\n')
+    with pytest.raises(SystemExit) as exc:  # the file's policy, not --policy's default, is what is checked
+        main(["--root", str(tmp_path / "l2"), "--capacity-mib", "64", "--config", str(toml)])
+    assert exc.value.code == 2 and "policy 'arc'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--root", str(tmp_path / "l2"), "--capacity-mib", "64", "--config", str(tmp_path / "missing.toml")])
+    assert "missing.toml" in capsys.readouterr().err

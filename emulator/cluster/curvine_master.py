@@ -199,6 +199,7 @@ class CurvineMasterServer:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from emulator.cluster.curvine_config import quota_from_toml
     from emulator.cluster.curvine_quota import POLICIES, QuotaError
 
     ap = argparse.ArgumentParser(
@@ -213,13 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--high", type=float, default=0.8, help="quota_eviction_high_rate [0.8]")
     ap.add_argument("--low", type=float, default=0.6, help="quota_eviction_low_rate [0.6]")
     ap.add_argument("--scan-page", type=int, default=2, help="quota_eviction_scan_page [2]")
+    ap.add_argument("--config", type=Path, help="Curvine's cluster TOML: its [master] quota_eviction_* keys replace "
+                    "--policy, --high, --low and --scan-page (read at start, as Curvine's master reads it)")
     ap.add_argument("--port", type=int, default=9001, help="/metrics port on 127.0.0.1 (Curvine's master web port) [9001]")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between quota checks [1.0]")
     args = ap.parse_args(argv)
     try:
-        cfg = QuotaConfig(capacity_bytes=args.capacity_mib << 20, policy=args.policy, high_watermark=args.high,
-                          low_watermark=args.low, scan_page=args.scan_page)
-    except QuotaError as exc:
+        if args.config is not None:
+            cfg = quota_from_toml(args.config.read_text(), capacity_bytes=args.capacity_mib << 20)
+        else:
+            cfg = QuotaConfig(capacity_bytes=args.capacity_mib << 20, policy=args.policy, high_watermark=args.high,
+                              low_watermark=args.low, scan_page=args.scan_page)
+    except (QuotaError, OSError) as exc:
         ap.error(str(exc))
     with CurvineMasterServer(CurvineMaster(args.root, cfg), port=args.port, interval_s=args.interval) as server:
         print(f"curvine master: {args.root}, quota {args.capacity_mib} MiB, {args.policy}; metrics on {server.url}",

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from emulator.engines.engine import EngineSpec, engine_command, engine_python
+from emulator.engines.images import deployment, engine_container, images
 from emulator.engines.kubelet import Kubelet, project_configmap
 from emulator.engines.podspec import (
     Image,
@@ -20,6 +22,7 @@ from emulator.engines.podspec import (
     pod_command,
     translate,
 )
+from emulator.engines.tiering import TieringConfig
 from tests.support.kube import NS, FakeTime, actuator_for, configmap, serve
 
 GIB = 1 << 30
@@ -204,3 +207,16 @@ def test_configmap_files_are_swapped_atomically(tmp_path):
     assert link.is_symlink() and link.read_text() == "1"
     project_configmap(tmp_path / "v", {"a": "2"}, "000002")
     assert link.read_text() == "2" and not (tmp_path / "v" / "..000001").exists()
+
+
+def test_an_engine_deployment_runs_the_engines_own_command_line(kube, kubelet, tmp_path):
+    spec = EngineSpec(model=Path("/m"), port=8000, cpu_bind="1", dtype="float32",
+                      tiering=TieringConfig(cpu_bytes=1 << 20, fs_root=Path("/l2")))
+    kube.put(deployment("vllm", NS, [engine_container(spec)]))
+    kubelet.images = images(tmp_path)
+    kubelet.sync()
+    pod = kubelet.pods["vllm"][0]
+    want = engine_command(spec, engine_python(), pod.name)
+    want[want.index("--host") + 1] = pod.ip
+    assert list(pod.cmd.argv) == want  # engine.py's command line, with the pod's IP and CPU-tier region name
+    assert pod.cmd.env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "VLLM_CPU_KVCACHE_SPACE" not in pod.cmd.env

@@ -74,3 +74,40 @@ def test_a_secret_source_or_a_missing_configmap_fails_closed(kube):
     kube.put(_vllm([{"configMapRef": {"name": "absent"}}]))
     with pytest.raises(PermanentActuationError, match=r"may take LMCACHE_CHUNK_SIZE from ConfigMap llm/absent"):
         act.apply(act.current().replace(chunk_tokens=2048))
+
+
+# -- a deployment-env target reads what its pods run ------------------------------------------------
+ENV_TARGET = [{"kind": "deployment-env", "name": "vllm", "container": "vllm"}]
+
+
+def _env(kube) -> dict[str, str]:
+    c = kube.get("Deployment", NS, "vllm")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in c.get("env") or []}
+
+
+def test_deployment_env_reads_envfrom_with_kubernetes_precedence(kube):
+    kube.put(configmap("first", {"LMCACHE_MAX_LOCAL_CPU_SIZE": "20", "LMCACHE_CHUNK_SIZE": "512"}))
+    kube.put(configmap("second", {"MAX_LOCAL_CPU_SIZE": "40"}))
+    dep = deployment("vllm", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}])
+    dep["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [
+        {"configMapRef": {"name": "first"}}, {"configMapRef": {"name": "second"}, "prefix": "LMCACHE_"}]
+    kube.put(dep)
+    act = actuator_for(kube, ENV_TARGET, FakeTime())
+    live = act.current()
+    # the later source overrides the earlier one; `env` overrides both
+    assert (live.cpu_gib, live.chunk_tokens) == (40.0, 256)
+    assert not act.apply(live).applied and _env(kube) == {"LMCACHE_CHUNK_SIZE": "256"}  # 40 runs: no-op
+    act.apply(live.replace(cpu_gib=8.0))  # an env entry overrides envFrom
+    assert _env(kube)["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "8.0" and act.current().cpu_gib == 8.0
+    act.apply(live)  # back: what runs is 40 again, and that is what is reported
+    assert act.current().cpu_gib == 40.0
+
+
+def test_deployment_env_refuses_to_guess_a_secret(kube):
+    dep = deployment("vllm", env=[{"name": "LMCACHE_CHUNK_SIZE", "value": "256"}])
+    dep["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "lm"}}]
+    kube.put(dep)
+    act = actuator_for(kube, ENV_TARGET, FakeTime())
+    with pytest.raises(PermanentActuationError, match=r"LMCACHE_MAX_LOCAL_CPU_SIZE may come from Secret llm/lm "
+                                                      r"\(envFrom\), whose value the agent does not read"):
+        act.current()

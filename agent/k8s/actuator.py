@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from agent.k8s import stores
 from agent.k8s.api import ConflictError, KubeApi, ObjectRef
 from agent.k8s.backoff import Backoff
 from agent.k8s.events import EventRecorder
@@ -261,12 +262,42 @@ class KubernetesActuator:
 
     def _read(self, ref: ObjectRef, t: Target) -> dict[str, Any]:
         try:
-            return self.api.read(ref)
+            obj = self.api.read(ref)
+            return self._with_env_from(obj, t) if ref == t.ref and t.mapping.store == "env" else obj
         except TargetGoneError:
             self._mark_gone(t)
             raise
         except RetriableActuationError as exc:
             raise RetriableActuationError(str(exc), delay_s=self.backoff.next_delay()) from None
+
+    def _with_env_from(self, obj: dict[str, Any], t: Target) -> dict[str, Any]:
+        """`obj` with the managed variables its container takes through `envFrom` (Kubernetes
+        precedence: a later source overrides an earlier one; `env` overrides both, in stores.env_read)."""
+        containers = resolve(obj, "/spec/template/spec/containers", []) or []
+        chosen = [c for c in containers if t.spec.container in (None, c.get("name"))]
+        if len(chosen) != 1 or not chosen[0].get("envFrom"):
+            return obj
+        ns = str(resolve(obj, "/metadata/namespace", "") or "")
+        keys = self._envfrom_keys([{"metadata": {"namespace": ns}, "spec": {"template": {"spec": {
+            "containers": chosen}}}}])
+        found: dict[str, tuple[str | None, str]] = {}
+        for kind, name, prefix, _optional in envfrom_refs(chosen[0]):
+            known = keys.get((kind, ns, name))
+            data = self._envfrom_data(kind, ns, name) if known else {}
+            for var in t.keys:
+                if not var.startswith(prefix):
+                    continue
+                if known is None:
+                    found[var] = (None, f"{kind} {ns}/{name}")
+                elif var[len(prefix):] in data:
+                    found[var] = (str(data[var[len(prefix):]]), f"{kind} {ns}/{name}")
+        return {**obj, stores.ENV_FROM_FIELD: found} if found else obj
+
+    def _envfrom_data(self, kind: str, ns: str, name: str) -> Mapping[str, Any]:
+        try:
+            return self.api.read(ObjectRef(kind, ns, name)).get("data") or {}
+        except ActuationError:
+            return {}
 
     def _envfrom_keys(self, workloads: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], frozenset[str] | None]:
         """(kind, namespace, name) -> key names of every ConfigMap the workloads' containers take

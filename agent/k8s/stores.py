@@ -75,6 +75,10 @@ def decode(store: str, token: str, *, text: str = "") -> Any:
 
 
 # -- env (Deployment container env) ------------------------------------------------------------
+# The actuator adds the variables a container takes through `envFrom` to the object it read, under
+# this field: {variable: (value, or None when unknown (a Secret, an unreadable ConfigMap), origin)}.
+ENV_FROM_FIELD = "x-tierpilot-envfrom"
+
 
 def _container_index(obj: Mapping[str, Any], container: str | None, where: str) -> int:
     containers = resolve(obj, "/spec/template/spec/containers", [])
@@ -106,6 +110,13 @@ def env_read(obj: Mapping[str, Any], keys: list[str], *, container: str | None, 
             if "valueFrom" in entry:
                 raise StoreError(f"{where}: env {entry['name']} uses valueFrom; only literal values are managed")
             out[entry["name"]] = str(entry.get("value", ""))
+    set_in_env = {e.get("name") for e in env}
+    for name, (value, origin) in (obj.get(ENV_FROM_FIELD) or {}).items():
+        if name in out and name not in set_in_env:  # `env` wins over `envFrom` (Kubernetes precedence)
+            if value is None:
+                raise StoreError(f"{where}: {name} may come from {origin} (envFrom), whose value the agent does "
+                                 f"not read; set {name} in the container's env, or grant get on that ConfigMap")
+            out[name] = value
     return out
 
 
@@ -132,6 +143,9 @@ def env_plan(obj: Mapping[str, Any], tokens: Tokens, *, container: str | None, w
                 removes.append(j)
             else:
                 ops.append(op_replace(f"{base}/env/{j}/value", tok))
+        elif tok is None:  # only envFrom sets it: an env entry cannot unset it
+            origin = (obj.get(ENV_FROM_FIELD) or {}).get(key, (None, "envFrom"))[1]
+            raise StoreError(f"{where}: cannot unset {key}: {origin} sets it through envFrom")
         else:
             adds.append({"name": key, "value": tok})
     ops += [op_remove(f"{base}/env/{j}") for j in sorted(removes, reverse=True)]

@@ -95,6 +95,7 @@ def views(kubelet) -> list[dict]:
 
 
 def test_each_replica_runs_the_containers_command_line(kube, kubelet):
+    kube.manual_rollout("Deployment", NS, "vllm")  # the status is the kubelet's to write
     kube.put(vllm_deployment())
     events = kubelet.sync()
     assert [e.what for e in events] == ["started", "started"]
@@ -108,6 +109,10 @@ def test_each_replica_runs_the_containers_command_line(kube, kubelet):
     assert kubelet.sync() == []  # nothing changed: nothing restarts
     pods = {p["metadata"]["name"]: p["status"]["podIP"] for p in kube.objects_of("Pod")}
     assert sorted(pods.values()) == ["127.0.0.10", "127.0.0.11"]
+    assert kube.get("Deployment", NS, "vllm")["status"]["readyReplicas"] == 2
+    kube.edit("Deployment", NS, "vllm", lambda o: o["spec"].update(replicas=1))
+    assert [e.what for e in kubelet.sync()] == ["stopped"]
+    assert [p["status"]["podIP"] for p in kube.objects_of("Pod")] == ["127.0.0.10"]
 
 
 def test_a_tier_knob_written_by_the_agent_rolls_the_replicas_with_the_new_flags(kube, kubelet):

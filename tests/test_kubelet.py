@@ -5,6 +5,8 @@ fake engine reads it as vLLM does (its flags, and the variables it reads)."""
 from __future__ import annotations
 
 import json
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from kubernetes import client as k8s
 
 from emulator.engines.engine import EngineSpec, engine_command, engine_python
 from emulator.engines.images import deployment, engine_container, images
-from emulator.engines.kubelet import Kubelet, project_configmap
+from emulator.engines.kubelet import Kubelet, ProcessRuntime, project_configmap
 from emulator.engines.podspec import (
     Image,
     PodInfo,
@@ -24,6 +26,7 @@ from emulator.engines.podspec import (
 )
 from emulator.engines.tiering import TieringConfig
 from tests.support.kube import NS, FakeTime, actuator_for, configmap, serve
+from tests.support.prometheus import free_port
 
 GIB = 1 << 30
 CONFIG = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
@@ -225,3 +228,41 @@ def test_an_engine_deployment_runs_the_engines_own_command_line(kube, kubelet, t
     want[want.index("--host") + 1] = pod.ip
     assert list(pod.cmd.argv) == want  # engine.py's command line, with the pod's IP and CPU-tier region name
     assert pod.cmd.env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "VLLM_CPU_KVCACHE_SPACE" not in pod.cmd.env
+
+
+def test_real_processes_roll_and_see_their_configmap_files_change(kube, tmp_path):
+    """Python's http.server as the container: ready on its pod IP, serving a ConfigMap volume."""
+    for kind in ("Deployment", "ConfigMap", "Pod"):
+        kube.emu.resources[kube.resource(kind)] = {}
+    port = free_port()
+    kube.put(configmap("site", {"index.txt": "one"}))
+    container = {"name": "web", "image": "none",
+                 "command": [sys.executable, "-m", "http.server", "--bind", "$(POD_IP)", "--directory", "/srv/site",
+                             str(port)],
+                 "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                 "volumeMounts": [{"name": "site", "mountPath": "/srv/site"}],
+                 "readinessProbe": {"httpGet": {"path": "/index.txt", "port": port}}}
+    kube.put(deployment("web", NS, [container],
+                        volumes=[{"name": "site", "configMap": {"name": "site"}}]))
+    api = kube.api_client()
+    kubelet = Kubelet(k8s.AppsV1Api(api), k8s.CoreV1Api(api), NS, tmp_path, {},
+                      ProcessRuntime(tmp_path / "logs", ready_timeout_s=60))
+    try:
+        kubelet.sync()
+        pod = kubelet.pods["web"][0]
+        url = f"http://{pod.ip}:{port}/index.txt"
+        assert _get(url) == "one"
+        kube.edit("ConfigMap", NS, "site", lambda o: o["data"].update({"index.txt": "two"}))
+        assert [e.what for e in kubelet.sync()] == ["files"]
+        assert _get(url) == "two" and kubelet.pods["web"][0].handle is pod.handle  # the same process re-read it
+        kube.edit("Deployment", NS, "web", lambda o: o["spec"]["template"]["metadata"].update(
+            annotations={"tierpilot.io/config-hash": "x"}))
+        assert [e.what for e in kubelet.sync()] == ["stopped", "started"]
+        assert pod.handle.proc is None and _get(url) == "two"
+    finally:
+        kubelet.shutdown()
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from emulator.engines.podspec import (
     translate,
 )
 from emulator.engines.tiering import TieringConfig
-from tests.support.kube import NS, FakeTime, actuator_for, configmap, serve
+from tests.support.kube import NS, FakeTime, Fault, actuator_for, configmap, serve
 from tests.support.prometheus import free_port
 
 GIB = 1 << 30
@@ -266,3 +267,33 @@ def test_real_processes_roll_and_see_their_configmap_files_change(kube, tmp_path
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.read().decode()
+
+
+def test_the_command_has_help_with_an_example(capsys):
+    from emulator.engines.kubelet import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and "example: python -m emulator.engines.kubelet --server" in capsys.readouterr().out
+
+
+class Passes(threading.Event):
+    """A stop event that is set after `n` waits (one per pass of `run`)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def wait(self, timeout=None):
+        self.n -= 1
+        if self.n <= 0:
+            self.set()
+        return self.is_set()
+
+
+def test_the_loop_outlives_a_failing_api_call(kube, kubelet):
+    kube.put(vllm_deployment(replicas=1))
+    kube.inject(Fault("GET", "configmaps", status=500))
+    kubelet.run(Passes(2), interval_s=0)
+    assert kube.emu.faults[0].times == 0  # the first pass met the error
+    assert [e.what for e in kubelet.events] == ["started"]  # ... and the second ran

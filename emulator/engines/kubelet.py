@@ -316,3 +316,42 @@ class Kubelet:
 
 
 __all__ = ["Kubelet", "Pod", "PodEvent", "PodProcess", "ProcessRuntime", "Runtime", "project_configmap"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m emulator.engines.kubelet --server URL --namespace NS`: run until interrupted."""
+    import argparse
+
+    from kubernetes import client as k8s
+
+    from emulator.engines.images import images
+
+    ap = argparse.ArgumentParser(
+        prog="python -m emulator.engines.kubelet",
+        description="Run a namespace's Deployments as processes on this host (vllm-cpu, vllm-router, "
+                    "curvine-master images), following changes to them and to the ConfigMaps they use.",
+        epilog="example: python -m emulator.engines.kubelet --server http://127.0.0.1:8001 --namespace llm "
+               "--scratch /var/tmp/kubelet")
+    ap.add_argument("--server", required=True, help="the Kubernetes API's URL (no authentication)")
+    ap.add_argument("--namespace", default="default", help="the namespace to run [default]")
+    ap.add_argument("--scratch", type=Path, required=True, help="pods' volumes, logs and caches go here")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between passes [1.0]")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    cfg = k8s.Configuration()
+    cfg.host = args.server
+    api = k8s.ApiClient(cfg)
+    kubelet = Kubelet(k8s.AppsV1Api(api), k8s.CoreV1Api(api), args.namespace, args.scratch, images(args.scratch),
+                      ProcessRuntime(args.scratch / "logs"))
+    stop = threading.Event()
+    try:
+        kubelet.run(stop, args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        kubelet.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,6 +8,8 @@ capacity from `cache_config_info`. On the KV stream, the agent's resident blocks
 independent count of the raw frames (tests/support/real_engine.RawStream), evictions are seen,
 a gap is repaired through the engine's real replay socket, a late join is caught up from it, and
 an engine restart is seen with the pod's index reset. Nothing is rejected and nothing is lost.
+The planning workload rebuilt from the stream (agent/kvevents/rebuild/) is the prompts sent: block
+chains equal, every request counted, through evictions and the restart.
 
 The tests run in file order: the restart comes last.
 """
@@ -29,7 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cli import main as cli
 from agent.kvevents.manager import KvEventManager
-from agent.kvevents.settings import EndpointSpec, KvEventsSettings
+from agent.kvevents.rebuild import BlockRecorder
+from agent.kvevents.settings import EndpointSpec, KvEventsSettings, RebuildSpec
 from tests.support.prometheus import free_port
 from tests.support.real_engine import (
     MODEL,
@@ -42,6 +45,7 @@ from tests.support.real_engine import (
     start_engines,
     token_prompt,
 )
+from tests.support.rebuild_check import check_rebuilt, send, shared_prefix_prompts
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
@@ -154,9 +158,16 @@ def _settings(engine, **kw) -> KvEventsSettings:
 
 
 @pytest.fixture(scope="module")
-def subscriber(engine, raw):
-    """The agent's KV-event manager in its own I/O thread, subscribed before any traffic."""
+def recorder():
+    return BlockRecorder.from_settings(RebuildSpec())
+
+
+@pytest.fixture(scope="module")
+def subscriber(engine, raw, recorder):
+    """The agent's KV-event manager in its own I/O thread, subscribed before any traffic, recording
+    the block stream for the rebuilt workload."""
     manager = KvEventManager(_settings(engine))
+    manager.enable_block_recorder(recorder)
     manager.start()
     time.sleep(0.5)  # connected before the first publish
     yield manager
@@ -261,6 +272,24 @@ def test_subscriber_matches_the_raw_stream_and_sees_evictions(workload, raw, sub
     assert snap.stream.rejected == {} and snap.stream.lost_messages == 0 and snap.stream.gaps == 0
 
 
+def _rebuild_round(engine, raw, subscriber, recorder, seed: int) -> int:
+    """Send 24 prompts over 3 fresh shared prefixes and 4 exact repeats; check the rebuilt window.
+    The prompts end inside a block: a repeat of a block-aligned prompt recomputes and stores its
+    last block again (a request the events see), one ending inside a block stores nothing (a fully
+    cached request only the counters see). Returns the blocks the engine removed meanwhile."""
+    prompts = shared_prefix_prompts(seed, 3, PREFIX_TOKENS, SUFFIX_TOKENS - 16, 24, repeats=4)
+    before, pre = engine_counters(engine), raw.wait_quiet()
+    span = send(engine.base_url, prompts)
+    _settle(subscriber, raw)
+    check_rebuilt(recorder, MODEL, POD, prompts, 24, span, before, engine_counters(engine))
+    return raw.wait_quiet().removed - pre.removed
+
+
+def test_the_rebuilt_workload_is_the_prompts_sent(engine, workload, raw, subscriber, recorder):
+    """After the module's traffic filled the small cache: chains equal through evictions."""
+    assert _rebuild_round(engine, raw, subscriber, recorder, seed=11) > 0  # blocks were evicted meanwhile
+
+
 def _drain_until(manager: KvEventManager, raw: RawStream, timeout: float = 20.0):
     want = raw.wait_quiet()
     end = time.monotonic() + timeout
@@ -342,3 +371,10 @@ def test_an_engine_restart_is_seen_and_the_index_reset(engine, workload, raw, su
     assert view["ratio"] == pytest.approx(window, abs=1e-12)
     assert view["ttft"] == after.ttft_buckets
     assert (view["rejected"], view["lost"]) == (0, 0)
+
+
+def test_the_rebuilt_workload_follows_the_restarted_engine(engine, workload, raw, subscriber, recorder):
+    """After the restart (last but this one): the new incarnation's prompts rebuild exactly, their
+    prefixes stored again after the cleared cache."""
+    assert recorder.engine_stats(MODEL)[POD].clears >= 1
+    _rebuild_round(engine, raw, subscriber, recorder, seed=12)

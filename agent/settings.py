@@ -248,7 +248,8 @@ class RegressionSection(_Frozen):
     method: Literal["mannwhitney", "bootstrap"] = "mannwhitney"
     alpha: float = Field(0.05, gt=0, lt=1, description="one-sided significance level")
     min_rel_effect: float = Field(0.05, ge=0, description="the quantile must also rise by this fraction")
-    min_samples: int = Field(30, ge=1, le=1_000_000)
+    min_samples: int = Field(30, ge=1, le=1_000_000, description="fewer observations on either side: inconclusive")
+    n_boot: int = Field(2000, ge=100, le=1_000_000, description="bootstrap rounds (method: bootstrap)")
 
 
 class GuardrailsSection(_Frozen):
@@ -281,6 +282,8 @@ class DriftSection(_Frozen):
     track: float = Field(0.1, ge=0, lt=1, description="the level follows slow trends with this weight per step (0: fixed)")
     refractory: int = Field(18, ge=0, le=100_000, description="steps ignored after an alarm before relearning")
     min_rel_shift: float = Field(0.25, ge=0, le=10, description="an alarm needs the signal to move by this share")
+    confirm: int = Field(6, ge=1, le=10_000, description="points whose median must show that move")
+    min_rel_sigma: float = Field(0.02, ge=0, le=10, description="noise floor as a share of the signal's level")
     quiet_s: float | None = Field(None, ge=0, le=86_400.0, description=(
         "ignore the signals this long after each of the tuner's own changes (default: "
         "planner.restart_downtime_s x pods + 10 s)"))
@@ -300,12 +303,17 @@ class PlannerSection(_Frozen):
         "estimate the regime's rest from the run: time since the last drift and past regime lengths"))
     horizon_floor_s: float = Field(300.0, gt=0, le=7 * 86_400.0, description="shortest horizon estimated from the run")
     horizon_trust_after: int = Field(2, ge=1, le=1000, description=(
-        "past regimes after which the run's own estimate stands without the floor (30 s at least)"))
+        "past regimes after which the run's own estimate stands without the floor (horizon_min_s at least)"))
     horizon_cap_s: float = Field(3600.0, gt=0, le=7 * 86_400.0, description="longest horizon estimated from the run")
+    horizon_min_s: float = Field(30.0, gt=0, le=7 * 86_400.0, description=(
+        "shortest horizon once the run's estimate stands (after horizon_trust_after regimes)"))
+    replan_growth: float = Field(1.25, gt=1, le=100, description=(
+        "plan again when the regime's age has grown by this factor since the last plan"))
     plan_warm_s: float = Field(1200.0, ge=0, le=86_400.0, description=(
         "history replayed before recent_s when pricing a move (a capacity change pays at the occupancy it reaches)"))
     margin: float = Field(0.03, ge=0, le=1, description="net relative gain a restart-requiring change needs")
-    hot_margin: float = Field(0.01, ge=0, le=1, description="net relative gain a router change needs")
+    hot_margin: float = Field(0.03, ge=0, le=1, description=(
+        "net relative gain a router change needs (regimes flip, and a marginal switch costs the next one)"))
     tolerance: float = Field(0.005, ge=0, le=1, description="neither p95 nor mean may lose more than this")
     search_k: int = Field(3, ge=0, le=100, description="twin-search candidates priced per phase")
     recent_s: float = Field(150.0, gt=0, le=86_400.0, description="recent workload the twin scores on")
@@ -318,7 +326,8 @@ class PlannerSection(_Frozen):
 class WarmStartSection(_Frozen):
     """`tuner.warm_start:` tune on the digital twin first; its top candidates go first live."""
 
-    trials: int = Field(30, ge=0, le=10_000, description="twin trials per phase (0 disables the warm start)")
+    trials: int = Field(24, ge=0, le=10_000, description=(
+        "twin trials per phase (0 disables the warm start); bench/twin_search.py: 24 reach the sweep's best"))
     top_k: int = Field(3, ge=0, le=100, description="twin candidates enqueued in the live study")
     workload: Literal["synthetic", "trace"] = Field(
         "synthetic", description="synthetic: fitted to the observed signals; trace: replay `trace`")

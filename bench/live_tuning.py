@@ -1,7 +1,8 @@
 """Live tuning on the twin, judged by the honest measure.
 
-The demo's tuner (`emulator.demo.tuning_setup`: the real TuningController, Guardrails, drift
-detector, live evaluator, transition planner and twin search) runs against the twin as a fleet on a
+The agent's tuner (`agent.runtime.tuning.build_tuning` with the demo's settings file
+`emulator/demo/tuner.yaml`: the real TuningController, Guardrails, drift detector, live
+evaluator, transition planner and twin search) runs against the twin as a fleet on a
 simulated clock (`emulator.cluster.twin_fleet`, `emulator.demo.sim_run`), so one run of tens of
 cluster-minutes takes seconds. For each workload and seed it prints the scorecard of
 `tuners.payoff`: per phase and for the whole run, TTFT p95 and mean of every request as served
@@ -36,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emulator.demo.ceiling import ceiling
+from emulator.demo.deployment import demo_deployment
 from emulator.demo.scenarios import RESTART_PAYS, SCENARIOS, Scenario, scenario
 from emulator.demo.scorecard import plan_lines
 from emulator.demo.sim_run import (
@@ -48,7 +50,6 @@ from emulator.demo.sim_run import (
     score_run,
     workload,
 )
-from emulator.demo.tuning_setup import APPLY, demo_deployment
 from tuners.payoff import WHOLE_RUN, scorecard_lines, speedup
 
 ROOM = 1.10  # the ceiling must beat held by this much on a statistic for its captured gain to count
@@ -60,7 +61,7 @@ def load(name: str, seed: int) -> Scenario:
     if name in SCENARIOS:
         return scenario(name, seed)
     wl, cluster = workload(name, seed)
-    return Scenario(wl, cluster, demo_deployment(cluster.pods))
+    return Scenario(wl, cluster, demo_deployment(cluster.pods, seed))
 
 
 def describe(k, start) -> str:
@@ -86,14 +87,14 @@ def run_one(name: str, seed: int, quick: bool, plans: bool) -> Outcome:
     wl, cluster, dep = sc.workload, sc.cluster, sc.deployment
     held = held_ttfts(wl, cluster, dep.start)
     run = run_live(wl, cluster, seed, deployment=dep)
-    _h_alarms, h_counts, _h_delays = held_alarms(wl, run)
+    _h_alarms, h_counts, _h_delays = held_alarms(wl, run, dep)
     if quick:
         q = hindsight(wl, cluster, hindsight_grid(cluster.pods, small=True), extra=run.end_knobs, start=dep.start)
         ceilings = [("quick grid of 8 (CPU 5 GiB), TTFT p95", q, q.best)]
     else:
         priced, free = ceiling(wl, cluster, dep.space(), [dep.start, *run.end_knobs],
-                               memory_ms_per_gib=dep.memory_ms_per_gib)
-        ceilings = [(f"memory at {dep.memory_ms_per_gib:g} ms/GiB", priced, priced.best),
+                               memory_ms_per_gib=dep.objective.memory_ms_per_gib)
+        ceilings = [(f"memory at {dep.objective.memory_ms_per_gib:g} ms/GiB", priced, priced.best),
                     ("memory at 0", free, free.best)]
     scores = score_run(wl, held, run, ceilings[0][1])
     head = (f"\n### {name}, seed {seed}: {wl.frame.height} requests, {cluster.pods} pods, start "
@@ -177,7 +178,9 @@ def main() -> None:
     if pool is not None:
         pool.close()
         pool.join()
-    print(f"\ntuner.apply: {APPLY} (restart-requiring changes allowed: the restart scenarios are measured)")
+    apply = demo_deployment(4).settings.tuner.apply
+    print(f"\ntuner.apply: {apply} (emulator/demo/tuner.yaml: restart-requiring changes allowed, the restart "
+          "scenarios are measured)")
     print(f"\n## Targets ({time.perf_counter() - t_all:.0f} s; ceiling: "
           f"{'quick grid, labelled' if args.quick else 'full space under the objective'})")
     print(f"- whole run tuned/held: p95 worst {worst['p95'][0]:.3f}x ({worst['p95'][1]}), mean worst "

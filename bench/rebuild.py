@@ -42,9 +42,9 @@ from agent.kvevents.settings import RebuildSpec
 from agent.kvevents.wire import Batch, Stored, decode_payload
 from contracts import events as ce
 from emulator.cluster.kv_wire_formats import wire_format
+from emulator.demo.deployment import demo_deployment
 from emulator.demo.scenarios import SCENARIOS, scenario
 from emulator.demo.sim_run import WORKLOADS, workload
-from emulator.demo.tuning_setup import demo_deployment
 from simulator.capacity import tier_curves
 from simulator.replay import replay
 

@@ -51,6 +51,7 @@ import polars as pl
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agent.runtime.tuning.schema import defaults
 from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec
 from simulator.synthetic import synthetic
@@ -60,6 +61,14 @@ from tuners.objective import ObjectiveSpec
 from tuners.offline import load_workload
 from tuners.optuna_tuner import OptunaTuner
 from tuners.space import DeploymentLimits, SearchSpace
+
+# the detector measured bare: the schema's settings with a fixed level, no refractory period and no
+# minimum shift (the agent's tracking and refractory are measured by bench/live_tuning.py)
+BARE_DRIFT = {"track": 0.0, "refractory": 0, "min_rel_shift": 0.0}
+
+
+def bare_drift(**kw: Any) -> DriftSettings:
+    return defaults(DriftSettings, **{**BARE_DRIFT, **kw})
 
 L2_TOKENS = 64 * 8192  # a 64 GiB shared pool (Llama-3.1-8B bf16: 8,192 tokens per GiB): eviction matters
 GPU_TOKENS = 8 * 8192  # GPU prefix cache per pod
@@ -297,7 +306,7 @@ def drift_figures(seeds: int) -> None:
     for preset in ("rag", "sessions", "short"):
         for seed in range(1, seeds + 1):
             sig = workload_signals(synthetic(preset, seed=seed, duration_s=1200.0), 10.0)
-            det = DriftDetector(DriftSettings())
+            det = DriftDetector(bare_drift())
             alarms += sum(1 for s in sig if det.update(s, s["t"]))
             windows += len(sig)
     print(f"stationary presets (rag, sessions, short; {seeds} seeds, 20 min, 10 s windows): "
@@ -307,7 +316,7 @@ def drift_figures(seeds: int) -> None:
         wl = synthetic("shift", seed=seed, duration_s=1200.0)
         sig = workload_signals(wl, 10.0)
         change = 600.0 + sig[0]["t"]
-        det = DriftDetector(DriftSettings())
+        det = DriftDetector(bare_drift())
         hits = [(e.at, e.signal) for s in sig if (e := det.update(s, s["t"]))]
         after = [h for h in hits if h[0] >= change]
         delays.append(after[0][0] - change if after else float("nan"))
@@ -320,7 +329,7 @@ def drift_figures(seeds: int) -> None:
         fa = 0
         for s in range(runs):  # a detector re-learns after each alarm, so every alarm counts
             rng = np.random.default_rng(s)
-            det1 = SignalDetector("x", DriftSettings(method=method))
+            det1 = SignalDetector("x", bare_drift(method=method))
             fa += sum(1 for v in 0.5 + 0.03 * rng.standard_normal(n) if det1.update(float(v)))
         parts = []
         for k in (2, 3, 4):
@@ -329,7 +338,7 @@ def drift_figures(seeds: int) -> None:
                 rng = np.random.default_rng(1000 + s)
                 x = 0.5 + 0.03 * rng.standard_normal(300)
                 x[100:] -= 0.03 * k
-                det1 = SignalDetector("x", DriftSettings(method=method))
+                det1 = SignalDetector("x", bare_drift(method=method))
                 i = next((i for i, v in enumerate(x) if det1.update(float(v))), None)
                 if i is not None and i >= 100:
                     ds.append(i - 100)

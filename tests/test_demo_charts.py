@@ -7,6 +7,7 @@ from matplotlib.transforms import Bbox
 
 from emulator.cluster.timeline import DemoEvent, Recorder, Served, TimelinePoint
 from emulator.demo import report
+from tests.support.tuner_settings import regression_settings
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_optuna_history_has_whole_trial_ticks(figures, tmp_path):
 
 def test_verdict_table_has_units_and_a_trial_verdict_reads_as_a_sentence():
     from tuners.payoff import score_phases, scorecard_lines
-    from tuners.stats import RegressionSettings, TtftObservations, judge
+    from tuners.stats import TtftObservations, judge
 
     header = scorecard_lines(score_phases(["p1"], {0: [1.0]}, {0: [1.0]}, {0: [1.0]}))[0]
     for col in ("TTFT p95 (ms): held / tuned / hindsight", "TTFT mean (ms): held / tuned / hindsight",
@@ -69,11 +70,11 @@ def test_verdict_table_has_units_and_a_trial_verdict_reads_as_a_sentence():
         assert col in header, header
     assert header.count("|") <= 9, header  # eight columns, not fifteen
     same = TtftObservations(samples=tuple(0.5 + 0.001 * i for i in range(200)))
-    verdict = judge(same, same, RegressionSettings(method="mannwhitney"))
+    verdict = judge(same, same, regression_settings(method="mannwhitney"))
     assert verdict.reason.startswith("TTFT p95 stayed at 0.689 s; the TTFTs as a whole are not significantly "
                                      "larger (one-sided Mann-Whitney p = 0.5, >= 0.05): not a regression"), verdict.reason
     slower = TtftObservations(samples=tuple(0.6 + 0.001 * i for i in range(200)))
-    worse = judge(slower, same, RegressionSettings(method="mannwhitney"))
+    worse = judge(slower, same, regression_settings(method="mannwhitney"))
     assert worse.worse and worse.reason.startswith("TTFT p95 rose from 0.689 s to 0.789 s; the TTFTs as a whole are "
                                                    "larger (one-sided Mann-Whitney p = "), worse.reason
     assert worse.reason.endswith(": a regression")

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from emulator.demo.deployment import demo_deployment
 from emulator.demo.sim_run import held_alarms, held_ttfts, hindsight, run_live, score_run
 from emulator.demo.workload import build_workload
 from simulator.cluster import ClusterSpec
@@ -39,6 +40,6 @@ def test_tuned_is_never_worse_than_held_on_the_demo_workload(scored) -> None:
 def test_drift_finds_the_shift_once_and_not_the_tuners_own_changes(scored) -> None:
     wl, run, _scores = scored
     assert len(run.alarms) == 1 and run.detection_delays_s[0] <= 120.0
-    alarms, _counts, delays = held_alarms(wl, run)
+    alarms, _counts, delays = held_alarms(wl, run, demo_deployment(4, 7))
     assert len(alarms) == 1 and delays[0] <= 120.0
     assert run.prediction_errors  # the twin's prediction was checked against every live window

@@ -60,6 +60,6 @@ class _Observed(FittedHistory):
 def test_the_planner_history_logs_a_capped_plan(caplog):
     history = _Observed(None, None, lambda: 1000.0, window_s=300, max_requests=500, max_block_refs=50_000, seed=0)
     with caplog.at_level(logging.WARNING, logger="agent.runtime.paying_runtime"):
-        frame = history(1000.0, 300.0)
+        frame = history.history(1000.0, 300.0)
     assert frame.height <= 500 and history.capped is not None
     assert any("plan workload capped" in r.getMessage() for r in caplog.records)

@@ -367,6 +367,9 @@ def test_a_hot_router_change_that_pays_is_applied_without_restarting_the_serving
 
     hot = rt.paying.planner.decisions[0]
     assert hot.accepted and not hot.restart and hot.knobs.router != "roundrobin"
+    # KV events off: the plan and /healthz say the planning workload is the fitted fallback
+    assert rt.paying.planner.last_plan["workload"] == "fitted"
+    assert rt.agent.info()["tuner_workload"]["kind"] == "fitted"
     assert max(hot.gain_p95, hot.gain_mean) >= 0.01  # the hot margin
     assert rt.actuator.current() == hot.knobs == rt.tuning.controller.candidate.knobs
     assert router_in_configmap(kube) == hot.knobs.router

@@ -22,7 +22,8 @@ from emulator.cluster.local_actuator import (
 )
 from tests.support.kube import FakeTime, deployment, serve
 from tests.support.tuner_fakes import FakeActuator, FakeClock
-from tuners.guardrails import Guardrails, GuardrailSettings
+from tests.support.tuner_settings import guardrail_settings
+from tuners.guardrails import Guardrails
 from tuners.metrics import TunerMetrics
 from tuners.proposals import ProposalBook, held_back, load_proposals, pick
 from tuners.space import DeploymentLimits, SearchSpace
@@ -36,7 +37,7 @@ def guard(scope: str | None = None, initial: Knobs | None = None):
     book = ProposalBook(scope or "hot", target="ns/llm")
     registry = CollectorRegistry()
     registry.register(book)
-    settings = GuardrailSettings(cooldown_s=0) if scope is None else GuardrailSettings(cooldown_s=0, apply=scope)
+    settings = guardrail_settings(cooldown_s=0) if scope is None else guardrail_settings(cooldown_s=0, apply=scope)
     return clock, actuator, Guardrails(actuator, SPACE, TunerMetrics(), settings, clock=clock, proposals=book), registry
 
 
@@ -63,7 +64,7 @@ def test_the_scopes() -> None:
 
 def test_a_live_install_defaults_to_hot() -> None:
     assert load_settings(env={}).tuner.apply == "hot"
-    assert GuardrailSettings().apply == "hot"
+    assert guardrail_settings().apply == "hot"  # the schema's default (agent/settings.py tuner.apply)
 
 
 def test_hot_applies_the_router_and_proposes_the_restart_without_touching_the_target() -> None:

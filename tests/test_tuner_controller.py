@@ -10,10 +10,16 @@ from prometheus_client import CollectorRegistry
 
 from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
-from tuners.controller import ControllerSettings, TuningController, latest_phase
-from tuners.drift import DriftDetector, DriftSettings
-from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.live import LiveEvaluator, LiveSettings
+from tests.support.tuner_settings import (
+    controller_settings,
+    drift_settings,
+    guardrail_settings,
+    live_settings,
+)
+from tuners.controller import TuningController, latest_phase
+from tuners.drift import DriftDetector
+from tuners.guardrails import Guardrails
+from tuners.live import LiveEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.space import Choice, DeploymentLimits, FloatRange, SearchSpace
 
@@ -56,11 +62,11 @@ def build(*, warm: ListWarmStart, dry_run: bool = False, buckets: tuple[float, .
     registry = CollectorRegistry()
     registry.register(metrics)
     guard = Guardrails(actuator, SPACE, metrics,
-                       GuardrailSettings(apply="all", cooldown_s=120, max_changes_per_hour=6, dry_run=dry_run), clock=clock)
+                       guardrail_settings(apply="all", cooldown_s=120, max_changes_per_hour=6, dry_run=dry_run), clock=clock)
     ctl = TuningController(
         space=SPACE, objective=None, storage=storage or optuna.storages.InMemoryStorage(), guardrails=guard,
-        evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
-        metrics=metrics, settings=ControllerSettings(study="live", seed=1, trials_per_phase=trials),
+        evaluator=LiveEvaluator(guard, fleet, live_settings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
+        metrics=metrics, settings=controller_settings(study="live", seed=1, trials_per_phase=trials),
         warm_start=warm, drift=drift)
     return clock, actuator, ctl, registry
 
@@ -115,7 +121,7 @@ def test_regression_is_rolled_back_within_one_window_and_improvement_kept(form: 
 
 
 def test_drift_starts_a_new_phase_warm_started_from_the_twin() -> None:
-    drift = DriftDetector(DriftSettings(warmup=10, threshold=8.0), signals=("reuse_ratio",))
+    drift = DriftDetector(drift_settings(warmup=10, threshold=8.0), signals=("reuse_ratio",))
     warm = ListWarmStart([GOOD], [Knobs(chunk_tokens=256, cpu_gib=5.0, router="prefixaware")])
     clock, actuator, ctl, registry = build(warm=warm, drift=drift)
     t_shift = clock.now + 3000

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from simulator.synthetic import synthetic
-from tuners.drift import DriftDetector, DriftSettings, SignalDetector, workload_signals
+from tests.support.tuner_settings import drift_settings
+from tuners.drift import DriftDetector, SignalDetector, workload_signals
 
 
 def series(seed: int, n: int, shift_at: int | None = None, delta: float = 0.0, level: float = 0.5,
@@ -29,7 +30,7 @@ def first_alarm(det: SignalDetector, xs: np.ndarray) -> tuple[int, str] | None:
 @pytest.mark.parametrize(("delta", "direction"), [(-0.12, "down"), (0.09, "up")])
 def test_level_shifts_are_detected_quickly_in_the_right_direction(method: str, delta: float, direction: str) -> None:
     for seed in range(5):
-        det = SignalDetector("reuse_ratio", DriftSettings(method=method))
+        det = SignalDetector("reuse_ratio", drift_settings(method=method))
         got = first_alarm(det, series(seed, 200, shift_at=100, delta=delta))
         assert got is not None
         at, d = got
@@ -40,13 +41,13 @@ def test_level_shifts_are_detected_quickly_in_the_right_direction(method: str, d
 def test_page_hinkley_stays_quiet_on_stationary_noise() -> None:
     alarms = 0
     for seed in range(10):
-        det = SignalDetector("reuse_ratio", DriftSettings())
+        det = SignalDetector("reuse_ratio", drift_settings())
         alarms += first_alarm(det, series(100 + seed, 500)) is not None
     assert alarms == 0
 
 
 def test_a_constant_signal_needs_a_real_shift() -> None:
-    det = SignalDetector("arrival_rate", DriftSettings(warmup=5, min_rel_sigma=0.02))
+    det = SignalDetector("arrival_rate", drift_settings(warmup=5, min_rel_sigma=0.02))
     assert first_alarm(det, np.full(300, 4.0)) is None
     assert first_alarm(det, np.full(50, 4.0 * 1.01)) is None  # 1% is within the noise floor
     got = first_alarm(det, np.full(50, 3.0))
@@ -54,7 +55,7 @@ def test_a_constant_signal_needs_a_real_shift() -> None:
 
 
 def test_detector_skips_missing_values_and_resets_only_what_it_is_told() -> None:
-    d = DriftDetector(DriftSettings(warmup=3), signals=("reuse_ratio", "hit_ratio"))
+    d = DriftDetector(drift_settings(warmup=3), signals=("reuse_ratio", "hit_ratio"))
     for t in range(3):
         assert d.update({"reuse_ratio": 0.5, "hit_ratio": float("nan")}, t) is None
     assert d.detectors["reuse_ratio"].warm and not d.detectors["hit_ratio"].warm
@@ -64,18 +65,18 @@ def test_detector_skips_missing_values_and_resets_only_what_it_is_told() -> None
 
 def test_bad_settings_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="drift.method: invalid value 'bocpd'; valid: page_hinkley, cusum"):
-        DriftSettings(method="bocpd")
+        drift_settings(method="bocpd")
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_twin_workloads_shift_is_found_and_stationary_presets_are_quiet(seed: int) -> None:
     shift = workload_signals(synthetic("shift", seed=seed), 10.0)  # rag for 300 s, then sessions
-    det = DriftDetector(DriftSettings())
+    det = DriftDetector(drift_settings())
     events = [e for s in shift if (e := det.update(s, s["t"]))]
     assert len(events) == 1
     assert 300 <= events[0].at <= 330
     for preset in ("rag", "sessions", "short"):
-        quiet = DriftDetector(DriftSettings())
+        quiet = DriftDetector(drift_settings())
         alarms = [e for s in workload_signals(synthetic(preset, seed=seed), 10.0) if (e := quiet.update(s, s["t"]))]
         assert alarms == []
 

@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from agent.runtime.tuning.build import restart_space
 from contracts.knobs import DEFAULT_KNOBS
 from emulator.demo.ceiling import cpu_levels, dimension_values, search_ceiling
-from emulator.demo.tuning_setup import HeadroomCapacity, restart_space
-from tuners.planning.horizon import HorizonSettings, RegimeHorizon, estimate_horizon
+from tests.support.tuner_settings import horizon_settings
+from tuners.planning.capacity_source import HeadroomCapacity
+from tuners.planning.horizon import RegimeHorizon, estimate_horizon
 from tuners.planning.planner import decide, price
 from tuners.space import CandidateError, DeploymentLimits, SearchSpace
 from tuners.space_modes import follow_deployment
@@ -71,7 +73,7 @@ def test_the_ceiling_searches_the_whole_space_up_to_the_headroom() -> None:
 
 
 def test_horizon_from_the_run() -> None:
-    s = HorizonSettings(floor_s=300.0, cap_s=3600.0, replan_growth=1.5)
+    s = horizon_settings(floor_s=300.0, cap_s=3600.0, replan_growth=1.5)
     assert estimate_horizon(100.0, [], s).horizon_s == 300.0  # young, no history: the floor
     assert estimate_horizon(1000.0, [], s).horizon_s == 1000.0  # it has lasted 1000 s: as long again
     assert estimate_horizon(100.0, [480.0, 500.0], s).horizon_s == 390.0  # typical 490 s minus its age
@@ -89,7 +91,7 @@ def test_horizon_from_the_run() -> None:
     h.start(480.0)
     assert h.past_lengths_s == [480.0] and h.age(500.0) == 20.0 and not h.replan_due(900.0)
     with pytest.raises(ValueError):
-        HorizonSettings(floor_s=0.0)
+        horizon_settings(floor_s=0.0)
 
 
 class _Twin:

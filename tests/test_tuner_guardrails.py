@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from contracts.actuator import PermanentActuationError, RetriableActuationError, RolloutTimeoutError
 from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock
-from tuners.guardrails import Guardrails, GuardrailSettings
+from tests.support.tuner_settings import guardrail_settings
+from tuners.guardrails import Guardrails
 from tuners.metrics import TunerMetrics
 from tuners.space import DeploymentLimits, SearchSpace
 
@@ -23,7 +24,7 @@ def make(dry_run: bool = False, cooldown: float = 600, cap: int = 3):
     metrics = TunerMetrics(target="ns/llm")
     registry = CollectorRegistry()
     registry.register(metrics)
-    g = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=cooldown, max_changes_per_hour=cap,
+    g = Guardrails(actuator, SPACE, metrics, guardrail_settings(apply="all", cooldown_s=cooldown, max_changes_per_hour=cap,
                                                                dry_run=dry_run), clock=clock)
     return clock, actuator, g, registry
 

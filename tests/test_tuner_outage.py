@@ -17,8 +17,9 @@ from contracts.tier_model import Target
 from tests.support.kube import NS, FakeTime, deployment
 from tests.support.postgres import postgres_url  # noqa: F401  (fixture)
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.tuner_settings import guardrail_settings
 from tests.test_runtime_tuning import kube, run_to_trial, targets_file, traffic, value, vllm  # noqa: F401
-from tuners.guardrails import Guardrails, GuardrailSettings
+from tuners.guardrails import Guardrails
 from tuners.metrics import TunerMetrics
 from tuners.planning.plan_runner import InlineExecutor
 from tuners.space import DeploymentLimits, SearchSpace
@@ -108,7 +109,7 @@ class _NoActuator:
 def test_guardrail_timers_ignore_wall_clock_jumps():
     wall, mono = [1_000_000.0], [50.0]
     space = SearchSpace.from_limits(DeploymentLimits())
-    g = Guardrails(_NoActuator(), space, TunerMetrics(), GuardrailSettings(apply="all", cooldown_s=900, max_changes_per_hour=4),
+    g = Guardrails(_NoActuator(), space, TunerMetrics(), guardrail_settings(apply="all", cooldown_s=900, max_changes_per_hour=4),
                    clock=lambda: wall[0], monotonic=lambda: mono[0])
     g._record_change(wall[0])
     wall[0] -= 86_400  # the wall clock goes back a day

@@ -12,11 +12,18 @@ import pytest
 
 from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
+from tests.support.tuner_settings import (
+    controller_settings,
+    drift_settings,
+    guardrail_settings,
+    horizon_settings,
+    live_settings,
+)
 from tests.test_tuner_controller import BAD, GOOD, SETTLE, SPACE, TICK, WINDOW, median, run_until
-from tuners.controller import ControllerSettings, TuningController
-from tuners.drift import DriftDetector, DriftSettings
-from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.live import LiveEvaluator, LiveSettings
+from tuners.controller import TuningController
+from tuners.drift import DriftDetector
+from tuners.guardrails import Guardrails
+from tuners.live import LiveEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.planning.plan_runner import InlineExecutor, PlanRunner, background_executor
 
@@ -61,12 +68,12 @@ def build(warm, *, drift: DriftDetector | None = None, horizon=None, executor=No
     actuator = FakeActuator(clock)
     fleet = FakeFleet(actuator, median, rate=1.0)
     metrics = TunerMetrics(target="demo")
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=120, max_changes_per_hour=6),
+    guard = Guardrails(actuator, SPACE, metrics, guardrail_settings(apply="all", cooldown_s=120, max_changes_per_hour=6),
                        clock=clock)
     ctl = TuningController(
         space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(), guardrails=guard,
-        evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
-        metrics=metrics, settings=ControllerSettings(study="bg", seed=1, trials_per_phase=4, plan_after_baseline=True,
+        evaluator=LiveEvaluator(guard, fleet, live_settings(settle_s=SETTLE, window_s=WINDOW, min_requests=30)),
+        metrics=metrics, settings=controller_settings(study="bg", seed=1, trials_per_phase=4, plan_after_baseline=True,
                                                      live_search=False),
         warm_start=warm, drift=drift, plan_executor=executor or background_executor(), horizon=horizon)
     return clock, actuator, ctl
@@ -90,7 +97,7 @@ def test_the_tick_never_waits_for_a_plan_and_takes_its_candidates_when_done():
 
 
 def test_drift_discards_a_plan_in_flight():
-    drift = DriftDetector(DriftSettings(warmup=10, threshold=8.0), signals=("reuse_ratio",))
+    drift = DriftDetector(drift_settings(warmup=10, threshold=8.0), signals=("reuse_ratio",))
     warm = GatedPlan([GOOD], [])
     clock, actuator, ctl = build(warm, drift=drift)
     t_shift = clock.now + 2000
@@ -165,7 +172,7 @@ def test_a_replan_does_not_try_again_a_move_rolled_back_in_the_phase():
 
 
 def _replanning(warm: BatchPlan):
-    from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+    from tuners.planning.horizon import RegimeHorizon
 
     return build(warm, executor=InlineExecutor(),
-                 horizon=RegimeHorizon(HorizonSettings(floor_s=300.0, cap_s=36000.0, replan_growth=1.25)))
+                 horizon=RegimeHorizon(horizon_settings(floor_s=300.0, cap_s=36000.0, replan_growth=1.25)))

@@ -10,16 +10,23 @@ import pytest
 
 from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
-from tuners.controller import ControllerSettings, TuningController
-from tuners.drift import DriftSettings, SignalDetector
-from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.live import LiveEvaluator, LiveSettings
+from tests.support.tuner_settings import (
+    controller_settings,
+    drift_settings,
+    guardrail_settings,
+    horizon_settings,
+    live_settings,
+    plan_settings,
+)
+from tuners.controller import TuningController
+from tuners.drift import SignalDetector
+from tuners.guardrails import Guardrails
+from tuners.live import LiveEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.objective import TtftObservations
 from tuners.payoff import TtftSummary
-from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+from tuners.planning.horizon import RegimeHorizon
 from tuners.planning.planner import (
-    PlanSettings,
     TransitionPlanner,
     decide,
     horizon_outcome,
@@ -121,7 +128,7 @@ def test_planner_decides_the_hot_router_first_and_prices_restarts_against_it() -
     planner = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts,
                                 routers=("roundrobin", "session", "prefixaware", "kvaware"),
                                 search=ListSearch([DEFAULT.replace(chunk_tokens=512)]),
-                                settings=PlanSettings(horizon_s=900.0, margin=0.03))
+                                settings=plan_settings(horizon_s=900.0, margin=0.03))
     plan = planner.candidates(3)
     assert plan == [KV, BIG]  # the search's candidate took the chosen router
     assert (KV, BIG, True) in twin.calls  # priced from the hot change, with its restarts
@@ -135,7 +142,7 @@ def test_planner_holds_when_nothing_pays() -> None:
                         restart_ttft=3.0)
     planner = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts,
                                 routers=("roundrobin", "session", "prefixaware", "kvaware"),
-                                search=ListSearch([DEFAULT.replace(chunk_tokens=512)]))
+                                search=ListSearch([DEFAULT.replace(chunk_tokens=512)]), settings=plan_settings())
     assert planner.candidates(3) == []
     assert all(not d.accepted for d in planner.decisions)
 
@@ -147,7 +154,7 @@ def test_planner_prices_every_l2_eviction_policy_the_search_did_not_propose() ->
     twin = ScriptedTwin({KV: 1.0, DEFAULT: 1.2, KV.replace(l2_eviction="lfu"): 0.98, s3: 0.9,
                          KV.replace(l2_eviction="arc"): 0.95, BIG: 1.01}, restart_ttft=3.0)
     kw = {"restarts": restarts, "routers": ("roundrobin", "kvaware"), "search": ListSearch([BIG]),
-          "settings": PlanSettings(horizon_s=900.0, margin=0.03)}
+          "settings": plan_settings(horizon_s=900.0, margin=0.03)}
     planner = TransitionPlanner(lambda: twin, lambda: KV, every_value={"l2_eviction": ("lru", "lfu", "s3fifo", "arc")},
                                 **kw)
     assert planner.candidates(3) == [s3]
@@ -208,14 +215,15 @@ def test_restarts_wait_until_a_regime_that_began_with_a_drift_fills_the_twins_wi
     (no drift before it) has nothing to mix with."""
     twin = ScriptedTwin({DEFAULT: 1.0, KV: 0.9, DEFAULT.replace(router="session"): 1.1,
                          DEFAULT.replace(router="prefixaware"): 0.95, BIG: 0.5}, restart_ttft=0.85)
-    horizon = RegimeHorizon(HorizonSettings(floor_s=300.0))
+    horizon = RegimeHorizon(horizon_settings(floor_s=300.0))
     now = [0.0]
     horizon.start(0.0)
     horizon.start(1000.0)  # a drift at 1,000 s
     planner = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts,
                                 routers=("roundrobin", "session", "prefixaware", "kvaware"),
                                 search=ListSearch([DEFAULT.replace(chunk_tokens=512)]),
-                                horizon=lambda: horizon.estimate(now[0]), clock=lambda: now[0])
+                                horizon=lambda: horizon.estimate(now[0]), clock=lambda: now[0],
+                                settings=plan_settings())
     now[0] = 1100.0  # 100 s into the new regime
     assert planner.candidates(3) == [KV]  # the hot change only
     assert "100 s old" in planner.last_plan["restarts_deferred"]
@@ -223,11 +231,11 @@ def test_restarts_wait_until_a_regime_that_began_with_a_drift_fills_the_twins_wi
     now[0] = 1200.0  # 200 s: its own requests fill the window
     assert planner.candidates(3) == [KV, BIG]
     assert "restarts_deferred" not in planner.last_plan
-    first = RegimeHorizon(HorizonSettings(floor_s=300.0))
+    first = RegimeHorizon(horizon_settings(floor_s=300.0))
     first.start(0.0)
     young = TransitionPlanner(lambda: twin, lambda: DEFAULT, restarts=restarts, routers=("roundrobin", "kvaware"),
                               search=ListSearch([DEFAULT.replace(chunk_tokens=512)]),
-                              horizon=lambda: first.estimate(90.0))
+                              horizon=lambda: first.estimate(90.0), settings=plan_settings())
     assert young.candidates(3) == [KV, BIG]  # the first regime, 90 s old: nothing before it to mix with
 
 
@@ -267,14 +275,14 @@ def run_one_trial(counterfactual) -> tuple[str, TuningController, TunerMetrics]:
     actuator = FakeActuator(clock)
     fleet = MovingFleet(actuator, median, rate=2.0)
     metrics = TunerMetrics()
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=0, max_changes_per_hour=60),
+    guard = Guardrails(actuator, SPACE, metrics, guardrail_settings(apply="all", cooldown_s=0, max_changes_per_hour=60),
                        clock=clock)
     ctl = TuningController(space=SPACE, objective=None, storage=optuna.storages.InMemoryStorage(),
                            guardrails=guard,
-                           evaluator=LiveEvaluator(guard, fleet, LiveSettings(settle_s=60, window_s=120,
+                           evaluator=LiveEvaluator(guard, fleet, live_settings(settle_s=60, window_s=120,
                                                                               min_requests=30)),
                            metrics=metrics, warm_start=ListSearch([KV]), counterfactual=counterfactual,
-                           settings=ControllerSettings(study="cf", seed=1, trials_per_phase=5,
+                           settings=controller_settings(study="cf", seed=1, trials_per_phase=5,
                                                        plan_after_baseline=True, live_search=False))
     states = []
     for _ in range(200):
@@ -326,8 +334,8 @@ def feed(det: SignalDetector, xs) -> list[int]:
 def test_tracking_absorbs_a_slow_trend_but_not_a_step() -> None:
     rng = np.random.default_rng(3)
     trend = 0.6 + 0.0015 * np.arange(200) + 0.01 * rng.standard_normal(200)
-    assert feed(SignalDetector("reuse_ratio", DriftSettings(warmup=20, threshold=15.0)), trend)
-    tracked = DriftSettings(warmup=20, threshold=15.0, track=0.1)
+    assert feed(SignalDetector("reuse_ratio", drift_settings(warmup=20, threshold=15.0)), trend)
+    tracked = drift_settings(warmup=20, threshold=15.0, track=0.1)
     assert not feed(SignalDetector("reuse_ratio", tracked), trend)
     step = np.concatenate([np.full(60, 0.8), np.full(40, 0.3)]) + 0.01 * rng.standard_normal(100)
     alarms = feed(SignalDetector("reuse_ratio", tracked), step)
@@ -339,12 +347,12 @@ def test_refractory_and_minimum_shift_keep_one_alarm_per_shift() -> None:
     # a step, then the new regime ramps up a little: without a refractory period it alarms again
     xs = np.concatenate([np.full(60, 0.8), np.linspace(0.3, 0.45, 30), np.full(80, 0.45)])
     xs = xs + 0.01 * rng.standard_normal(xs.size)
-    plain = feed(SignalDetector("reuse_ratio", DriftSettings(warmup=10, threshold=15.0)), xs)
+    plain = feed(SignalDetector("reuse_ratio", drift_settings(warmup=10, threshold=15.0)), xs)
     assert len(plain) >= 2
-    settled = DriftSettings(warmup=10, threshold=15.0, refractory=30, min_rel_shift=0.25)
+    settled = drift_settings(warmup=10, threshold=15.0, refractory=30, min_rel_shift=0.25)
     assert len(feed(SignalDetector("reuse_ratio", settled), xs)) == 1
     # a statistically clear but small move (10%) is not a new regime
     small = np.concatenate([np.full(60, 0.8), np.full(60, 0.72)]) + 0.005 * rng.standard_normal(120)
-    assert feed(SignalDetector("reuse_ratio", DriftSettings(warmup=20, threshold=15.0)), small)
-    assert not feed(SignalDetector("reuse_ratio", DriftSettings(warmup=20, threshold=15.0, min_rel_shift=0.25)),
+    assert feed(SignalDetector("reuse_ratio", drift_settings(warmup=20, threshold=15.0)), small)
+    assert not feed(SignalDetector("reuse_ratio", drift_settings(warmup=20, threshold=15.0, min_rel_shift=0.25)),
                     small)

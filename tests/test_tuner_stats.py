@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from tests.support.tuner_settings import regression_settings
 from tuners.objective import TtftObservations, bucket_quantile
 from tuners.stats import (
-    RegressionSettings,
     bucket_quantiles,
     judge,
     mann_whitney_counts,
@@ -57,7 +57,7 @@ def _binned(samples: tuple[float, ...]) -> TtftObservations:
 @pytest.mark.parametrize("method", ["mannwhitney", "bootstrap"])
 @pytest.mark.parametrize("form", ["samples", "buckets"])
 def test_a_real_regression_is_worse_and_noise_is_not(method: str, form: str) -> None:
-    settings = RegressionSettings(method=method, n_boot=500)
+    settings = regression_settings(method=method, n_boot=500)
     base = _lognormal(0.2, 300, seed=1)
     same = _lognormal(0.2, 300, seed=2)
     slower = _lognormal(0.32, 300, seed=3)
@@ -69,7 +69,7 @@ def test_a_real_regression_is_worse_and_noise_is_not(method: str, form: str) -> 
 
 
 def test_tiny_windows_are_inconclusive_not_worse() -> None:
-    v = judge(TtftObservations(samples=(9.0,) * 5), TtftObservations(samples=(0.1,) * 100))
+    v = judge(TtftObservations(samples=(9.0,) * 5), TtftObservations(samples=(0.1,) * 100), regression_settings())
     assert not v.worse and not v.conclusive
     assert "need 30 each" in v.reason
 
@@ -78,10 +78,10 @@ def test_significant_but_negligible_change_is_not_a_regression() -> None:
     # 2% slower with a huge sample: significant, but below the 5% practical threshold.
     base = _lognormal(0.2, 20000, seed=5)
     bit_slower = tuple(x * 1.02 for x in _lognormal(0.2, 20000, seed=6))
-    v = judge(TtftObservations(samples=bit_slower), TtftObservations(samples=base))
+    v = judge(TtftObservations(samples=bit_slower), TtftObservations(samples=base), regression_settings())
     assert not v.worse
 
 
 def test_mixed_forms_are_refused() -> None:
     with pytest.raises(ValueError, match="both windows need samples, or both need histogram buckets"):
-        judge(TtftObservations(samples=(0.1,) * 40), _binned((0.1,) * 40))
+        judge(TtftObservations(samples=(0.1,) * 40), _binned((0.1,) * 40), regression_settings())

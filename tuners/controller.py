@@ -31,7 +31,7 @@ import optuna
 from contracts.actuator import ActuationError
 from contracts.knobs import Knobs
 from tuners.base import Candidate
-from tuners.drift import CONFIG_DEPENDENT, DriftDetector, DriftEvent
+from tuners.drift import DriftDetector, DriftEvent
 from tuners.guardrails import Guardrails
 from tuners.live import InsufficientTraffic, LiveEvaluator, LiveResult
 from tuners.logline import log_event
@@ -46,7 +46,7 @@ from tuners.space import CandidateError, SearchSpace
 from tuners.stats import scale_observations
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
     """study: base study name (phases are `<study>.phaseNNN`). sampler/seed: the live sampler.
     trials_per_phase: live trials before holding. warm_start_k: twin candidates enqueued first.
@@ -61,18 +61,18 @@ class ControllerSettings:
     config_dependent: drift signals re-learned after each change the tuner makes (they move with
     the configuration: the hit ratio; the KV-event reuse ratio, whose blocks are chunk-sized)."""
 
-    study: str = "tierpilot"
-    sampler: str = "tpe"
-    seed: int | None = None
-    owner: str = "tierpilot"
-    trials_per_phase: int = 20
-    warm_start_k: int = 3
-    min_improvement: float = 0.01
-    max_apply_retries: int = 5
-    plan_after_baseline: bool = False
-    live_search: bool = True
-    drift_quiet_s: float = 0.0
-    config_dependent: tuple[str, ...] = CONFIG_DEPENDENT
+    study: str
+    sampler: str
+    seed: int | None
+    owner: str
+    trials_per_phase: int
+    warm_start_k: int
+    min_improvement: float
+    max_apply_retries: int
+    plan_after_baseline: bool
+    live_search: bool
+    drift_quiet_s: float
+    config_dependent: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,7 @@ class TuningController:
 
     def __init__(self, *, space: SearchSpace, objective: ObjectiveSpec | None, storage: optuna.storages.BaseStorage,
                  guardrails: Guardrails, evaluator: LiveEvaluator, metrics: TunerMetrics,
-                 settings: ControllerSettings = ControllerSettings(), warm_start: WarmStart | None = None,
+                 settings: ControllerSettings, warm_start: WarmStart | None = None,
                  drift: DriftDetector | None = None, counterfactual: WindowPredictor | None = None,
                  horizon: RegimeHorizon | None = None, plan_executor: Executor | None = None) -> None:
         self.space = space

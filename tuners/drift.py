@@ -30,7 +30,7 @@ CONFIG_DEPENDENT: tuple[str, ...] = ("hit_ratio",)
 METHODS: tuple[str, ...] = ("page_hinkley", "cusum")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DriftSettings:
     """method: page_hinkley | cusum. warmup: points to learn level and noise.
     delta: drift allowance per point, in noise units (shifts smaller than this are ignored).
@@ -45,15 +45,15 @@ class DriftSettings:
     of it (a shift too small to matter to the cache is not a new regime); 0 = no such check.
     confirm: points in that median."""
 
-    method: str = "page_hinkley"
-    warmup: int = 20
-    delta: float = 0.5
-    threshold: float = 16.0
-    min_rel_sigma: float = 0.02
-    track: float = 0.0
-    refractory: int = 0
-    min_rel_shift: float = 0.0
-    confirm: int = 6
+    method: str
+    warmup: int
+    delta: float
+    threshold: float
+    min_rel_sigma: float
+    track: float
+    refractory: int
+    min_rel_shift: float
+    confirm: int
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -164,7 +164,7 @@ class SignalDetector:
 class DriftDetector:
     """One `SignalDetector` per workload signal; alarms on the first signal that changes."""
 
-    def __init__(self, settings: DriftSettings = DriftSettings(), signals: tuple[str, ...] = SIGNALS) -> None:
+    def __init__(self, settings: DriftSettings, signals: tuple[str, ...] = SIGNALS) -> None:
         self.settings = settings
         self.detectors = {name: SignalDetector(name, settings) for name in signals}
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+import polars as pl
+
 from contracts.knobs import Knobs
 from tuners.base import Candidate, TrialRecord, Tuner
 from tuners.objective import Evaluation, TtftObservations
@@ -188,3 +190,32 @@ def run_trials(tuner: Tuner, evaluator: Evaluator, n_trials: int, *,
         if on_trial is not None:
             on_trial(rec)
     return records
+
+
+@dataclasses.dataclass(frozen=True)
+class _TailResult:
+    requests: pl.DataFrame
+
+    def summary(self) -> dict[str, float]:
+        r = self.requests
+        prompt = int(r["prompt_tokens"].sum())
+        hits = int(r["gpu_hit_tokens"].sum() + r["cpu_hit_tokens"].sum() + r["l2_hit_tokens"].sum())
+        ttft = r["ttft_s"]
+        return {"requests": r.height, "hit_ratio": hits / prompt if prompt else 0.0,
+                "ttft_p50_s": float(ttft.quantile(0.5, "linear")) if r.height else math.nan,
+                "ttft_p95_s": float(ttft.quantile(0.95, "linear")) if r.height else math.nan}
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmReplay:
+    """A `replay_fn` for `TwinEvaluator` that replays the history and scores
+    only the requests from `measure_from_s` on, so candidates are judged with warm caches, as the
+    live cluster will see them (a cold replay of a short window over-rewards skipping L2)."""
+
+    measure_from_s: float
+
+    def __call__(self, workload: pl.DataFrame, cluster: Any, knobs: Knobs, **kw: object) -> _TailResult:
+        from simulator.replay import replay
+
+        result = replay(workload, cluster, knobs, **kw)  # type: ignore[arg-type]
+        return _TailResult(result.requests.filter(pl.col("time_s") >= self.measure_from_s))

@@ -43,18 +43,18 @@ from tuners.stats import RegressionSettings, Verdict, judge
 HOUR_S = 3600.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GuardrailSettings:
     """cooldown_s: minimum time between two changes. max_changes_per_hour: rolling-hour cap.
     dry_run: propose and log, apply nothing. regression: the statistical regression test.
     apply: what may be applied without a person (tuners/proposals.py): none, hot (the router's
     knobs only) or all (restart-requiring changes too)."""
 
-    cooldown_s: float = 900.0
-    max_changes_per_hour: int = 4
-    dry_run: bool = False
-    apply: ApplyScope = "hot"
-    regression: RegressionSettings = dataclasses.field(default_factory=RegressionSettings)
+    cooldown_s: float
+    max_changes_per_hour: int
+    dry_run: bool
+    apply: ApplyScope
+    regression: RegressionSettings
 
     def __post_init__(self) -> None:
         if self.cooldown_s < 0:
@@ -82,7 +82,7 @@ class Guardrails:
     """Every change and rollback goes through here."""
 
     def __init__(self, actuator: Actuator, space: SearchSpace, metrics: TunerMetrics,
-                 settings: GuardrailSettings = GuardrailSettings(), *,
+                 settings: GuardrailSettings, *,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] | None = None, proposals: ProposalBook | None = None) -> None:
         self.actuator = actuator

@@ -37,16 +37,16 @@ class WindowSource(Protocol):
         ...
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LiveSettings:
     """settle_s: wait after the rollout before measuring (caches warm up).
     window_s: evaluation window. min_requests: fewer observations -> extend the window.
     max_extensions: extra windows before the trial fails for lack of traffic."""
 
-    settle_s: float = 120.0
-    window_s: float = 300.0
-    min_requests: int = 30
-    max_extensions: int = 2
+    settle_s: float
+    window_s: float
+    min_requests: int
+    max_extensions: int
 
     def __post_init__(self) -> None:
         if self.settle_s < 0 or self.window_s <= 0:
@@ -78,7 +78,7 @@ class LiveResult:
 class LiveEvaluator:
     """Evaluates one candidate at a time on the live fleet."""
 
-    def __init__(self, guardrails: Guardrails, source: WindowSource, settings: LiveSettings = LiveSettings()) -> None:
+    def __init__(self, guardrails: Guardrails, source: WindowSource, settings: LiveSettings) -> None:
         self.guardrails = guardrails
         self.source = source
         self.settings = settings

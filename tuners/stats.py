@@ -27,19 +27,19 @@ Method = Literal["mannwhitney", "bootstrap"]
 METHODS: tuple[str, ...] = ("mannwhitney", "bootstrap")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RegressionSettings:
     """method: mannwhitney | bootstrap. alpha: one-sided significance level.
     min_rel_effect: the quantile must also rise by this fraction to count as worse.
     quantile: the quantile compared (0.95 for the TTFT p95 objective).
     min_samples: fewer observations on either side -> inconclusive. n_boot: bootstrap rounds."""
 
-    method: str = "mannwhitney"
-    alpha: float = 0.05
-    min_rel_effect: float = 0.05
-    quantile: float = 0.95
-    min_samples: int = 30
-    n_boot: int = 2000
+    method: str
+    alpha: float
+    min_rel_effect: float
+    quantile: float
+    min_samples: int
+    n_boot: int
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -68,7 +68,7 @@ class Verdict:
 
 
 def judge(candidate: TtftObservations, baseline: TtftObservations,
-          settings: RegressionSettings = RegressionSettings(), *, seed: int = 0) -> Verdict:
+          settings: RegressionSettings, *, seed: int = 0) -> Verdict:
     """Run the configured test. Both sides must use the same form (samples or the same buckets)."""
     n_c, n_b = candidate.count, baseline.count
     q_c, q_b = candidate.quantile(settings.quantile), baseline.quantile(settings.quantile)

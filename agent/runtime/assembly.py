@@ -419,20 +419,18 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from agent.k8s.mapping import load_mappings
     from agent.k8s.offline import acceptance
     from agent.runtime.fleet_robust import FleetBounds, RobustFleet
+    from agent.runtime.paying_runtime import latency_points, twin_cluster_for
+    from agent.runtime.tuning.build import TuningIO, build_tuning
+    from agent.runtime.tuning.schema import deployment_limits
+    from agent.runtime.tuning.workload import describe as describe_workload
     from agent.runtime.tuning_bridge import StoreWindowSource, StudyLastGood, drift_signals, restrict_space
     from agent.runtime.tuning_loop import TuningLoop
-    from tuners.controller import ControllerSettings, TuningController
-    from tuners.drift import DriftDetector, DriftSettings
-    from tuners.guardrails import Guardrails, GuardrailSettings
-    from tuners.live import LiveEvaluator, LiveSettings
     from tuners.metrics import TunerMetrics
-    from tuners.objective import ObjectiveSpec
     from tuners.optuna_tuner import open_storage
-    from tuners.planning.horizon import HorizonSettings, RegimeHorizon
+    from tuners.planning.paying import restarts_serving_pods
     from tuners.planning.plan_runner import background_executor
     from tuners.proposals import ProposalBook
-    from tuners.space import DeploymentLimits, SearchSpace
-    from tuners.stats import RegressionSettings
+    from tuners.space import SearchSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = settings.tuner
@@ -460,7 +458,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                      clock=monotonic, sleep=sleep, now=now,
                                      on_mark_good=rt.last_good_store.on_mark_good,
                                      load_last_good=rt.last_good_store.load_last_good)
-    limits = DeploymentLimits(**t.limits.model_dump())
+    limits = deployment_limits(settings)
     fixed = _running_knobs(rt.actuator, act.fixed_knobs if act is not None else {})
     # only what the targets accept (the mapping's values per knob); unowned knobs keep what runs now;
     # a knob coupled to an owned one (LMCache cache_policy with a local-disk L2) moves with it
@@ -477,74 +475,43 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
                                  f"(they own: {', '.join(sorted(rt.actuator.tunable_knobs())) or 'none'})")
     rt.tuner_metrics = TunerMetrics(target=namespace)
     rt.agent.add_collector(rt.tuner_metrics)
-    g = t.guardrails
-    quantile = 0.95 if t.objective == "ttft_p95" else 0.5
     scope = "none" if shadow else t.apply  # the shadow applies nothing; its record says what `apply` would do
     rt.proposals = ProposalBook(scope, plan_line=lambda a, b: rt.paying.plan_line(a, b) if rt.paying else None,
                                 path=t.proposals_file, target=namespace)
     rt.agent.add_collector(rt.proposals)
     rt.agent.add_route("/proposals", lambda _q: (dumps(rt.proposals.to_json()).encode(), "application/json"))
-    guardrails = Guardrails(rt.actuator, space, rt.tuner_metrics, GuardrailSettings(
-        cooldown_s=g.cooldown_s, max_changes_per_hour=g.max_changes_per_hour, dry_run=dry_run, apply=scope,
-        regression=RegressionSettings(method=g.regression.method, alpha=g.regression.alpha,
-                                      min_rel_effect=g.regression.min_rel_effect, quantile=quantile,
-                                      min_samples=g.regression.min_samples)), clock=clock, monotonic=monotonic,
-        proposals=rt.proposals)
-    objective = ObjectiveSpec(metric=t.objective, memory_ms_per_gib=t.memory_ms_per_gib)
     # the tuner plans and judges on windows no single pod can steer (fleet_robust.py)
     planning_store = RobustFleet(rt.fleet_store, FleetBounds(**t.fleet_bounds.model_dump()))
     rt.agent.add_collector(planning_store.collector())
-    source = StoreWindowSource(planning_store)
-    d = t.drift
-    drift = DriftDetector(DriftSettings(method=d.method, warmup=d.warmup, delta=d.delta, threshold=d.threshold,
-                                        track=d.track, refractory=d.refractory, min_rel_shift=d.min_rel_shift),
-                          signals=tuple(d.signals)) if d.enabled else None
-    warm = None
     unmodelled = twin_unmodelled(space.fixed)
     if unmodelled:  # e.g. a vllm-project/router left at cache_aware: the twin cannot replay it
         log.warning("warm start and planner off: the twin has no model of the running %s", ", ".join(unmodelled))
-    elif t.warm_start.trials and t.warm_start.top_k:
-        warm = _warm_start(rt, settings, space, limits, objective)
-    live = t.live
-    counterfactual = None
-    paying: dict[str, Any] = {}
-    horizon = None
-    if t.planner.enabled and not unmodelled:
-        from agent.runtime.paying_runtime import build_runtime_paying
-
-        if t.planner.horizon_from_run:
-            horizon = RegimeHorizon(HorizonSettings(floor_s=t.planner.horizon_floor_s,
-                                                    cap_s=max(t.planner.horizon_cap_s, t.planner.horizon_floor_s),
-                                                    trust_after=t.planner.horizon_trust_after))
-        rt.paying = build_runtime_paying(rt, settings.tuner, space, twin_cluster_kw(settings, limits), search=warm,
-                                          clock=clock, horizon=horizon, objective=objective, store=planning_store)
-        warm, counterfactual = rt.paying.planner, rt.paying.counterfactual
-        quiet = d.quiet_s if d.quiet_s is not None else t.planner.restart_downtime_s * limits.pods + 10.0
-        paying = {"plan_after_baseline": True, "live_search": False, "drift_quiet_s": quiet,
-                  "config_dependent": ("hit_ratio", "reuse_ratio")}
-
+        settings = settings.model_copy(update={"tuner": t.model_copy(update={
+            "planner": t.planner.model_copy(update={"enabled": False}),
+            "warm_start": t.warm_start.model_copy(update={"trials": 0})})})
+        t = settings.tuner
+    fitted = _fitted_workload(planning_store, rt, settings, clock)  # the observed signals (and the fallback workload)
+    workload = fitted
+    cluster_kw = twin_cluster_kw(settings, limits)
     plans = plan_executor or background_executor()  # one plan thread across leader terms
     rt.plan_executor = plans
-
-    def make_controller() -> TuningController:
-        return TuningController(
-            space=space, objective=objective, storage=storage, guardrails=guardrails,
-            evaluator=LiveEvaluator(guardrails, source, LiveSettings(
-                settle_s=live.settle_s, window_s=live.window_s, min_requests=live.min_requests,
-                max_extensions=live.max_extensions)),
-            metrics=rt.tuner_metrics, warm_start=warm, drift=drift, counterfactual=counterfactual,
-            horizon=horizon, plan_executor=plans,
-            settings=ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=identity,
-                                        trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
-                                        min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries,
-                                        **paying))
-
+    tuning = build_tuning(settings, TuningIO(
+        actuator=rt.actuator, space=space, window_source=StoreWindowSource(planning_store), workload=workload,
+        twin_cluster=lambda: twin_cluster_for(cluster_kw, fitted.observed(clock()), limits.pods),
+        clock=clock, monotonic=monotonic, metrics=rt.tuner_metrics, storage=storage, restarts=restarts_serving_pods,
+        latency_points=lambda since, until: latency_points(planning_store, since, until,
+                                                           t.planner.calibration_step_s),
+        plan_executor=plans, owner=identity, dry_run=dry_run, apply=scope, proposals=rt.proposals,
+        trace=_warm_start_trace(settings)))
+    rt.paying = tuning.paying
+    d = t.drift
     rt.tuning = TuningLoop(
-        make_controller,
+        tuning.new_controller,
         lambda: drift_signals(rt.fleet_store, rt.overlap_source, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
-        clock=clock, guardrails=guardrails, is_leader=_tuning_leader(rt, settings))
+        clock=clock, guardrails=tuning.guardrails, is_leader=_tuning_leader(rt, settings))
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     rt.agent.add_health_check("tuner", rt.tuning.health)
+    rt.agent.add_health_info("tuner_workload", lambda: describe_workload(workload))
     if rt.paying is not None:  # every priced candidate of the latest plan: gain/h, cost, payback, verdict
         rt.agent.add_health_info("tuner_plan", lambda: rt.paying.planner.last_plan)
     rt.agent.add_health_info("tuner_proposals", lambda: {"apply": t.apply, "pending": len(rt.proposals.proposals())})
@@ -606,37 +573,29 @@ def twin_cluster_kw(settings: AgentSettings, limits: Any) -> dict[str, Any]:
     return kw
 
 
-def _warm_start(rt: Runtime, settings: AgentSettings, space: Any, limits: Any, objective: Any) -> Any:
-    from agent.runtime.paying_runtime import twin_cluster_for
-    from agent.runtime.workload_fit import fitted_workload
-    from tuners.evaluators import TwinEvaluator
-    from tuners.planning.warmstart import TwinWarmStart
-
+def _warm_start_trace(settings: AgentSettings) -> Any:
+    """`tuner.warm_start.workload: trace`: the trace the twin search replays (None otherwise)."""
     ws = settings.tuner.warm_start
-    cluster_kw = twin_cluster_kw(settings, limits)
-    if ws.workload == "trace":
-        from simulator.workload import load_trace
+    if ws.workload != "trace":
+        return None
+    from simulator.workload import load_trace
 
-        assert ws.trace is not None
-        try:
-            trace = load_trace(ws.trace).head(ws.max_requests)
-        except (OSError, ValueError) as exc:
-            raise RuntimeConfigError(f"key 'tuner.warm_start.trace': {exc}") from None
+    assert ws.trace is not None
+    try:
+        return load_trace(ws.trace).head(ws.max_requests)
+    except (OSError, ValueError) as exc:
+        raise RuntimeConfigError(f"key 'tuner.warm_start.trace': {exc}") from None
 
-    def evaluator() -> Any:
-        observed = observed_workload(rt.fleet_store, rt.overlap_source, settings.tuner.drift.window_s)
-        # vLLM's real GPU KV capacity beats the profile's estimate; the observed queue is the load term
-        twin_cluster = twin_cluster_for(cluster_kw, observed, limits.pods)
-        if ws.workload == "trace":
-            return TwinEvaluator(trace, twin_cluster, limits)
-        log.info("warm start: twin workload fitted to %s (observed queue delay %s s, Little's law)", observed,
-                 observed.queue_delay_s(limits.pods))
-        frame = fitted_workload(observed, duration_s=ws.duration_s, max_requests=ws.max_requests,
-                                max_block_refs=ws.max_block_refs, seed=ws.seed)
-        return TwinEvaluator(frame, twin_cluster, limits)
 
-    return TwinWarmStart(evaluator, space, objective,
-                         trials=ws.trials, sampler=settings.tuner.sampler, seed=ws.seed)
+def _fitted_workload(store: Any, rt: Runtime, settings: AgentSettings, clock: Callable[[], float]) -> Any:
+    """The workload fitted to the store's signals (kind `fitted`): the planning workload while KV
+    events are off, and what the twin cluster's GPU capacity and load term are read from."""
+    from agent.runtime.paying_runtime import FittedHistory
+
+    t = settings.tuner
+    return FittedHistory(store, rt.overlap_source, clock, window_s=t.drift.window_s,
+                         max_requests=t.warm_start.max_requests, max_block_refs=t.warm_start.max_block_refs,
+                         seed=t.warm_start.seed)
 
 
 __all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload",

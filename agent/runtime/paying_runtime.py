@@ -1,15 +1,14 @@
-"""The paying tuner in the production runtime (`tuner.planner:`), over the agent's own store.
+"""What the tuner reads from the agent's own store (`tuner.planner:`).
 
-The demo replays the requests it served; the agent never sees prompts. Its twin is the one the warm
-start already uses: a synthetic workload fitted to the observed signals (agent/runtime/workload_fit.py),
-on a twin cluster sized from vLLM's own view (`vllm:cache_config_info` GPU capacity) and carrying the
+The agent never sees prompts. Without KV events its planning workload is a synthetic one fitted to
+the observed signals (agent/runtime/workload_fit.py), on a twin cluster sized from vLLM's own view (`vllm:cache_config_info` GPU capacity) and carrying the
 load term (`vllm:num_requests_waiting` by Little's law -> `ClusterSpec.load_delay_s`).
 
 - `observed_between(store, kv, since, until)`: the fitted workload's inputs over one window of the
   store (the KV-event reuse ratio only for the latest window; the cache's cumulative hit ratio,
   a lower bound, otherwise).
-- `FittedHistory`: `history(now, seconds)` for tuners/planning/paying.py: the workload fitted to the
-  window ending at `now`, laid out on the store's clock so that it ends at `now`.
+- `FittedHistory`: the planning workload when KV events are off (`kind` "fitted"): the workload
+  fitted to the window ending at `now`, laid out on the store's clock so that it ends at `now`.
 - `latency_points(store, since, until, step_s)`: per step, (finished requests, mean uncached prompt
   tokens, mean TTFT minus the Little's-law queue delay), what `tuners.calibration` fits the
   twin's prefill speed to. vLLM: `vllm:time_to_first_token_seconds` (sum / count),
@@ -28,11 +27,6 @@ from agent.collect.window import bucket_increases, bucket_shares, signal_values
 from agent.runtime.tuning_bridge import deepest_cumulative_ratio, drift_signals, gpu_observations
 from agent.runtime.workload_fit import ObservedWorkload, capped_workload
 from simulator.cluster import ClusterSpec
-from tuners.objective import ObjectiveSpec
-from tuners.planning.horizon import RegimeHorizon
-from tuners.planning.paying import Paying, build_paying, every_value_knobs, restarts_serving_pods
-from tuners.planning.planner import PlanSettings
-from tuners.space import memory_cost_gib
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +52,10 @@ def observed_between(store: Any, kv: Any, since: float, until: float, *, latest:
     finished = values.get("ttft_seconds:count", values.get("requests"))
     rate = finished / seconds if finished else None
     overlap = None
-    if latest:  # the KV-event overlap is kept for the latest window only
-        overlap = drift_signals(store, kv, seconds).get("reuse_ratio")
+    if latest:  # the KV-event overlap is kept for the latest window only; the rate over the data it holds
+        signals = drift_signals(store, kv, seconds)
+        overlap = signals.get("reuse_ratio")
+        rate = signals.get("arrival_rate", rate)
     if overlap is None:
         overlap = deepest_cumulative_ratio(w)
     gpu = gpu_observations(w)
@@ -81,7 +77,10 @@ def twin_cluster_for(base: dict[str, Any], observed: ObservedWorkload, pods: int
 
 
 class FittedHistory:
-    """`history(now, seconds)`: the synthetic workload fitted to the `window_s` before `now`."""
+    """A `WorkloadSource` (agent/runtime/tuning/workload.py) of kind `fitted`: `history(now,
+    seconds)` is the synthetic workload fitted to the `window_s` before `now`."""
+
+    kind = "fitted"
 
     def __init__(self, store: Any, kv: Any, clock: Callable[[], float], *, window_s: float,
                  max_requests: int, max_block_refs: int, seed: int) -> None:
@@ -92,7 +91,7 @@ class FittedHistory:
     def observed(self, now: float) -> ObservedWorkload:
         return observed_between(self.store, self.kv, now - self.window_s, now, latest=now >= self.clock() - 1.0)
 
-    def __call__(self, now: float, seconds: float) -> pl.DataFrame:
+    def history(self, now: float, seconds: float) -> pl.DataFrame:
         frame, self.capped = capped_workload(self.observed(now), duration_s=seconds, max_requests=self.max_requests,
                                              max_block_refs=self.max_block_refs, seed=self.seed)
         if self.capped:
@@ -121,35 +120,5 @@ def latency_points(store: Any, since: float, until: float, step_s: float) -> lis
     return out
 
 
-def build_runtime_paying(rt: Any, tuner: Any, space: Any, cluster_kw: dict[str, Any], *, search: Any,
-                         clock: Callable[[], float], horizon: RegimeHorizon | None = None,
-                         objective: ObjectiveSpec | None = None, store: Any = None) -> Paying:
-    """tuners.planning.paying over the agent's store: the fitted twin, the load term, the live calibration.
-    `tuner` is the `tuner:` settings section (agent.settings.TunerSection); `store`: the windows to plan
-    on (the runtime's robust fleet view, fleet_robust.RobustFleet; default: rt.fleet_store)."""
-    p, ws = tuner.planner, tuner.warm_start
-    pods = int(cluster_kw["pods"])
-    store = store if store is not None else rt.fleet_store
-    history = FittedHistory(store, rt.overlap_source, clock, window_s=tuner.drift.window_s,
-                            max_requests=ws.max_requests, max_block_refs=ws.max_block_refs, seed=ws.seed)
-
-    def twin_cluster() -> ClusterSpec:
-        return twin_cluster_for(cluster_kw, history.observed(clock()), pods)
-
-    def points(since: float, until: float) -> list[tuple[float, float, float]]:
-        return latency_points(store, since, until, p.calibration_step_s)
-
-    return build_paying(
-        history=history, twin_cluster=twin_cluster, current=rt.actuator.current, clock=clock,
-        restarts=restarts_serving_pods, routers=space.choices("router"), search=search,  # routers the targets own
-        recent_s=p.recent_s, warm_s=p.warm_s, downtime_s=p.restart_downtime_s,
-        latency_points=points if p.calibrate else None,
-        settings=PlanSettings(horizon_s=p.horizon_s, margin=p.margin, hot_margin=p.hot_margin,
-                              tolerance=p.tolerance, search_k=p.search_k),
-        horizon=(lambda: horizon.estimate(clock())) if horizon is not None else None,
-        memory_s=(lambda k: objective.memory_cost_s(memory_cost_gib(k, space.limits))) if objective else None,
-        plan_warm_s=p.plan_warm_s, every_value=every_value_knobs(space))
-
-
-__all__ = ["FittedHistory", "build_runtime_paying", "latency_points", "observed_between", "store_window",
+__all__ = ["FittedHistory", "latency_points", "observed_between", "store_window",
            "twin_cluster_for"]

@@ -33,12 +33,13 @@ from agent.kvevents import EndpointSpec, KvEventManager, PodCounters, workload_o
 from agent.kvevents.fleet_overlap import FleetOverlap
 from agent.kvevents.settings import SettingsError as KvSettingsError
 from agent.kvevents.settings import endpoint_from_annotations
+from agent.settings import DriftSection
 from contracts.knobs import Knobs
 from tuners.objective import TtftObservations
 from tuners.space import WATERMARKS_PARAM, SearchSpace
 from tuners.space_modes import follow_deployment
 
-LONG_PROMPT_TOKENS = 4096
+LONG_PROMPT_TOKENS = DriftSection.model_fields["long_prompt_tokens"].default  # the schema's (tuner.drift)
 # The unified signals (agent/collect/mapping.py) behind PodCounters' three fields:
 # vllm:prompt_tokens_total, vllm:prompt_tokens_by_source_total{source="local_compute"},
 # vllm:external_prefix_cache_hits_total.

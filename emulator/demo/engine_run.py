@@ -28,20 +28,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import polars as pl
-
 from agent.kvevents import EndpointSpec
 from contracts.tier_model import Target
 from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.engine_pace import Sample, paced_rate, scaled_profile, speed_factor
 from emulator.demo.engine_report import RunRecord, write_engine_report
-from emulator.demo.engine_tuning import (
-    DEFAULT_TIMING,
-    ENGINE_KNOBS,
-    EngineTiming,
-    build_engine_tuning,
-    knobs_text,
-)
+from emulator.demo.engine_tuning import ENGINE_KNOBS, build_engine_tuning, engine_settings, knobs_text
+from emulator.demo.sim_run import ServedFrame
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import StreamSender
 from emulator.engines.engine import DEFAULT_KV_TOKENS, engine_dtype, kv_bytes_per_token
@@ -59,6 +52,7 @@ log = logging.getLogger("tierpilot.demo.engine")
 
 MAX_PROMPT = 2000  # the engines' max_model_len is 2,048
 CONTROL_TICK_S = 0.5
+CONTROL_START_S = 10.0  # the first controller step: the agent has a window by then
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,20 +102,18 @@ class EnginePass:
 
     def __init__(self, name: str, fleet: EngineFleet, actuator: ProcessActuator, workload: DemoWorkload,
                  settings: EngineDemoSettings, *, salt: int, tuning: bool, progress: Callable[[str], None],
-                 timing: EngineTiming = DEFAULT_TIMING, wall: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.monotonic,
                  profile: HardwareProfile | str = "cpu-tiny-llama", paired: PairedSend | None = None) -> None:
         self.name, self.fleet, self.actuator, self.workload, self.s = name, fleet, actuator, workload, settings
         self.paired = paired or PairedSend([name], seed=settings.seed)  # shared: the passes' streams go out together
         self.profile = profile  # the twin the planner prices on: the CPU profile at the speed measured here
-        self.salt, self.tuning, self.progress, self.timing, self.wall = salt, tuning, progress, timing, wall
+        self.salt, self.tuning, self.progress, self.wall = salt, tuning, progress, wall
+        self.tuner = engine_settings(len(fleet.engines), settings.seed).tuner
         self.t0 = wall()
         self.record = RunRecord(name)
 
     def now(self) -> float:
         return self.wall() - self.t0
-
-    def history(self, now: float, seconds: float) -> pl.DataFrame:
-        return self.workload.recent(now, seconds, min_rows=40)
 
     def run(self) -> RunRecord:
         frame = self.workload.frame
@@ -131,15 +123,16 @@ class EnginePass:
         sender = self.sender = StreamSender(lambda: self.fleet.url, model="tiny-llama", retry_for_s=30.0)
         agent.start()
         self.record.agent_url = agent.url
-        tuning = plan_executor = None
+        tuning = controller = plan_executor = None
         if self.tuning:
             plan_executor = background_executor()  # plans are priced beside the control loop
             twin = TwinClusterSpec(pods=len(self.fleet.engines), gpu_tokens=self._capacity(), cpu_tokens=0,
                                    l2_tokens=0, profile=self.profile, pod_names=tuple(self.fleet.names))
             tuning = build_engine_tuning(actuator=self.actuator, window_source=agent.window_source, clock=self.now,
-                                         twin_cluster=twin, history=self.history, metrics=TunerMetrics(target="engine-demo"),
-                                         seed=self.s.seed, timing=self.timing, dry_run=self.s.dry_run,
-                                         plan_executor=plan_executor)
+                                         twin_cluster=twin, workload=ServedFrame(self.workload, min_rows=40),
+                                         metrics=TunerMetrics(target="engine-demo"), seed=self.s.seed,
+                                         dry_run=self.s.dry_run, plan_executor=plan_executor)
+            controller = tuning.new_controller()
         time.sleep(0.5)  # ZMQ slow joiner: let the KV-event subscribers connect
         thread = self.paired.join(self.name, sender, ids, offsets)  # waits for the other pass
         self.t0 = self.wall()
@@ -147,9 +140,9 @@ class EnginePass:
         try:
             while thread.is_alive():
                 now = self.now()
-                if tuning is not None and now >= self.timing.control_start_s:
+                if tuning is not None and controller is not None and now >= CONTROL_START_S:
                     t_step = self.wall()
-                    rep = tuning.controller.step(now)
+                    rep = controller.step(now)
                     if self.wall() - t_step > 1.0:
                         self._note(f"controller step took {self.wall() - t_step:.1f} s ({rep.state})")
                     self._note_plans(tuning.planner.history)
@@ -199,7 +192,7 @@ class EnginePass:
         kv = [EndpointSpec(pod=n, model="tiny-llama", endpoint=e.kv_events_url, replay_endpoint=e.replay_url,
                            topic=e.spec.topic) for n, e in zip(self.fleet.names, self.fleet.engines, strict=True)]
         return DemoAgent(targets, clock=self.now, port=self.s.agent_port, kv_endpoints=kv,
-                         kv_bytes_per_token=kv_bytes_per_token(self.fleet.engines[0].spec.dtype), window_s=self.timing.window_s)
+                         kv_bytes_per_token=kv_bytes_per_token(self.fleet.engines[0].spec.dtype), window_s=self.tuner.live.window_s)
 
     def _capacity(self) -> int:
         return self.s.kv_cache_tokens

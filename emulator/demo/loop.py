@@ -20,11 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import optuna
 import polars as pl
 from rich.console import Console, Group
 from rich.live import Live
 
 from agent.kvevents import EndpointSpec
+from agent.runtime.paying_runtime import latency_points
+from agent.runtime.tuning.build import TuningIO, build_tuning
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from contracts.tier_model import Target
 from emulator.cluster.catalogue import CURVINE_IO_US_BUCKETS
@@ -40,11 +43,12 @@ from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
 from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import endpoint_lines, event_text, progress_line, render_view
+from emulator.demo.deployment import TUNER_FILE, demo_deployment, overrides_lines, restarts_pods
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import PLAN_NOTE, action_counts, demo_scorecard, plan_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
-from emulator.demo.tuning_setup import APPLY, CONTROL_START_S, DRIFT_SIGNALS_WINDOW_S, build_tuning
+from emulator.demo.sim_run import ServedFrame
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
@@ -62,7 +66,6 @@ log = logging.getLogger("tierpilot.demo")
 
 DEFAULT_TIME_SCALE = 20.0  # trace-seconds per wall-second
 SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the verdict
-CONTROL_TICK_S = 0.5  # wall seconds between controller steps
 VIEW_TICK_S = 0.25
 CURVE_TICK_S = 15.0  # wall seconds between rebuilds of the capacity curves (a replay of the history)
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines without the live view
@@ -141,13 +144,17 @@ class Demo:
         self.console = console or Console()
         self.wall = wall_clock
         self.scale = settings.time_scale or DEFAULT_TIME_SCALE
-        self.recorder = Recorder(window_trace_s=DRIFT_SIGNALS_WINDOW_S * 2)
+        # the tuner's settings: tuner.yaml, on this fleet, with this seed and the emulated pods' downtime
+        self.deployment = demo_deployment(settings.pods, settings.seed, tuner={
+            "planner": {"restart_downtime_s": settings.restart_downtime_s * self.scale}})
+        self.tuner = self.deployment.settings.tuner
+        self.recorder = Recorder(window_trace_s=self.tuner.drift.window_s * 2)
         self.names = pod_names(settings.pods)
         self.twin_cluster = TwinClusterSpec(pods=settings.pods, pod_names=self.names)
         self.status = "starting"
         self._t0 = wall_clock()
         # the cluster's clock waits for the control loop: a busy machine slows the run, never skips steps
-        self.paced = PacedClock(max_lead_s=2 * CONTROL_TICK_S, wall=wall_clock)
+        self.paced = PacedClock(max_lead_s=2 * self.tuner.step_interval_s / self.scale, wall=wall_clock)
         self._stop = threading.Event()
         self._trial_seq = 0
         self._boundary_knobs: Knobs | None = None  # what phase 1 ended with
@@ -180,7 +187,7 @@ class Demo:
             self.port, self.cluster, self.recorder, time_scale=self.scale,
             phase_of=lambda t: sum(1 for p in starts[1:] if t >= p), on_step=self._driver_step, clock=self.paced)
         self.cluster.on_restart(self._restart_publisher)
-        self.accuracy = AccuracyMeter(DRIFT_SIGNALS_WINDOW_S, self.recorder.recorded_between, self.recorder.evictions_at,
+        self.accuracy = AccuracyMeter(self.tuner.drift.window_s, self.recorder.recorded_between, self.recorder.evictions_at,
                                       ttft_bounds=DEMO_TTFT_BUCKETS, l2_bounds_s=L2_BOUNDS_S)
 
         self.actuator = LocalActuator(self.cluster, reconfigure=self._reconfigure, dry_run=s.dry_run,
@@ -191,18 +198,21 @@ class Demo:
         kv_endpoints = [EndpointSpec(pod=n, model=MODEL_NAME, endpoint=p.endpoint, replay_endpoint=p.replay_endpoint,
                                      topic=f"kv@{n}@") for n, p in self.publishers.items()]
         self.agent = DemoAgent(targets, clock=self.driver.trace_now, port=s.agent_port, kv_endpoints=kv_endpoints,
-                               kv_bytes_per_token=caps.kv_bytes_per_token, window_s=DRIFT_SIGNALS_WINDOW_S,
+                               kv_bytes_per_token=caps.kv_bytes_per_token, window_s=self.tuner.drift.window_s,
                                extra_collectors=(self.tuner_metrics,), wall_of=self._wall_of)
-        tuning = build_tuning(
-            actuator=self.actuator, window_source=self.agent.window_source, clock=self.driver.trace_now,
-            twin_cluster=self.twin_cluster, history=self.workload.recent, metrics=self.tuner_metrics, seed=s.seed,
-            dry_run=s.dry_run, restart_downtime_s=s.restart_downtime_s * self.scale, wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
+        store, step_s = self.agent.store, self.tuner.planner.calibration_step_s
+        tuning = build_tuning(self.deployment.settings, TuningIO(
+            actuator=self.actuator, space=self.deployment.space(), window_source=self.agent.window_source,
+            workload=ServedFrame(self.workload), twin_cluster=lambda: self.twin_cluster, clock=self.driver.trace_now,
+            metrics=self.tuner_metrics, storage=optuna.storages.InMemoryStorage(), restarts=restarts_pods,
+            latency_points=lambda since, until: latency_points(store, since, until, step_s),
+            plan_executor=self.plan_executor, dry_run=s.dry_run,
+            wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
             wrap_warm_start=lambda warm: _InjectingWarmStart(
-                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study),
-            plan_executor=self.plan_executor)
+                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study)))
         self.space = tuning.space
         self.guardrails = tuning.guardrails
-        self.controller = tuning.controller
+        self.controller = tuning.new_controller()
         self.planner = tuning.planner
 
     def _driver_step(self) -> None:
@@ -303,7 +313,7 @@ class Demo:
             export = dataclasses.replace(export, taken_at=math.nan if at is None else at)
             self.accuracy.observe(export)
             if export.taken_at == export.taken_at:  # the agent's per-pod mean, over the agent's window
-                like = pod_mean_truth(self.recorder.recorded_between(export.taken_at - DRIFT_SIGNALS_WINDOW_S,
+                like = pod_mean_truth(self.recorder.recorded_between(export.taken_at - self.tuner.drift.window_s,
                                                                    export.taken_at))
         if self.wall() - self._curves_at >= CURVE_TICK_S:
             self._curves_at = self.wall()
@@ -382,13 +392,13 @@ class Demo:
                     self._progress(last_progress)
                 if self.driver.error is not None:
                     raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
-                if self.driver.trace_now() >= CONTROL_START_S:
-                    signals = self.agent.drift_signals(DRIFT_SIGNALS_WINDOW_S)
+                if self.driver.trace_now() >= self.tuner.drift.window_s:  # the agent has a window
+                    signals = self.agent.drift_signals(self.tuner.drift.window_s)
                     rep = self.controller.step(self.driver.trace_now(), signals)
                     self._on_report(rep)
                     if self.status.startswith("learning") and rep.state != "baseline":
                         self.status = "tuning"
-                self.paced.sleep(CONTROL_TICK_S)
+                self.paced.sleep(self.tuner.step_interval_s / self.scale)
         finally:
             self._stop.set()
             sampler.join(timeout=5)
@@ -445,10 +455,12 @@ class Demo:
                  "dry run": str(self.s.dry_run),
                  "paced clock": (f"the cluster waited {self.paced.held_back_s:.0f} wall s in all for its control loop "
                                  "(a busy machine slows the run rather than skipping control steps)"),
-                 "tuner.apply": f"{APPLY} (restart-requiring changes allowed: the demo measures restart scenarios)"}
+                 "tuner.apply": f"{self.tuner.apply} (restart-requiring changes allowed: the demo measures "
+                                "restart scenarios)",
+                 "tuner settings": f"the chart's defaults plus {TUNER_FILE.name}: " + "; ".join(overrides_lines())}
         margin = (2 * 0.5 + self.s.pods * self.s.restart_downtime_s) * self.scale  # scrapes + the rollout
         accuracy = report_lines(self.accuracy.samples, list(self.recorder.disturbances),
-                                window_s=DRIFT_SIGNALS_WINDOW_S, margin_s=margin)
+                                window_s=self.tuner.drift.window_s, margin_s=margin)
         try:
             curves = self._publish_curves(self.driver.trace_now())
         except Exception:  # the report goes out without its curve rather than not at all

@@ -24,13 +24,12 @@ import dataclasses
 import polars as pl
 
 from contracts.knobs import DEFAULT_KNOBS
-from emulator.demo.tuning_setup import Deployment, demo_limits
+from emulator.demo.deployment import Deployment, demo_deployment
 from emulator.demo.workload import DemoWorkload
 from simulator.cluster import ClusterSpec
 from simulator.models import get_model
 from simulator.records import WORKLOAD_SCHEMA
 from simulator.synthetic import Phase, generate, preset_phases
-from tuners.space import DeploymentLimits
 
 SCAN_HASH_OFFSET = 1 << 41  # keeps the scan stream's block ids apart from the hot set's
 RESTART_PAYS = ("cpu_hot", "cpu_hot_nol2", "chunk", "l2_evict")
@@ -63,10 +62,15 @@ def _one_phase(frame: pl.DataFrame, label: str) -> DemoWorkload:
     return DemoWorkload(frame, (0.0,), (label,), span)
 
 
-def _limits(pods: int, *, l2: bool, l2_gib: float = 2048.0) -> DeploymentLimits:
-    base = demo_limits(pods)
-    return dataclasses.replace(base, node_memory_headroom_gib=64.0, l2_pool_gib=l2_gib,
-                               l2_backend="curvine" if l2 else "none")
+def _deployment(pods: int, seed: int, start: object, *, l2: bool, l2_gib: float = 2048.0,
+                memory_ms_per_gib: float | None = None) -> Deployment:
+    """The demo's settings with 64 GiB host headroom per pod, a Curvine pool or none, and the
+    scenario's memory price."""
+    tuner: dict[str, object] = {"limits": {"node_memory_headroom_gib": 64.0, "l2_pool_gib": l2_gib,
+                                           "l2_backend": "curvine" if l2 else "none"}}
+    if memory_ms_per_gib is not None:
+        tuner["memory_ms_per_gib"] = memory_ms_per_gib
+    return demo_deployment(pods, seed, tuner=tuner, start=start)  # type: ignore[arg-type]
 
 
 KVAWARE = DEFAULT_KNOBS.replace(router="kvaware")
@@ -84,11 +88,11 @@ def scenario(name: str, seed: int, *, phase_s: float = PHASE_S, short_phases: in
         frame = generate((_rag(PHASE_S),), seed=seed)
         label = "RAG, hot set > GPU + 5 GiB" + ("" if l2 else ", no L2")
         return Scenario(_one_phase(frame, label), cluster,
-                        Deployment(_limits(pods, l2=l2, l2_gib=64.0), KVAWARE, memory_ms_per_gib=0.0), True)
+                        _deployment(pods, seed, KVAWARE, l2=l2, l2_gib=64.0, memory_ms_per_gib=0.0), True)
     if name == "chunk":
         frame = generate((_rag(PHASE_S),), seed=seed)
         return Scenario(_one_phase(frame, "RAG on 1,024-token chunks"), ClusterSpec(pods=pods),
-                        Deployment(_limits(pods, l2=True), KVAWARE.replace(chunk_tokens=1024)), True)
+                        _deployment(pods, seed, KVAWARE.replace(chunk_tokens=1024), l2=True), True)
     if name == "l2_evict":
         cluster = ClusterSpec(pods=pods)
         cluster = dataclasses.replace(cluster, l2_tokens=_l2_tokens(192.0, cluster))
@@ -98,9 +102,10 @@ def scenario(name: str, seed: int, *, phase_s: float = PHASE_S, short_phases: in
                               system_prompts=1, system_pool=5, rag_corpus=5),), seed=seed + 1000)
         scan = scan.with_columns(pl.col("hash_ids").list.eval(pl.element() + SCAN_HASH_OFFSET))
         frame = pl.concat([hot.select(list(WORKLOAD_SCHEMA)), scan.select(list(WORKLOAD_SCHEMA))]).sort("timestamp_ms")
-        limits = dataclasses.replace(demo_limits(pods), l2_pool_gib=192.0, l2_backend="twin",
-                                     watermarks=((1.0, 1.0),), l2_threshold_max=0)
-        return Scenario(_one_phase(frame, "hot documents + one-off scans"), cluster, Deployment(limits, KVAWARE), True)
+        dep = demo_deployment(pods, seed, tuner={"limits": {"l2_pool_gib": 192.0, "l2_backend": "twin",
+                                                            "l2_threshold_max": 0}},
+                              start=KVAWARE, offer={"watermarks": ((1.0, 1.0),)})
+        return Scenario(_one_phase(frame, "hot documents + one-off scans"), cluster, dep, True)
     if name == "short":
         cluster = ClusterSpec(pods=pods, l2_tokens=0)
         (chat,) = preset_phases("short")
@@ -114,7 +119,7 @@ def scenario(name: str, seed: int, *, phase_s: float = PHASE_S, short_phases: in
         starts = tuple(i * SHORT_PHASE_S for i in range(short_phases))
         labels = tuple(f"phase {i + 1}: {'short chat' if i % 2 == 0 else 'RAG'} (8 min)" for i in range(short_phases))
         return Scenario(DemoWorkload(frame, starts, labels, short_phases * SHORT_PHASE_S), cluster,
-                        Deployment(_limits(pods, l2=False), KVAWARE, memory_ms_per_gib=0.0), False)
+                        _deployment(pods, seed, KVAWARE, l2=False, memory_ms_per_gib=0.0), False)
     raise ValueError(f"scenario: unknown {name!r}; valid: {', '.join(SCENARIOS)}")
 
 

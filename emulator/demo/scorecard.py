@@ -19,8 +19,8 @@ import numpy as np
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from emulator.cluster.timeline import DemoEvent, Disturbance, Served
 from emulator.demo.ceiling import ceiling
+from emulator.demo.deployment import demo_deployment
 from emulator.demo.sim_run import DETECT_WITHIN_S, classify_alarms, held_ttfts
-from emulator.demo.tuning_setup import demo_deployment
 from emulator.demo.workload import DemoWorkload
 from simulator.cluster import ClusterSpec
 from tuners.payoff import ActionCounts, PhaseScore, change_text, score_phases
@@ -76,12 +76,12 @@ def demo_scorecard(workload: DemoWorkload, cluster: ClusterSpec, served: Sequenc
     tuned_arrays = {p: np.asarray(v) for p, v in tuned.items()}
     dep = demo_deployment(cluster.pods)
     priced, free = ceiling(part, cluster, dep.space(), [DEFAULT_KNOBS, *end_knobs],
-                           memory_ms_per_gib=dep.memory_ms_per_gib)
+                           memory_ms_per_gib=dep.objective.memory_ms_per_gib)
     scores = score_phases(workload.labels, held, tuned_arrays, priced.ttft, actions)
     method = (f"tuned = the {n} requests as the emulated fleet served them (restarts, cold caches and all); held = "
               "the same requests replayed on the twin with the defaults (chunk 256, CPU 5 GiB, LRU, round-robin) "
               "for the whole run; hindsight = per phase the best static configuration under the tuner's objective "
-              f"(TTFT p95 + {dep.memory_ms_per_gib:g} ms per GiB of host memory across the fleet), by a "
+              f"(TTFT p95 + {dep.objective.memory_ms_per_gib:g} ms per GiB of host memory across the fleet), by a "
               f"{priced.label}, up to the {dep.limits.node_memory_headroom_gib:g} GiB headroom, each replayed over "
               f"the whole stream ({priced.replays} configurations; {_best(priced.best)}); with memory priced at 0: "
               f"{_best(free.best)}. Captured gain = (held - tuned) / (held - hindsight); n/a where hindsight does "
@@ -114,7 +114,8 @@ def plan_lines(plans: Sequence[dict]) -> list[str]:
     for plan in plans:
         h = plan["horizon"]
         at = plan.get("at")
-        out.append(f"- plan at {_num(at, ',.0f')} s: horizon {h['horizon_s']:,.0f} s ({h.get('basis', 'configured')})")
+        on = f"; planned on the {plan['workload']} workload" if plan.get("workload") else ""
+        out.append(f"- plan at {_num(at, ',.0f')} s: horizon {h['horizon_s']:,.0f} s ({h.get('basis', 'configured')}){on}")
         if plan.get("restarts_deferred"):
             out.append(f"  - restarts not priced: {plan['restarts_deferred']}")
         for d in plan["priced"]:

@@ -1,9 +1,9 @@
 """The demo's tuner on a simulated clock: one run of minutes of cluster time takes seconds.
 
-`run_live(workload, cluster, seed)` drives the real `TuningController` (guardrails, drift
-detector, live evaluator, twin warm start: `emulator.demo.tuning_setup`, the demo's own wiring)
-against `emulator.cluster.twin_fleet.TwinFleet`, ticking every `CONTROL_TICK_S` cluster seconds
-as the demo does. `held_ttfts` replays the same requests with the defaults held; `hindsight`
+`run_live(workload, cluster, seed)` drives the agent's tuning stack (`agent.runtime.tuning`:
+guardrails, drift detector, live evaluator, planner and twin search, built from the demo's settings
+file `emulator/demo/tuner.yaml`) against `emulator.cluster.twin_fleet.TwinFleet`, one controller
+step every `tuner.step_interval_s` cluster seconds, as the demo does. `held_ttfts` replays the same requests with the defaults held; `hindsight`
 replays them with each configuration of a static grid and keeps, per phase, the best one (the
 ceiling). `score_run` turns the three into the `tuners.payoff` scorecard.
 
@@ -20,19 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import optuna
 import polars as pl
 
+from agent.runtime.tuning.build import TuningIO, build_tuning
+from agent.runtime.tuning.schema import drift_settings
 from contracts.knobs import DEFAULT_KNOBS, Knobs
-from emulator.cluster.twin_fleet import DEFAULT_RESTART_DOWNTIME_S, TwinFleet
-from emulator.demo.tuning_setup import (
-    CONTROL_START_S,
-    DRIFT,
-    DRIFT_SIGNALS,
-    DRIFT_SIGNALS_WINDOW_S,
-    Deployment,
-    build_tuning,
-    demo_deployment,
-)
+from emulator.cluster.twin_fleet import TwinFleet
+from emulator.demo.deployment import Deployment, demo_deployment, restarts_pods
 from emulator.demo.workload import TRACE_HASH_OFFSET, DemoWorkload, build_workload
 from simulator.cluster import ClusterSpec
 from simulator.records import WORKLOAD_SCHEMA, iter_requests
@@ -43,10 +38,9 @@ from tuners.drift import DriftDetector
 from tuners.metrics import TunerMetrics
 from tuners.payoff import ActionCounts, PhaseScore, score_phases
 
-CONTROL_TICK_S = 10.0  # the demo steps the controller every 0.5 wall s at 20x
 DEMO_SPAN_S = 180.0 * 20.0 * 0.95  # `make demo`: 180 s wall at 20x, 95% of it workload
 WORKLOADS = ("demo", "shift", "mooncake")  # the scenarios of emulator.demo.scenarios come on top
-DETECT_WITHIN_S = 2 * DRIFT_SIGNALS_WINDOW_S  # an alarm this soon after a real shift detected it
+DETECT_WITHIN_S = 120.0  # scoring: an alarm this soon after a real shift detected it
 
 
 def shared_dir() -> Path:
@@ -106,39 +100,57 @@ def _phase_of(starts: Sequence[float], t: float) -> int:
     return sum(1 for p in starts[1:] if t >= p)
 
 
+@dataclasses.dataclass(frozen=True)
+class ServedFrame:
+    """The requests the emulated fleet served up to `now` (a `WorkloadSource` of kind `served`)."""
+
+    workload: DemoWorkload
+    kind: str = "served"
+    min_rows: int = 200  # widened back until it holds this many requests
+
+    def history(self, now: float, seconds: float) -> pl.DataFrame:
+        return self.workload.recent(now, seconds, min_rows=self.min_rows)
+
+
 def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool = False,
-             restart_downtime_s: float = DEFAULT_RESTART_DOWNTIME_S, deployment: Deployment | None = None) -> LiveRun:
-    """The demo's tuner against the twin fleet on a simulated clock (dry_run: the start held)."""
-    deployment = deployment or demo_deployment(cluster.pods)
+             deployment: Deployment | None = None) -> LiveRun:
+    """The agent's tuner with the deployment's settings (default: the demo's, `tuner.yaml`) against
+    the twin fleet on a simulated clock (dry_run: the start held). The fleet's pods are down
+    `tuner.planner.restart_downtime_s` in a rolling restart, as the tuner expects."""
+    deployment = deployment or demo_deployment(cluster.pods, seed)
+    settings = deployment.settings
+    t = settings.tuner
     fleet = TwinFleet(list(iter_requests(wl.frame)), cluster, deployment.start,
-                      restart_downtime_s=restart_downtime_s, dry_run=dry_run)
+                      restart_downtime_s=t.planner.restart_downtime_s, dry_run=dry_run)
     clock = [0.0]
-    tuning = build_tuning(actuator=fleet, window_source=fleet, clock=lambda: clock[0], twin_cluster=cluster,
-                          history=wl.recent, metrics=TunerMetrics(target="bench"), seed=seed, dry_run=dry_run,
-                          restart_downtime_s=restart_downtime_s, latency_points=fleet.latency_points,
-                          deployment=deployment)
-    ctl = tuning.controller
+    tuning = build_tuning(settings, TuningIO(
+        actuator=fleet, space=deployment.space(), window_source=fleet, workload=ServedFrame(wl),
+        twin_cluster=lambda: cluster, clock=lambda: clock[0], metrics=TunerMetrics(target="bench"),
+        storage=optuna.storages.InMemoryStorage(), restarts=restarts_pods,
+        latency_points=lambda since, until: fleet.latency_points(since, until, t.planner.calibration_step_s),
+        dry_run=dry_run))
+    ctl = tuning.new_controller()
     starts = wl.phase_starts_s
     end_knobs: list[Knobs] = []
     alarms: list[float] = []
     states: list[tuple[float, str, str]] = []
     signals: list[tuple[float, dict[str, float]]] = []
-    t = CONTROL_START_S
-    fleet.advance(t)
+    t_s = t.drift.window_s  # the first step once the agent has a window
+    fleet.advance(t_s)
     last_t = wl.frame["timestamp_ms"].max() / 1000.0
-    while t <= last_t + CONTROL_TICK_S:
-        phase = _phase_of(starts, t)
+    while t_s <= last_t + t.step_interval_s:
+        phase = _phase_of(starts, t_s)
         while len(end_knobs) < phase:
             end_knobs.append(fleet.current())
-        clock[0] = t
-        signals.append((t, fleet.signals(t, DRIFT_SIGNALS_WINDOW_S)))
-        rep = ctl.step(t, signals[-1][1])
+        clock[0] = t_s
+        signals.append((t_s, fleet.signals(t_s, t.drift.window_s)))
+        rep = ctl.step(t_s, signals[-1][1])
         if rep.state == "drift":
-            alarms.append(t)
+            alarms.append(t_s)
         if rep.state not in ("measuring", "holding", "blocked", "baseline", "retry", "planning"):
-            states.append((t, rep.state, rep.message))
-        t += CONTROL_TICK_S
-        fleet.advance(t)
+            states.append((t_s, rep.state, rep.message))
+        t_s += t.step_interval_s
+        fleet.advance(t_s)
     fleet.advance(math.inf)
     while len(end_knobs) < len(starts):
         end_knobs.append(fleet.current())
@@ -172,11 +184,12 @@ def classify_alarms(starts: Sequence[float], alarms: Sequence[float], actions: d
     return delays
 
 
-def held_alarms(wl: DemoWorkload, run: LiveRun) -> tuple[list[float], dict[int, ActionCounts], list[float]]:
+def held_alarms(wl: DemoWorkload, run: LiveRun, deployment: Deployment) -> tuple[list[float], dict[int, ActionCounts], list[float]]:
     """The drift detector over the held run: the same signals (they come from the request stream,
     not the configuration), the same detector settings, nothing applied. Returns the alarm times,
     per-phase true/false counts and each shift's detection delay."""
-    det = DriftDetector(DRIFT, signals=DRIFT_SIGNALS)
+    drift = deployment.settings.tuner.drift
+    det = DriftDetector(drift_settings(deployment.settings), signals=tuple(drift.signals))
     alarms = [t for t, sig in run.signals if sig and det.update(sig, t) is not None]
     counts: dict[int, ActionCounts] = {}
     delays = classify_alarms(wl.phase_starts_s, alarms, counts)
@@ -225,5 +238,17 @@ def score_run(wl: DemoWorkload, held: dict[int, np.ndarray], run: LiveRun, hind:
     return score_phases(wl.labels, held, run.ttft, hind.ttft, run.actions)
 
 
-__all__ = ["CONTROL_TICK_S", "WORKLOADS", "Hindsight", "LiveRun", "held_alarms", "held_ttfts", "hindsight", "hindsight_grid",
-           "run_live", "score_run", "workload"]
+__all__ = [
+    "DETECT_WITHIN_S",
+    "WORKLOADS",
+    "Hindsight",
+    "LiveRun",
+    "ServedFrame",
+    "held_alarms",
+    "held_ttfts",
+    "hindsight",
+    "hindsight_grid",
+    "run_live",
+    "score_run",
+    "workload",
+]

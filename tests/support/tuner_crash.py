@@ -14,9 +14,10 @@ import optuna
 
 from contracts.knobs import Knobs
 from tests.support.tuner_fakes import FakeActuator, FakeClock, FakeFleet
-from tuners.controller import ControllerSettings, TuningController
-from tuners.guardrails import Guardrails, GuardrailSettings
-from tuners.live import LiveEvaluator, LiveSettings
+from tests.support.tuner_settings import controller_settings, guardrail_settings, live_settings
+from tuners.controller import TuningController
+from tuners.guardrails import Guardrails
+from tuners.live import LiveEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.optuna_tuner import open_storage
 from tuners.space import Choice, DeploymentLimits, FloatRange, SearchSpace
@@ -42,11 +43,11 @@ class FixedWarmStart:
 def controller(url: str, state: Path, clock: FakeClock) -> tuple[TuningController, FakeActuator]:
     actuator = FakeActuator(clock, path=state)
     metrics = TunerMetrics(target="crash")
-    guard = Guardrails(actuator, SPACE, metrics, GuardrailSettings(apply="all", cooldown_s=60), clock=clock)
+    guard = Guardrails(actuator, SPACE, metrics, guardrail_settings(apply="all", cooldown_s=60), clock=clock)
     ctl = TuningController(
         space=SPACE, objective=None, storage=open_storage(url), guardrails=guard,
-        evaluator=LiveEvaluator(guard, FakeFleet(actuator, median), LiveSettings(settle_s=30, window_s=120)),
-        metrics=metrics, settings=ControllerSettings(study="crash", seed=2, trials_per_phase=10),
+        evaluator=LiveEvaluator(guard, FakeFleet(actuator, median), live_settings(settle_s=30, window_s=120)),
+        metrics=metrics, settings=controller_settings(study="crash", seed=2, trials_per_phase=10),
         warm_start=FixedWarmStart())
     return ctl, actuator
 

@@ -8,6 +8,7 @@ curves on the tuner's metrics (`tierpilot_tier_capacity_hit_ratio`) when given t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import polars as pl
@@ -18,6 +19,8 @@ from simulator.capacity.table import curve_points
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
 from tuners.metrics import TunerMetrics
+from tuners.planning.planner import CapacitySource
+from tuners.space import DeploymentLimits
 
 
 @dataclasses.dataclass
@@ -59,3 +62,32 @@ class CurveCapacity:
                                     headroom_gib=self.headroom_gib, profile=self.profile or self.cluster.hardware,
                                     step_gib=self.step_gib)
         return [g for g in sizes if abs(g - current.cpu_gib) >= self.step_gib / 2]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadroomCapacity:
+    """CPU buffer candidates while the capacity curve has too little history: the operator's
+    headroom and half of it, when larger than the running buffer."""
+
+    limits: DeploymentLimits
+
+    def cpu_candidates(self, current: Knobs) -> list[float]:
+        top = self.limits.cpu_gib_max
+        return [g for g in dict.fromkeys((top, math.floor(top / 2))) if g > current.cpu_gib]
+
+
+@dataclasses.dataclass
+class FirstOf:
+    """The first source with candidates (the capacity curve, then the headroom)."""
+
+    sources: tuple[CapacitySource, ...]
+
+    def cpu_candidates(self, current: Knobs) -> list[float]:
+        for src in self.sources:
+            sizes = list(src.cpu_candidates(current))
+            if sizes:
+                return sizes
+        return []
+
+
+__all__ = ["CurveCapacity", "FirstOf", "HeadroomCapacity"]

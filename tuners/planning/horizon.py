@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HorizonSettings:
     """floor_s / cap_s: bounds of the horizon; the floor holds while the run has seen fewer than
     `trust_after` past regimes, and `min_s` (or the floor, if lower) from then on. replan_growth: the planner plans again
@@ -33,11 +33,11 @@ class HorizonSettings:
     156 s, ...). Each look measures a fresh baseline window first, so looks are at least a window
     apart."""
 
-    floor_s: float = 300.0
-    cap_s: float = 3600.0
-    replan_growth: float = 1.25
-    trust_after: int = 2
-    min_s: float = 30.0
+    floor_s: float
+    cap_s: float
+    replan_growth: float
+    trust_after: int
+    min_s: float
 
     def __post_init__(self) -> None:
         if not (0 < self.floor_s <= self.cap_s and self.min_s > 0):
@@ -86,7 +86,7 @@ class RegimeHorizon:
     observation); `estimate(now)` the horizon; `replan_due(now)` when the regime has aged enough
     since the last plan that the horizon may have grown (`planned(now)` records a plan)."""
 
-    def __init__(self, settings: HorizonSettings = HorizonSettings()) -> None:
+    def __init__(self, settings: HorizonSettings) -> None:
         self.settings = settings
         self.starts: list[float] = []
         self._planned_age: float | None = None

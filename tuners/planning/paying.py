@@ -1,9 +1,9 @@
-"""The paying tuner's twin side, shared by the production runtime (agent/runtime/assembly.py) and the
-demo (emulator/demo/tuning_setup.py): the transition planner over the twin of the recent workload,
+"""The paying tuner's twin side, assembled by the one tuning stack (agent/runtime/tuning/build.py)
+for the production runtime, the demo and the benchmarks: the transition planner over the twin of the recent workload,
 the counterfactual twin the controller judges live windows against, and the latency calibration.
 
-`build_paying(...)` takes a `history(now, seconds)` of recent requests (the demo: the requests it
-served; production: a synthetic workload fitted to the observed signals, agent/runtime/workload_fit.py),
+`build_paying(...)` takes a `history(now, seconds)` of recent requests (the planning workload:
+rebuilt from the KV events, or without them fitted to the observed signals, agent/runtime/workload_fit.py),
 the twin cluster (a callable, so production can refit the GPU size and load term per plan), the
 running configuration, which changes restart pods, the router choices, an optional twin search for
 restart-requiring candidates, and optional live latency points to calibrate the prefill speed from.
@@ -66,17 +66,19 @@ class Paying:
 def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], current: Callable[[], Knobs],
                  clock: Callable[[], float], restarts: Callable[[Knobs, Knobs], bool], routers: Sequence[str],
                  search: WarmStart | None, recent_s: float, warm_s: float, downtime_s: float,
-                 latency_points: LatencyPoints | None = None, settings: PlanSettings | None = None,
+                 settings: PlanSettings, latency_points: LatencyPoints | None = None,
                  horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
                  memory_s: Callable[[Knobs], float] | None = None, plan_warm_s: float | None = None,
-                 every_value: Mapping[str, Sequence[object]] | None = None) -> Paying:
+                 every_value: Mapping[str, Sequence[object]] | None = None,
+                 workload: Callable[[], str] | None = None) -> Paying:
     """The planner (calibrating the twin before each plan when `latency_points` is given) and the
     counterfactual twin (carrying the latest calibration). `plan_warm_s` (default `warm_s`) of history before the last
     `recent_s` warms the planning twin's caches, so a capacity change is priced at the occupancy
     the fleet's history gives it (a buffer larger than the GPU pool pays only once the working set
     has outgrown the GPU). `horizon`: the regime horizon from the run (tuners.planning.horizon); `capacity`:
     CPU buffer candidates (the capacity curve); `memory_s`: the objective's memory price;
-    `every_value`: knobs whose every value is priced at every plan (`TransitionPlanner`)."""
+    `every_value`: knobs whose every value is priced at every plan (`TransitionPlanner`);
+    `workload()`: what the history is (rebuilt, fitted), stamped on every plan."""
     counterfactual = WindowTwin(history, twin_cluster(), warm_s=warm_s)
     state: dict[str, Any] = {"profile": None}
     fits: list[tuple[float, LatencyFit]] = []
@@ -100,8 +102,8 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
                           downtime_s=downtime_s, profile=state["profile"])
 
     planner = TransitionPlanner(planning_twin, current, restarts=restarts, routers=routers, search=search,
-                                settings=settings or PlanSettings(), horizon=horizon, capacity=capacity,
-                                memory_s=memory_s, every_value=every_value, clock=clock)
+                                settings=settings, horizon=horizon, capacity=capacity,
+                                memory_s=memory_s, every_value=every_value, clock=clock, workload=workload)
     return Paying(planner, counterfactual, fits, state)
 
 

@@ -34,18 +34,18 @@ from tuners.payoff import change_text
 from tuners.planning.warmstart import WarmStart
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PlanSettings:
     """horizon_s: expected rest of a phase after the plan (how long a workload regime lasts).
     margin: net predicted gain (relative) a restart-requiring change needs on TTFT p95 or on the
     mean, whichever is larger. hot_margin: the same for a hot-reload change. tolerance: neither
     gain may be below -tolerance. search_k: twin-search candidates priced."""
 
-    horizon_s: float = 900.0
-    margin: float = 0.03
-    hot_margin: float = 0.01
-    tolerance: float = 0.005
-    search_k: int = 3
+    horizon_s: float
+    margin: float
+    hot_margin: float
+    tolerance: float
+    search_k: int
 
     def __post_init__(self) -> None:
         if not self.horizon_s > 0:
@@ -230,12 +230,13 @@ class TransitionPlanner:
 
     def __init__(self, twin_factory: Callable[[], PlanningTwin], current: Callable[[], Knobs], *,
                  restarts: Callable[[Knobs, Knobs], bool], routers: Sequence[str],
-                 search: WarmStart | None = None, settings: PlanSettings = PlanSettings(),
+                 search: WarmStart | None = None, settings: PlanSettings,
                  horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
                  memory_s: Callable[[Knobs], float] | None = None,
                  every_value: Mapping[str, Sequence[object]] | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, workload: Callable[[], str] | None = None) -> None:
         self.twin_factory = twin_factory
+        self.workload = workload
         self.current = current
         self.restarts = restarts
         self.routers = tuple(routers)
@@ -284,11 +285,12 @@ class TransitionPlanner:
         self.decisions = hot + cold
         priced = [{"knobs": now.diff(d.knobs), **d.to_dict()} for d in self.decisions]
         self.last_plan = {"at": self.clock() if self.clock else None, "current": now.to_dict(),
+                          **({"workload": self.workload()} if self.workload is not None else {}),
                           "horizon": est.to_dict() if est is not None else {"horizon_s": horizon_s, "basis": "configured"},
                           "plan": [p.to_dict() for p in plan], "priced": priced,
                           **({"restarts_deferred": deferred} if deferred else {})}
         self.history.append(self.last_plan)
-        log_event("plan", current=now.to_dict(), plan=[p.to_dict() for p in plan],
+        log_event("plan", current=now.to_dict(), plan=[p.to_dict() for p in plan], workload=self.last_plan.get("workload"),
                   horizon=self.last_plan["horizon"],
                   priced=[{"knobs": now.diff(d.knobs), "decision": d.describe()} for d in self.decisions])
         return plan[:k]

@@ -43,7 +43,7 @@ class TwinWarmStart:
     capture the newest workload) and hand back the top candidates."""
 
     def __init__(self, evaluator_factory: Callable[[], Evaluator], space: SearchSpace,
-                 objective: ObjectiveSpec | None = None, *, trials: int = 30, sampler: str = "tpe",
+                 objective: ObjectiveSpec | None = None, *, trials: int, sampler: str = "tpe",
                  seed: int | None = 0, include: tuple[Knobs, ...] = ()) -> None:
         self.evaluator_factory = evaluator_factory
         self.space = space

@@ -69,7 +69,7 @@ def cluster_main(pods: int, span_s: float, time_scale: float, seed: int, out: An
     from emulator.cluster.pod_metrics import PodIdentity
     from emulator.cluster.timeline import Recorder
     from emulator.cluster.twin_adapter import TwinPortAdapter
-    from emulator.demo.loop import DEMO_TTFT_BUCKETS
+    from emulator.demo.deployment import DEMO_TTFT_BUCKETS
     from emulator.demo.workload import build_workload
     from simulator.cluster import ClusterSpec as TwinClusterSpec
     from simulator.records import iter_requests

@@ -115,6 +115,13 @@ class ScrapeCycle:
                             openmetrics=content_type.lower().startswith("application/openmetrics-text"))
         except ParseError as exc:  # LimitExceeded too: its reason is sample_limit, label_limit, ...
             return self._failed(target, exc.reason, str(exc), duration_s)
+        return self.process_payload(target, payload, duration_s, text=text, warnings=warnings)
+
+    def process_payload(self, target: Target, payload: Payload, duration_s: float, *, text: str | None = None,
+                        warnings: list[tuple[str, str]] | None = None) -> TargetOutcome:
+        """Normalise one parsed payload (`process` after parsing; an in-process target, such as the
+        simulated-clock harness's emulated pods, hands its samples over without the text)."""
+        warnings = [] if warnings is None else warnings
         if target.role == AUTO_ROLE:
             role = detect_role(payload.by_name)
             if role is None:
@@ -126,7 +133,9 @@ class ScrapeCycle:
         result = normalise(target, payload, self.mappings)
         known = self._hold_to_budget(target, result, warnings)
         if not result.signals and not warnings:
-            warnings.append(("no_mapped_series", _unmapped_detail(target.role, text, payload)))
+            detail = (_unmapped_detail(target.role, text, payload) if text is not None
+                      else f"no {target.role} mapping matched")
+            warnings.append(("no_mapped_series", detail))
         faults: list[tuple[str, str]] = []  # (reason, detail)
         if payload.duplicates:
             self._count(target, "duplicate_series", payload.duplicates)

@@ -35,6 +35,7 @@ from agent.kvevents.signals import EngineId, KvSignals, KvSnapshot, OverlapReadi
 from agent.kvevents.sockets import disconnected, open_dealer, open_sub
 from agent.kvevents.wire import (
     END_SEQ_BYTES,
+    Batch,
     FrameError,
     PayloadError,
     decode_payload,
@@ -160,6 +161,13 @@ class KvEventManager:
         """Record every engine's block stream for the rebuilt planning workload (rebuild/)."""
         with self._lock:
             self.signals.recorder = recorder
+
+    def apply_local(self, engine: EngineId, batch: Batch) -> None:
+        """Apply one decoded batch in the caller's thread, no sockets: an in-process fleet on a
+        simulated clock (emulator/demo/sim_agent.py) feeds the same index, overlap and recorder."""
+        with self._lock:
+            self.signals.apply(engine, batch)
+            self.applied_batches += 1
 
     def enable_block_sketches(self, sketches: BlockSketches) -> None:
         """Keep fleet-mergeable sketches of the stored blocks (sharded agents: fleet.py)."""

@@ -11,7 +11,8 @@ Pieces (each built only when its section asks for it):
   vLLM token counters (`kv_counters`) and a discovery job (`kv_endpoints`);
 - `tuner.enabled`: the Kubernetes actuator (agent.k8s, targets from `actuation.targets_file` or
   $TIERPILOT_K8S_TARGETS) behind the guardrails, the Lease elector, the live evaluator over the
-  store, the twin warm start (a trace, or a synthetic workload fitted to the observed signals),
+  store, the planner and twin search over the planning workload (rebuilt from the KV events'
+  block stream; fitted to the observed signals without them; agent/runtime/tuning/),
   the drift detector, and the `tune_step` job, which acts on the leader only. The last good
   configuration goes to the target annotations and to the study storage.
 
@@ -423,6 +424,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from agent.runtime.tuning.build import TuningIO, build_tuning
     from agent.runtime.tuning.schema import deployment_limits
     from agent.runtime.tuning.workload import describe as describe_workload
+    from agent.runtime.tuning.workload import planning_workload
     from agent.runtime.tuning_bridge import StoreWindowSource, StudyLastGood, drift_signals, restrict_space
     from agent.runtime.tuning_loop import TuningLoop
     from tuners.metrics import TunerMetrics
@@ -490,8 +492,9 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
             "planner": t.planner.model_copy(update={"enabled": False}),
             "warm_start": t.warm_start.model_copy(update={"trials": 0})})})
         t = settings.tuner
-    fitted = _fitted_workload(planning_store, rt, settings, clock)  # the observed signals (and the fallback workload)
-    workload = fitted
+    # the block stream rebuilt (kv_events.enabled), else the workload fitted to the counters; the
+    # fitted one also gives the twin cluster vLLM's GPU capacity and the observed load term
+    workload, fitted = planning_workload(settings, planning_store, rt.overlap_source, clock, rt.rebuilt_history)
     cluster_kw = twin_cluster_kw(settings, limits)
     plans = plan_executor or background_executor()  # one plan thread across leader terms
     rt.plan_executor = plans
@@ -585,17 +588,6 @@ def _warm_start_trace(settings: AgentSettings) -> Any:
         return load_trace(ws.trace).head(ws.max_requests)
     except (OSError, ValueError) as exc:
         raise RuntimeConfigError(f"key 'tuner.warm_start.trace': {exc}") from None
-
-
-def _fitted_workload(store: Any, rt: Runtime, settings: AgentSettings, clock: Callable[[], float]) -> Any:
-    """The workload fitted to the store's signals (kind `fitted`): the planning workload while KV
-    events are off, and what the twin cluster's GPU capacity and load term are read from."""
-    from agent.runtime.paying_runtime import FittedHistory
-
-    t = settings.tuner
-    return FittedHistory(store, rt.overlap_source, clock, window_s=t.drift.window_s,
-                         max_requests=t.warm_start.max_requests, max_block_refs=t.warm_start.max_block_refs,
-                         seed=t.warm_start.seed)
 
 
 __all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload",

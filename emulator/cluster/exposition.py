@@ -139,6 +139,14 @@ class _SnapshotCollector:
             yield fam
 
 
+def python_client_samples(snapshot: Snapshot) -> Iterable[tuple[str, str, list[Sample]]]:
+    """(family name, type, samples) exactly as prometheus_client would write them (counters with
+    `_total` and `_created`, histograms with `_bucket`/`_sum`/`_count`, `le` as Go floats), without
+    the text: for an in-process reader."""
+    for fam in _SnapshotCollector(snapshot).collect():
+        yield fam.name, fam.type, fam.samples
+
+
 def render_python_client(snapshot: Snapshot) -> bytes:
     """The classic text format exactly as prometheus_client's `generate_latest` writes it."""
     registry = CollectorRegistry(auto_describe=False)

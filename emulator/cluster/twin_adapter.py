@@ -7,12 +7,34 @@ gauges and L2 counters under the real systems' names (`Twin.pod_counters`, `Twin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from contracts.knobs import Knobs
 from emulator.cluster.driver import L2Load, PodLoad, ServedRequest
 from emulator.cluster.pod_metrics import L2Status, RequestOutcome
 from simulator.records import Request
 from simulator.twin import Twin
+
+
+def request_outcome(twin: Twin, req: Request, o: Any) -> RequestOutcome:
+    """What the pod's metrics record of one request the twin served (`o`: its `Twin.submit` outcome)."""
+    chunk = twin.knobs.chunk_tokens
+    lat = twin.profile.latency
+    bpt = twin.capacities.kv_bytes_per_token
+    return RequestOutcome(
+        prompt_tokens=o.prompt_tokens, gpu_hit_tokens=o.gpu_hit_tokens, cpu_hit_tokens=o.cpu_hit_tokens,
+        l2_hit_tokens=o.l2_hit_tokens, output_tokens=req.output_length, ttft_s=o.ttft_s,
+        queue_s=o.queue_delay_s, l2_read_s=o.l2_read_s,
+        cpu_load_s=o.cpu_hit_tokens * bpt / lat.pcie_bytes_per_s if o.cpu_hit_tokens else 0.0,
+        stored_tokens=(o.computed_tokens // chunk) * chunk, chunk_tokens=chunk, itl_s=lat.decode_s_per_token)
+
+
+def pod_load(twin: Twin, pod: str) -> dict[str, float]:
+    """The scheduler and cache gauges of one pod, as `VllmPodMetrics.set_load` takes them."""
+    c = twin.pod_counters(pod)
+    return {"running": int(c.get("vllm:num_requests_running", 0)), "waiting": int(c.get("vllm:num_requests_waiting", 0)),
+            "gpu_usage": float(c.get("vllm:kv_cache_usage_perc", 0.0)),
+            "cpu_bytes": float(c.get("lmcache:local_cache_usage", 0.0))}
 
 
 class TwinPortAdapter:
@@ -31,17 +53,10 @@ class TwinPortAdapter:
         req = self.requests[index]
         o = self.twin.submit(req)
         chunk = self.twin.knobs.chunk_tokens
-        lat = self.twin.profile.latency
         l2_chunks = -(-o.l2_hit_tokens // chunk) if o.l2_hit_tokens else 0
         per_chunk_us = (o.l2_read_s / l2_chunks * 1e6) if l2_chunks else 0.0
-        stored = (o.computed_tokens // chunk) * chunk
-        bpt = self.twin.capacities.kv_bytes_per_token
-        outcome = RequestOutcome(
-            prompt_tokens=o.prompt_tokens, gpu_hit_tokens=o.gpu_hit_tokens, cpu_hit_tokens=o.cpu_hit_tokens,
-            l2_hit_tokens=o.l2_hit_tokens, output_tokens=req.output_length, ttft_s=o.ttft_s,
-            queue_s=o.queue_delay_s, l2_read_s=o.l2_read_s,
-            cpu_load_s=o.cpu_hit_tokens * bpt / lat.pcie_bytes_per_s if o.cpu_hit_tokens else 0.0,
-            stored_tokens=stored, chunk_tokens=chunk, itl_s=lat.decode_s_per_token)
+        outcome = request_outcome(self.twin, req, o)
+        stored, bpt = outcome.stored_tokens, self.twin.capacities.kv_bytes_per_token
         return ServedRequest(pod=o.pod, trace_ts=o.time_s, outcome=outcome,
                              l2_chunk_latencies_us=(per_chunk_us,) * l2_chunks,
                              l2_written_bytes=stored * bpt if self.twin.capacities.l2_tokens else 0,

@@ -13,7 +13,10 @@ advances it to, and offers what the tuner needs from a real deployment:
 - `signals(now, window_s)`: the drift detector's workload signals over the trailing window,
   from the request stream itself (prefix reuse of the workload, mean prompt tokens, arrival
   rate), so they do not depend on the configuration;
-- the served truth (`ttft`, `phase` per request) and a log of what was applied when.
+- the served truth (`ttft`, `phase` per request) and a log of what was applied when;
+- with `identity`, what an agent would collect from it: what each pod's vLLM `/metrics` serves
+  (`snapshots()`, counters reset by a restart, as a new process's are), and with `event_sink` every
+  block event of every pod (`contracts.events`), as the pods would publish them.
 
 `bench/live_tuning.py` and `emulator.demo.sim_run` drive the real controller against it.
 """
@@ -26,8 +29,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from contracts.actuator import ApplyResult, PermanentActuationError
+from contracts.events import EventSink
 from contracts.knobs import DEFAULT_KNOBS, Knobs
+from emulator.cluster.exposition import Snapshot
 from emulator.cluster.local_actuator import restart_plan
+from emulator.cluster.pod_metrics import PodIdentity, VllmPodMetrics
+from emulator.cluster.twin_adapter import pod_load, request_outcome
 from simulator.cluster import ClusterSpec
 from simulator.records import Request
 from simulator.twin import Twin
@@ -51,8 +58,11 @@ class TwinFleet:
     """A twin serving `requests` (arrival order) as a fleet the tuner can act on."""
 
     def __init__(self, requests: Sequence[Request], cluster: ClusterSpec, knobs: Knobs = DEFAULT_KNOBS, *,
-                 restart_downtime_s: float = DEFAULT_RESTART_DOWNTIME_S, dry_run: bool = False) -> None:
-        self.twin = Twin(cluster, knobs)
+                 restart_downtime_s: float = DEFAULT_RESTART_DOWNTIME_S, dry_run: bool = False,
+                 identity: PodIdentity | None = None, event_sink: EventSink | None = None) -> None:
+        self.twin = Twin(cluster, knobs, event_sink=event_sink)
+        self.identity = identity
+        self.pod_metrics = {name: VllmPodMetrics(identity, 0.0) for name in self.twin.pod_names} if identity else {}
         self.requests = list(requests)
         self.arrivals = [r.timestamp_ms / 1000.0 for r in self.requests]
         self.downtime_s = restart_downtime_s
@@ -90,6 +100,8 @@ class TwinFleet:
             while self._restarts and self._restarts[0][0] <= t:
                 at, pod = self._restarts.pop(0)
                 self.twin.restart_pod(pod, at, down_s=self.downtime_s)
+                if self.identity is not None:  # a new process: its counters start again
+                    self.pod_metrics[self.twin.pod_names[pod]] = VllmPodMetrics(self.identity, at)
             self._serve(self._next)
             self._next += 1
         self.now = max(self.now, until)
@@ -98,6 +110,8 @@ class TwinFleet:
     def _serve(self, i: int) -> None:
         req = self.requests[i]
         o = self.twin.submit(req)
+        if self.identity is not None:
+            self.pod_metrics[o.pod].record(request_outcome(self.twin, req, o))
         self.ttft[i] = o.ttft_s
         self.prompt[i] = o.prompt_tokens
         self.hits[i] = o.hit_tokens
@@ -112,6 +126,15 @@ class TwinFleet:
         lo = bisect.bisect_left(self.arrivals, since, 0, self._next)
         hi = bisect.bisect_left(self.arrivals, until, 0, self._next)
         return slice(lo, hi)
+
+    def snapshots(self) -> dict[str, Snapshot]:
+        """What each pod's vLLM `/metrics` serves now (with `identity`), its gauges read from the
+        twin; `render_python_client` makes the page of one."""
+        out = {}
+        for name, metrics in self.pod_metrics.items():
+            metrics.set_load(**pod_load(self.twin, name), l2_bytes=0.0)
+            out[name] = metrics.snapshot()
+        return out
 
     # -- WindowSource ----------------------------------------------------------------------------
     def ttft_observations(self, since: float, until: float) -> TtftObservations | None:

@@ -22,6 +22,10 @@ from tuners.objective import ObjectiveSpec
 from tuners.space import DeploymentLimits, SearchSpace
 
 TUNER_FILE = Path(__file__).with_name("tuner.yaml")
+MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"  # what the emulated pods serve
+# the emulated vLLM pods' TTFT histogram buckets (vLLM's custom_histogram_buckets): 25 ms up to 1.5 s
+DEMO_TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
+                                                                        10.0, 20.0, 40.0, 80.0)
 
 
 def restarts_pods(before: Knobs, after: Knobs) -> bool:
@@ -92,5 +96,5 @@ def overrides_lines() -> list[str]:
     return out
 
 
-__all__ = ["TUNER_FILE", "Deployment", "demo_deployment", "demo_file", "demo_settings", "overrides_lines",
+__all__ = ["DEMO_TTFT_BUCKETS", "MODEL_NAME", "TUNER_FILE", "Deployment", "demo_deployment", "demo_file", "demo_settings", "overrides_lines",
            "restarts_pods"]

@@ -43,7 +43,14 @@ from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
 from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import endpoint_lines, event_text, progress_line, render_view
-from emulator.demo.deployment import TUNER_FILE, demo_deployment, overrides_lines, restarts_pods
+from emulator.demo.deployment import (
+    DEMO_TTFT_BUCKETS,
+    MODEL_NAME,
+    TUNER_FILE,
+    demo_deployment,
+    overrides_lines,
+    restarts_pods,
+)
 from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import PLAN_NOTE, action_counts, demo_scorecard, plan_lines
@@ -73,9 +80,6 @@ WALL_STRETCH = 4.0  # on a busy machine the paced cluster clock may stretch the 
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
-DEMO_TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5,
-                                                                        10.0, 20.0, 40.0, 80.0)
-MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 L2_BOUNDS_S = tuple(b / 1e6 for b in CURVINE_IO_US_BUCKETS)  # Curvine FUSE read latency buckets, seconds
 STATE_EVENTS = {"drift": "drift", "trial_started": "apply", "rolled_back": "rollback", "improved": "keep",
                 "told": "trial", "baseline_done": "info", "failed": "error", "rejected": "error",

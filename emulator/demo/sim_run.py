@@ -16,18 +16,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import optuna
 import polars as pl
 
-from agent.runtime.tuning.build import TuningIO, build_tuning
+from agent.runtime.tuning.build import Tuning, TuningIO, build_tuning
 from agent.runtime.tuning.schema import drift_settings
+from agent.settings import AgentSettings
 from contracts.knobs import DEFAULT_KNOBS, Knobs
+from emulator.cluster.pod_metrics import PodIdentity
 from emulator.cluster.twin_fleet import TwinFleet
-from emulator.demo.deployment import Deployment, demo_deployment, restarts_pods
+from emulator.demo.deployment import DEMO_TTFT_BUCKETS, MODEL_NAME, Deployment, demo_deployment, restarts_pods
+from emulator.demo.sim_agent import SimAgent
 from emulator.demo.workload import TRACE_HASH_OFFSET, DemoWorkload, build_workload
 from simulator.cluster import ClusterSpec
 from simulator.records import WORKLOAD_SCHEMA, iter_requests
@@ -94,6 +97,7 @@ class LiveRun:
     latency_fits: tuple = ()  # (when, tuners.calibration.LatencyFit) of each calibration
     plans: tuple = ()  # every plan: time, horizon, each priced candidate and its verdict
     restarts_applied: tuple[float, ...] = ()  # when a restart-requiring change (pods or L2 master) was applied
+    workloads: tuple[str, ...] = ()  # what the plans were priced on (rebuilt, fitted)
 
 
 def _phase_of(starts: Sequence[float], t: float) -> int:
@@ -102,7 +106,9 @@ def _phase_of(starts: Sequence[float], t: float) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ServedFrame:
-    """The requests the emulated fleet served up to `now` (a `WorkloadSource` of kind `served`)."""
+    """The requests the emulated fleet served up to `now` (kind `served`): what the real-engine
+    demo's planner replays (its few engines publish no block stream it rebuilds yet). The
+    simulated-clock harness never uses it: its tuner sees only what the agent collects."""
 
     workload: DemoWorkload
     kind: str = "served"
@@ -112,45 +118,67 @@ class ServedFrame:
         return self.workload.recent(now, seconds, min_rows=self.min_rows)
 
 
+def sim_fleet(wl: DemoWorkload, cluster: ClusterSpec, deployment: Deployment, agent: SimAgent, *,
+              dry_run: bool) -> TwinFleet:
+    """The emulated fleet serving `wl`: the deployment's starting configuration, its pods down
+    `tuner.planner.restart_downtime_s` in a rolling restart (as the tuner expects), each pod's
+    `/metrics` and block events for the agent."""
+    caps = cluster.capacities(deployment.start)
+    identity = PodIdentity(model_name=MODEL_NAME, kv_bytes_per_token=int(caps.kv_bytes_per_token),
+                           num_gpu_blocks=caps.gpu_tokens // 16, ttft_buckets=DEMO_TTFT_BUCKETS)
+    return TwinFleet(list(iter_requests(wl.frame)), cluster, deployment.start,
+                     restart_downtime_s=deployment.settings.tuner.planner.restart_downtime_s, dry_run=dry_run,
+                     identity=identity, event_sink=agent.sink)
+
+
+def tuner_for(settings: AgentSettings, agent: SimAgent, fleet: TwinFleet, cluster: ClusterSpec,
+              deployment: Deployment, clock: Callable[[], float], *, dry_run: bool) -> Tuning:
+    """The agent's tuning stack over the in-process agent: its inputs are agent objects only (the
+    window source, calibration points and planning workload of `agent`); the fleet is the
+    actuator, the deployment's space and restart rule bound it, the twin is the fleet's spec."""
+    return build_tuning(settings, TuningIO(
+        actuator=fleet, space=deployment.space(), window_source=agent.window_source, workload=agent.workload,
+        twin_cluster=lambda: cluster, clock=clock, metrics=TunerMetrics(target="bench"),
+        storage=optuna.storages.InMemoryStorage(), restarts=restarts_pods, latency_points=agent.latency_points,
+        dry_run=dry_run))
+
+
 def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool = False,
              deployment: Deployment | None = None) -> LiveRun:
     """The agent's tuner with the deployment's settings (default: the demo's, `tuner.yaml`) against
-    the twin fleet on a simulated clock (dry_run: the start held). The fleet's pods are down
-    `tuner.planner.restart_downtime_s` in a rolling restart, as the tuner expects."""
+    the twin fleet on a simulated clock (dry_run: the start held). The frame drives the fleet
+    only; every `tuner.step_interval_s` the in-process agent scrapes the pods, then the
+    controller steps on the agent's drift signals."""
     deployment = deployment or demo_deployment(cluster.pods, seed)
     settings = deployment.settings
     t = settings.tuner
-    fleet = TwinFleet(list(iter_requests(wl.frame)), cluster, deployment.start,
-                      restart_downtime_s=t.planner.restart_downtime_s, dry_run=dry_run)
     clock = [0.0]
-    tuning = build_tuning(settings, TuningIO(
-        actuator=fleet, space=deployment.space(), window_source=fleet, workload=ServedFrame(wl),
-        twin_cluster=lambda: cluster, clock=lambda: clock[0], metrics=TunerMetrics(target="bench"),
-        storage=optuna.storages.InMemoryStorage(), restarts=restarts_pods,
-        latency_points=lambda since, until: fleet.latency_points(since, until, t.planner.calibration_step_s),
-        dry_run=dry_run))
+    agent = SimAgent(settings, model=MODEL_NAME, clock=lambda: clock[0], scrape_interval_s=t.step_interval_s)
+    fleet = sim_fleet(wl, cluster, deployment, agent, dry_run=dry_run)
+    tuning = tuner_for(settings, agent, fleet, cluster, deployment, lambda: clock[0], dry_run=dry_run)
     ctl = tuning.new_controller()
     starts = wl.phase_starts_s
     end_knobs: list[Knobs] = []
     alarms: list[float] = []
     states: list[tuple[float, str, str]] = []
     signals: list[tuple[float, dict[str, float]]] = []
-    t_s = t.drift.window_s  # the first step once the agent has a window
-    fleet.advance(t_s)
+    t_s = 0.0
     last_t = wl.frame["timestamp_ms"].max() / 1000.0
     while t_s <= last_t + t.step_interval_s:
-        phase = _phase_of(starts, t_s)
-        while len(end_knobs) < phase:
-            end_knobs.append(fleet.current())
-        clock[0] = t_s
-        signals.append((t_s, fleet.signals(t_s, t.drift.window_s)))
-        rep = ctl.step(t_s, signals[-1][1])
-        if rep.state == "drift":
-            alarms.append(t_s)
-        if rep.state not in ("measuring", "holding", "blocked", "baseline", "retry", "planning"):
-            states.append((t_s, rep.state, rep.message))
-        t_s += t.step_interval_s
         fleet.advance(t_s)
+        clock[0] = t_s
+        agent.scrape(t_s, fleet.snapshots())
+        if t_s >= t.drift.window_s:  # the first step once the agent has a window
+            phase = _phase_of(starts, t_s)
+            while len(end_knobs) < phase:
+                end_knobs.append(fleet.current())
+            signals.append((t_s, agent.drift_signals()))
+            rep = ctl.step(t_s, signals[-1][1])
+            if rep.state == "drift":
+                alarms.append(t_s)
+            if rep.state not in ("measuring", "holding", "blocked", "baseline", "retry", "planning"):
+                states.append((t_s, rep.state, rep.message))
+        t_s += t.step_interval_s
     fleet.advance(math.inf)
     while len(end_knobs) < len(starts):
         end_knobs.append(fleet.current())
@@ -164,8 +192,9 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
     delays = classify_alarms(starts, alarms, actions)
     plans = tuple(tuning.planner.history) if tuning.planner is not None else ()
     restarted = tuple(a.at for a in fleet.actions if a.kind == "apply" and set(a.changed) - {"router"})
+    kinds = sorted({p.get("workload", "") for p in plans} - {""})
     return LiveRun(ttft, actions, tuple(alarms), tuple(delays), tuple(end_knobs), tuple(states), tuple(signals),
-                   tuple(ctl.prediction_errors), tuple(tuning.latency_fits), plans, restarted)
+                   tuple(ctl.prediction_errors), tuple(tuning.latency_fits), plans, restarted, tuple(kinds))
 
 
 def classify_alarms(starts: Sequence[float], alarms: Sequence[float], actions: dict[int, ActionCounts]) -> list[float]:

@@ -153,13 +153,24 @@ def _twin_search(settings: AgentSettings, io: TuningIO, objective: ObjectiveSpec
     return TwinWarmStart(evaluator, space, objective, trials=ws.trials, sampler=t.sampler, seed=ws.seed)
 
 
-def _capacity(settings: AgentSettings, io: TuningIO, objective: ObjectiveSpec) -> FirstOf:
+@dataclasses.dataclass
+class WorkloadCapacity:
     """CPU buffer candidates from the capacity curve over all the planning workload retained; the
     fitted fallback has no reuse beyond the GPU to draw a curve from (its curve says 0 GiB), so
-    there the operator's headroom and half of it are priced instead."""
+    while the planner runs on it the operator's headroom and half of it are priced instead."""
+
+    workload: WorkloadSource
+    curve: CurveCapacity
+    headroom: HeadroomCapacity
+
+    def cpu_candidates(self, current: Knobs) -> list[float]:
+        if self.workload.kind == "fitted":
+            return self.headroom.cpu_candidates(current)
+        return FirstOf((self.curve, self.headroom)).cpu_candidates(current)
+
+
+def _capacity(io: TuningIO, objective: ObjectiveSpec) -> WorkloadCapacity:
     limits = io.space.limits
-    if io.workload.kind == "fitted":
-        return FirstOf((HeadroomCapacity(limits),))
 
     def everything() -> pl.DataFrame:
         now = io.clock()
@@ -168,7 +179,7 @@ def _capacity(settings: AgentSettings, io: TuningIO, objective: ObjectiveSpec) -
     curve = CurveCapacity(everything, io.twin_cluster(), headroom_gib=limits.cpu_gib_max,
                           memory_ms_per_gib=objective.memory_ms_per_gib, step_gib=limits.cpu_gib_step,
                           metrics=io.metrics)
-    return FirstOf((curve, HeadroomCapacity(limits)))
+    return WorkloadCapacity(io.workload, curve, HeadroomCapacity(limits))
 
 
 def build_tuning(settings: AgentSettings, io: TuningIO) -> Tuning:
@@ -199,7 +210,7 @@ def build_tuning(settings: AgentSettings, io: TuningIO) -> Tuning:
             warm_s=p.warm_s, downtime_s=p.restart_downtime_s, settings=plan_settings(settings),
             latency_points=io.latency_points if p.calibrate else None,
             horizon=(lambda: horizon.estimate(io.clock())) if horizon is not None else None,
-            capacity=_capacity(settings, io, objective),
+            capacity=_capacity(io, objective),
             memory_s=lambda k: objective.memory_cost_s(memory_cost_gib(k, limits)),
             plan_warm_s=p.plan_warm_s, every_value=every_value_knobs(io.space), workload=lambda: io.workload.kind)
         warm = paying.planner
@@ -208,4 +219,4 @@ def build_tuning(settings: AgentSettings, io: TuningIO) -> Tuning:
     return Tuning(settings, io, objective, guardrails, drift, horizon, paying, warm)
 
 
-__all__ = ["LatencyPoints", "Tuning", "TuningIO", "build_tuning", "restart_space"]
+__all__ = ["LatencyPoints", "Tuning", "TuningIO", "WorkloadCapacity", "build_tuning", "restart_space"]

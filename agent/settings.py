@@ -330,7 +330,8 @@ class WarmStartSection(_Frozen):
         "twin trials per phase (0 disables the warm start); bench/twin_search.py: 24 reach the sweep's best"))
     top_k: int = Field(3, ge=0, le=100, description="twin candidates enqueued in the live study")
     workload: Literal["synthetic", "trace"] = Field(
-        "synthetic", description="synthetic: fitted to the observed signals; trace: replay `trace`")
+        "synthetic", description="synthetic: the planning workload (rebuilt from the KV events, else fitted to "
+                                "the observed signals); trace: replay `trace`")
     trace: Path | None = Field(None, description="Mooncake-format trace (workload: trace)")
     duration_s: float = Field(300.0, gt=0, le=7 * 86_400.0, description="span of the fitted synthetic workload")
     max_requests: int = Field(2000, ge=10, le=10_000_000, description="cap on the replayed requests (twin cost)")

@@ -20,6 +20,7 @@ Workloads: `demo`, `shift`, `mooncake` (emulator.demo.sim_run) and the restart s
 emulator.demo.scenarios (`cpu_hot`, `cpu_hot_nol2`, `chunk`, `l2_evict`, `short`).
 
     TIERPILOT_SHARED=../shared .venv/bin/python bench/live_tuning.py [--seeds 5] [--workloads demo,cpu_hot] [--jobs 2]
+        [--workload-source rebuilt|fitted]
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emulator.demo.ceiling import ceiling
-from emulator.demo.deployment import demo_deployment
+from emulator.demo.deployment import Deployment, demo_deployment
 from emulator.demo.scenarios import RESTART_PAYS, SCENARIOS, Scenario, scenario
 from emulator.demo.scorecard import plan_lines
 from emulator.demo.sim_run import (
@@ -80,11 +81,18 @@ class Outcome:
     false_alarms_held: int
 
 
-def run_one(name: str, seed: int, quick: bool, plans: bool) -> Outcome:
+def with_kv_events(dep: Deployment, on: bool) -> Deployment:
+    """The deployment with the agent's KV-event subscriber on (the rebuilt planning workload) or
+    off (the fitted fallback)."""
+    kv = dep.settings.kv_events.model_copy(update={"enabled": on})
+    return dataclasses.replace(dep, settings=dep.settings.model_copy(update={"kv_events": kv}))
+
+
+def run_one(name: str, seed: int, quick: bool, plans: bool, source: str = "rebuilt") -> Outcome:
     logging.disable(logging.WARNING)
     t0 = time.perf_counter()
     sc = load(name, seed)
-    wl, cluster, dep = sc.workload, sc.cluster, sc.deployment
+    wl, cluster, dep = sc.workload, sc.cluster, with_kv_events(sc.deployment, source == "rebuilt")
     held = held_ttfts(wl, cluster, dep.start)
     run = run_live(wl, cluster, seed, deployment=dep)
     _h_alarms, h_counts, _h_delays = held_alarms(wl, run, dep)
@@ -109,7 +117,7 @@ def run_one(name: str, seed: int, quick: bool, plans: bool) -> Outcome:
             for p, k in sorted(best.items())))
     applied = [t for t, st, _m in run.states if st == "trial_started"]
     out.append(f"tuned: ended phases on {[describe(k, dep.start) for k in run.end_knobs]}; "
-               f"{len(run.plans)} plans, trials started at {[round(t) for t in applied]} s, restart-requiring "
+               f"{len(run.plans)} plans (on the {'/'.join(run.workloads) or 'no'} workload), trials started at {[round(t) for t in applied]} s, restart-requiring "
                f"changes applied at {[round(t) for t in run.restarts_applied]} s")
     if plans:
         out += plan_lines(run.plans)
@@ -117,7 +125,7 @@ def run_one(name: str, seed: int, quick: bool, plans: bool) -> Outcome:
                    sum(a.false_alarms for a in h_counts.values()))
 
 
-def _job(args: tuple[str, int, bool, bool]) -> Outcome:
+def _job(args: tuple[str, int, bool, bool, str]) -> Outcome:
     return run_one(*args)
 
 
@@ -129,6 +137,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="quick mode: the ceiling from 8 static configurations")
     ap.add_argument("--plans", action="store_true", help="print every priced candidate of every plan")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (each is one core) [1]")
+    ap.add_argument("--workload-source", choices=("rebuilt", "fitted"), default="rebuilt",
+                    help="what the planner replays: the block stream rebuilt from the KV events [rebuilt], or "
+                         "the fallback fitted to the scraped counters (kv_events.enabled: false)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     names = [w for w in args.workloads.split(",") if w]
@@ -145,7 +156,7 @@ def main() -> None:
     restarts: dict[str, list[int]] = {}
     alarms_held = 0
     t_all = time.perf_counter()
-    jobs = [(name, seed, args.quick, args.plans) for name in names for seed in seeds]
+    jobs = [(name, seed, args.quick, args.plans, args.workload_source) for name in names for seed in seeds]
     if args.jobs > 1:
         pool = mp.get_context("spawn").Pool(args.jobs)
         results = pool.imap(_job, jobs)

@@ -24,7 +24,8 @@ import yaml
 import tuners
 from agent.runtime.tuning.schema import SOURCES, defaults
 from agent.settings import AgentSettings, TunerSection, load_settings
-from emulator.demo.deployment import TUNER_FILE, demo_file, demo_settings
+from emulator.demo.deployment import TUNER_FILE, demo_settings
+from emulator.demo.engine_tuning import ENGINE_TUNER_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("emulator/demo", "bench", "agent/runtime")
@@ -141,11 +142,13 @@ def test_the_shadow_scan_can_fail() -> None:
     assert len(_constant_shadows(tree)) == 3 and len(_literal_settings_calls(tree)) == 1
 
 
-def test_the_demo_file_overrides_only_keys_the_schema_has() -> None:
-    tuner = demo_file()["tuner"]
-    loaded = load_settings(TUNER_FILE, env={})  # extra keys are refused by the schema itself
+@pytest.mark.parametrize("path", [TUNER_FILE, ENGINE_TUNER_FILE], ids=lambda p: p.name)
+def test_the_demo_files_override_only_keys_the_schema_has(path: Path) -> None:
+    data = yaml.safe_load(path.read_text())
+    tuner = data["tuner"]
+    loaded = load_settings(path, env={})  # extra keys are refused by the schema itself
     assert loaded.tuner.live.settle_s == tuner["live"]["settle_s"]
-    defaults_now = AgentSettings().tuner.model_dump()
+    defaults_now = AgentSettings().model_dump()
 
     def same_as_default(over: dict, base: dict, path: str) -> list[str]:
         out = []
@@ -156,10 +159,14 @@ def test_the_demo_file_overrides_only_keys_the_schema_has() -> None:
                 out.append(path + k)
         return out
 
-    restated = [k for k in same_as_default(tuner, defaults_now, "") if k != "enabled"]
-    assert not restated, f"{TUNER_FILE.name} restates chart defaults (not overrides): {restated}"
+    restated = [k for k in same_as_default(data, defaults_now, "") if k != "tuner.enabled"]
+    assert not restated, f"{path.name} restates defaults (not overrides): {restated}"
+
+
+def test_the_demo_settings_carry_the_run_s_fleet_and_seed() -> None:
     run = demo_settings(pods=8, seed=3)
     assert run.tuner.limits.pods == 8 and run.tuner.seed == 3 and run.tuner.warm_start.seed == 3
+    assert run.tuner.apply == "all" and run.kv_events.enabled  # restarts allowed; the rebuilt workload
 
 
 def test_the_chart_renders_the_schema_defaults() -> None:

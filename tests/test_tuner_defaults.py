@@ -8,7 +8,8 @@ Structural, so a new duplicate fails without anyone listing it here:
   nor calls a tuner settings dataclass with a literal value;
 - the converters read only keys the schema has, and the demo's settings file only overrides
   keys the schema has (the file loads through the same validation);
-- the Helm chart renders the same tuner defaults (it sets `enabled` and `study` only).
+- the Helm chart renders the same tuner defaults (it sets only what its values decide: `enabled`,
+  `study`, `apply`, `mode`).
 """
 from __future__ import annotations
 
@@ -174,6 +175,7 @@ def test_the_chart_renders_the_schema_defaults() -> None:
 
     (cm,) = [d for d in template() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "tierpilot-config"]
     agent = yaml.safe_load(cm["data"]["agent.yaml"])
-    assert set(agent["tuner"]) <= {"enabled", "study"}
+    chosen = {"enabled", "study", "apply", "mode"}  # what the chart's values decide (tuner.*, tuner.dryRun)
+    assert set(agent["tuner"]) <= chosen
     rendered = load_settings(env={}, **agent).tuner
-    assert rendered.model_dump(exclude={"enabled", "study"}) == TunerSection().model_dump(exclude={"enabled", "study"})
+    assert rendered.model_dump(exclude=chosen) == TunerSection().model_dump(exclude=chosen)

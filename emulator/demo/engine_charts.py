@@ -15,10 +15,10 @@ from contracts.output_paths import replacing
 from emulator.engines.client import Completion
 
 PASS_COLOURS = {"tuned": "tab:blue", "held": "tab:gray"}
-WINDOW_S = 10.0  # requests are grouped by the second they were sent, in windows this long
+BIN_S = 10.0  # requests are grouped by the second they were sent, in windows this long
 
 
-def windowed(completions: Sequence[Completion], window_s: float = WINDOW_S) -> dict[str, np.ndarray]:
+def windowed(completions: Sequence[Completion], window_s: float = BIN_S) -> dict[str, np.ndarray]:
     """Per window of sending time (those with a request): its middle (s), TTFT p95 and mean (ms),
     and cached / prompt tokens at the client. Pure."""
     ok = [c for c in completions if c.ok]
@@ -67,7 +67,7 @@ def plot_engine_ttft(passes: dict[str, Sequence[Completion]], phase_starts: Sequ
     ax.set_xlim(0, end_s)
     _marks(ax, phase_starts, changes, end_s)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(f"seconds into the stream (windows of {WINDOW_S:g} s by sending time)")
+    ax.set_xlabel(f"seconds into the stream (windows of {BIN_S:g} s by sending time)")
     ax.set_ylabel("TTFT at the client (ms)")
     ax.set_title("Time to first token of both passes, request by request as the client saw it")
     _finish(fig, ax, path, ncols=3)
@@ -83,7 +83,7 @@ def plot_engine_hit_ratios(passes: dict[str, Sequence[Completion]], phase_starts
     ax.set_xlim(0, end_s)
     _marks(ax, phase_starts, changes, end_s)
     ax.set_ylim(-0.02, 1.02)  # a ratio at 0 stays visible above the axis
-    ax.set_xlabel(f"seconds into the stream (windows of {WINDOW_S:g} s by sending time)")
+    ax.set_xlabel(f"seconds into the stream (windows of {BIN_S:g} s by sending time)")
     ax.set_ylabel("GPU prefix-cache hit ratio (tokens)")
     ax.set_title("Prefix-cache hits of both passes (vLLM's cached_tokens per request)")
     _finish(fig, ax, path, ncols=2)

@@ -92,7 +92,9 @@ class FittedHistory:
         return observed_between(self.store, self.kv, now - self.window_s, now, latest=now >= self.clock() - 1.0)
 
     def history(self, now: float, seconds: float) -> pl.DataFrame:
-        frame, self.capped = capped_workload(self.observed(now), duration_s=seconds, max_requests=self.max_requests,
+        observed = self.observed(now)
+        log.info("twin workload fitted to %s (the fallback: no block stream)", observed)
+        frame, self.capped = capped_workload(observed, duration_s=seconds, max_requests=self.max_requests,
                                              max_block_refs=self.max_block_refs, seed=self.seed)
         if self.capped:
             log.warning("%s", self.capped)

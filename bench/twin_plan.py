@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from emulator.demo.tuning_setup import WARM_START_TRIALS, restart_space
+
 from agent.runtime.workload_fit import ObservedWorkload, capped_workload
 from agent.settings import load_settings
-from emulator.demo.tuning_setup import WARM_START_TRIALS, restart_space
 from simulator.cluster import ClusterSpec
 from tuners.evaluators import TwinEvaluator
 from tuners.planning.warmstart import TwinWarmStart

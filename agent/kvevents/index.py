@@ -277,18 +277,31 @@ class FleetIndex:
                 for i in parts:
                     self.sketch.check_and_add(arr[i:i + _SKETCH_CHUNK])
             seen = iter(flags.tolist())
+        # Consecutive removals of one medium are applied as one run: the per-hash work is in order,
+        # so the result is the same as event by event (vLLM emits one event per evicted block).
+        run: list[int] = []
+        run_medium: str | None = None  # medium of the pending run of removals, None when none
         for ev in events:
             kind = type(ev)
+            if kind is Removed and (ev.group is None or ev.group == self.group_idx):  # type: ignore[union-attr]
+                if run_medium is not None and ev.medium != run_medium:  # type: ignore[union-attr]
+                    self._removed(st, ts, run_medium, run)
+                    run = []
+                run_medium = ev.medium  # type: ignore[union-attr]
+                run.extend(ev.hashes)  # type: ignore[union-attr]
+                continue
+            if run_medium is not None:
+                self._removed(st, ts, run_medium, run)
+                run, run_medium = [], None
             if kind is Cleared:
                 self.clear_engine(engine, ts)
                 continue
             if ev.group is not None and ev.group != self.group_idx:  # type: ignore[union-attr]
                 st.stats.other_group_events += 1
                 continue
-            if kind is Stored:
-                self._stored(st, ts, ev, seen)  # type: ignore[arg-type]
-            else:
-                self._removed(st, ts, ev)  # type: ignore[arg-type]
+            self._stored(st, ts, ev, seen)  # type: ignore[arg-type]
+        if run_medium is not None:
+            self._removed(st, ts, run_medium, run)
 
     def _stored(self, st: EngineState, ts: float, ev: Stored, seen: Iterator[bool]) -> None:
         # Hot path: the two-generation maps are inlined (young/old dicts as locals).
@@ -313,10 +326,10 @@ class FleetIndex:
         others = ~bit
         cold = capacity = routing = external = l2_hits = rereported = added = 0
         shadow = self.l2_shadow
+        sy, so, shalf, seq = shadow.young, shadow.old, shadow.half, self.l2_seq
         cold_sink = self.cold_sink
         cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
-        for h in ev.hashes:
-            was_seen = next(seen)
+        for h, was_seen in zip(ev.hashes, seen):  # consumes one flag per hash, like next(seen)
             mask = ry.get(h)
             if mask is None:
                 mask = ro.pop(h, 0)
@@ -334,8 +347,10 @@ class FleetIndex:
                         l2_hits += 1
                         mask &= ~PROMOTED
                 else:
-                    last = shadow.get(h)
-                    bucket = FAR if last is None else distance_bucket(self.l2_seq - last)  # type: ignore[operator]
+                    last = sy.get(h)
+                    if last is None:
+                        last = so.get(h)
+                    bucket = FAR if last is None else distance_bucket(seq - last)
                     if holders.get(h, 0) & others:
                         routing += 1
                         rout_dist[bucket] += size
@@ -346,12 +361,12 @@ class FleetIndex:
                         cold += 1
                         if cold_sink is not None:
                             cold_sink.append(h)
-                    sy = shadow.young  # inlined TwoGenMap.put; a dropped generation simply ages out
-                    shadow.old.pop(h, None)
-                    sy[h] = self.l2_seq
-                    self.l2_seq += 1
-                    if len(sy) >= shadow.half:
+                    so.pop(h, None)  # inlined TwoGenMap.put; a dropped generation simply ages out
+                    sy[h] = seq
+                    seq += 1
+                    if len(sy) >= shalf:
                         shadow.old, shadow.young = sy, {}
+                        so, sy = sy, shadow.young
             if not mask & tb:
                 added += 1
             if not mask:
@@ -366,6 +381,7 @@ class FleetIndex:
                 dropped, res.old, res.young = ro, ry, {}
                 ro, ry = res.old, res.young
                 self._aged(st, dropped)
+        self.l2_seq = seq
         stats.resident[tb] = stats.resident.get(tb, 0) + added
         if gpu:
             stats.rereported_blocks += rereported
@@ -388,40 +404,54 @@ class FleetIndex:
         counts[bisect.bisect_left(REUSE_BUCKETS, dist)] += 1  # buckets are "<= bound"
         stats.reuse_sum[medium] += dist
 
-    def _removed(self, st: EngineState, ts: float, ev: Removed) -> None:
+    def _removed(self, st: EngineState, ts: float, medium: str, hashes: list[int]) -> None:
+        # Hot path: the two-generation maps and `_unhold` are inlined.
         stats = st.stats
-        tb = tier_bit(ev.medium)
-        _bump(stats.removed_blocks, ev.medium, len(ev.hashes))
+        tb = tier_bit(medium)
+        _bump(stats.removed_blocks, medium, len(hashes))
         if tb == STORAGE:
-            for h in ev.hashes:
+            for h in hashes:
                 if self.storage.pop(h) is None:
                     stats.unknown_removed_blocks += 1
             return
         res, hist = st.resident, st.history
+        ry, ro = res.young, res.old
+        hy, ho, hhalf = hist.young, hist.old, hist.half
+        holders, bit = self.holders, st.bit
+        clear = ~(tb | PROMOTED) if tb == CPU else ~tb
+        gpu = tb == GPU
         removal = (tb, ts)
         unknown = gone = 0
-        for h in ev.hashes:
-            ry = res.young
+        for h in hashes:
             mask = ry.get(h)
             in_young = mask is not None
             if not in_young:
-                mask = res.old.get(h, 0)
+                mask = ro.get(h, 0)
             if not mask & tb:
                 unknown += 1
             else:
                 gone += 1
-                mask &= ~(tb | PROMOTED) if tb == CPU else ~tb
+                mask &= clear
                 if mask:
-                    (ry if in_young else res.old)[h] = mask
+                    (ry if in_young else ro)[h] = mask
                 else:
-                    del (ry if in_young else res.old)[h]
-                    self._unhold(h, st.bit)
-            hy = hist.young  # inlined TwoGenMap.put: a GPU removal wins (what a re-store pays for)
-            if tb == GPU or (h not in hy and h not in hist.old):
-                hist.old.pop(h, None)
+                    del (ry if in_young else ro)[h]
+                    held = holders.get(h, 0)
+                    if held & bit:
+                        if held.bit_count() == 2:
+                            self.duplicated -= 1
+                        held &= ~bit
+                        if held:
+                            holders[h] = held
+                        else:
+                            del holders[h]
+            # inlined TwoGenMap.put: a GPU removal wins (what a re-store pays for)
+            if gpu or (h not in hy and h not in ho):
+                ho.pop(h, None)
                 hy[h] = removal
-                if len(hy) >= hist.half:
+                if len(hy) >= hhalf:
                     hist.old, hist.young = hy, {}
+                    ho, hy = hy, hist.young
         stats.unknown_removed_blocks += unknown
         stats.resident[tb] = stats.resident.get(tb, 0) - gone
 

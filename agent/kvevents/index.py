@@ -330,6 +330,7 @@ class FleetIndex:
         cold_sink = self.cold_sink
         cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
         for h, was_seen in zip(ev.hashes, seen):  # consumes one flag per hash, like next(seen)
+            held = -1  # the engines holding h, once looked up
             mask = ry.get(h)
             if mask is None:
                 mask = ro.pop(h, 0)
@@ -348,10 +349,11 @@ class FleetIndex:
                         mask &= ~PROMOTED
                 else:
                     last = sy.get(h)
-                    if last is None:
-                        last = so.get(h)
+                    if last is None:  # a hash is in one generation at most: popping is the put's
+                        last = so.pop(h, None)
                     bucket = FAR if last is None else distance_bucket(seq - last)
-                    if holders.get(h, 0) & others:
+                    held = holders.get(h, 0)
+                    if held & others:
                         routing += 1
                         rout_dist[bucket] += size
                     elif removal is not None or was_seen:
@@ -361,8 +363,7 @@ class FleetIndex:
                         cold += 1
                         if cold_sink is not None:
                             cold_sink.append(h)
-                    so.pop(h, None)  # inlined TwoGenMap.put; a dropped generation simply ages out
-                    sy[h] = seq
+                    sy[h] = seq  # inlined TwoGenMap.put; a dropped generation simply ages out
                     seq += 1
                     if len(sy) >= shalf:
                         shadow.old, shadow.young = sy, {}
@@ -370,7 +371,8 @@ class FleetIndex:
             if not mask & tb:
                 added += 1
             if not mask:
-                held = holders.get(h, 0)
+                if held < 0:
+                    held = holders.get(h, 0)
                 if held.bit_count() == 1:
                     self.duplicated += 1
                 holders[h] = held | bit

@@ -2,7 +2,7 @@
 
 The planner fits a workload to what the fleet reported over the window
 (`agent.runtime.workload_fit.capped_workload`, within `tuner.warm_start`'s caps) and searches the
-restart-requiring knobs with `WARM_START_TRIALS` twin trials (`TwinWarmStart`, TPE). Here: an hour
+restart-requiring knobs with `tuner.warm_start.trials` (24) twin trials (`TwinWarmStart`, TPE). Here: an hour
 (3,600 s) of a 16-pod fleet at 4 requests/s per pod, prompts of 1-4k tokens, 16 pods in the twin.
 Reference (same process, same frame): a single-tier OrderedDict LRU over the frame's block hashes,
 run once per trial. Times are CPU seconds (process_time), median of `--repeats`, because the
@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from emulator.demo.tuning_setup import WARM_START_TRIALS, restart_space
-
+from agent.runtime.tuning.build import restart_space
 from agent.runtime.workload_fit import ObservedWorkload, capped_workload
 from agent.settings import load_settings
 from simulator.cluster import ClusterSpec
@@ -38,6 +37,7 @@ RATE_PER_POD = 4.0
 WINDOW_S = 3600.0
 MIX = ((1024.0, 2048.0, 0.5), (2048.0, 4096.0, 0.5))
 TARGET_S = 30.0
+WARM_START_TRIALS = load_settings(env={}).tuner.warm_start.trials  # the planner's default
 
 
 def reference_lru(block_lists: list[list[int]], capacity: int) -> int:

@@ -64,9 +64,8 @@ class SeenSketch:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
         byte_idx, bit = self._positions(hashes.astype(np.uint64, copy=False))
-        seen = self._seen(byte_idx, bit)
+        seen, young_had = self._seen(byte_idx, bit)
         young = self._gens[-1]
-        young_had = ((young[byte_idx] & bit) != 0).all(axis=1)
         np.bitwise_or.at(young, byte_idx.ravel(), bit.ravel())
         self._young_count += int(hashes.shape[0] - np.count_nonzero(young_had))
         if self._young_count >= self.capacity:
@@ -76,14 +75,15 @@ class SeenSketch:
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
-        return self._seen(*self._positions(hashes.astype(np.uint64, copy=False)))
+        return self._seen(*self._positions(hashes.astype(np.uint64, copy=False)))[0]
 
-    def _seen(self, byte_idx: np.ndarray, bit: np.ndarray) -> np.ndarray:
-        """Whether every probe bit of each hash is set in any generation."""
-        seen = np.zeros(byte_idx.shape[0], dtype=bool)
+    def _seen(self, byte_idx: np.ndarray, bit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether every probe bit of each hash is set in any generation, and in the young one."""
+        seen: np.ndarray | None = None
         for gen in self._gens:
-            seen |= ((gen[byte_idx] & bit) != 0).all(axis=1)
-        return seen
+            had = ((gen[byte_idx] & bit) != 0).all(axis=1)
+            seen = had if seen is None else seen | had
+        return seen, had  # type: ignore[return-value]  # there is always one generation at least
 
     def _rotate(self) -> None:
         self._gens.append(np.zeros(self.bits // 8, dtype=np.uint8))

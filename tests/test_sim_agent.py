@@ -67,7 +67,9 @@ def test_without_kv_events_the_planning_workload_is_the_fitted_fallback() -> Non
     assert agent.kv is None and isinstance(agent.workload, FittedHistory) and agent.workload.kind == "fitted"
 
 
-def test_the_harness_hands_the_tuner_agent_objects_only(served, monkeypatch) -> None:
+def test_the_harness_wiring_hands_the_tuner_agent_objects_only(served, monkeypatch) -> None:
+    """`tuner_for` by default (run_live still overrides the planning workload with the served
+    stream: see there)."""
     # structurally: neither the builder nor the harness's tuner wiring takes a workload frame
     for fn in (build_tuning, sim_run.tuner_for):
         hints = typing.get_type_hints(fn)

@@ -34,7 +34,7 @@ from tuners.space import DeploymentLimits, SearchSpace
 
 PODS = 16
 RATE_PER_POD = 4.0
-WINDOW_S = 3600.0
+SPAN_S = 3600.0
 MIX = ((1024.0, 2048.0, 0.5), (2048.0, 4096.0, 0.5))
 TARGET_S = 30.0
 WARM_START_TRIALS = load_settings(env={}).tuner.warm_start.trials  # the planner's default
@@ -67,11 +67,11 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     ws = load_settings(env={}).tuner.warm_start
     observed = ObservedWorkload(PODS * RATE_PER_POD, MIX, 0.5)
-    frame, note = capped_workload(observed, duration_s=WINDOW_S, max_requests=ws.max_requests,
+    frame, note = capped_workload(observed, duration_s=SPAN_S, max_requests=ws.max_requests,
                                   max_block_refs=ws.max_block_refs, seed=0)
     blocks = frame["hash_ids"].to_list()
     refs = sum(len(b) for b in blocks)
-    print(f"window: {WINDOW_S:.0f} s of {PODS} pods at {RATE_PER_POD:g} req/s each -> {frame.height:,} requests, "
+    print(f"window: {SPAN_S:.0f} s of {PODS} pods at {RATE_PER_POD:g} req/s each -> {frame.height:,} requests, "
           f"{refs:,} block references ({note or 'within the caps'})")
     cluster = ClusterSpec(pods=PODS)
     limits = DeploymentLimits()
@@ -99,7 +99,7 @@ def main() -> None:
 def uncapped(observed: ObservedWorkload, cluster: ClusterSpec, limits: DeploymentLimits) -> None:
     from contracts.knobs import DEFAULT_KNOBS
 
-    frame, _ = capped_workload(observed, duration_s=WINDOW_S, max_requests=None, max_block_refs=None, seed=0)
+    frame, _ = capped_workload(observed, duration_s=SPAN_S, max_requests=None, max_block_refs=None, seed=0)
     blocks = frame["hash_ids"].to_list()
     refs = sum(len(b) for b in blocks)
     c0 = time.process_time()

@@ -148,11 +148,12 @@ def tuner_for(settings: AgentSettings, agent: SimAgent, fleet: TwinFleet, cluste
 
 
 def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool = False,
-             deployment: Deployment | None = None) -> LiveRun:
+             deployment: Deployment | None = None, planning: str = "served") -> LiveRun:
     """The agent's tuner with the deployment's settings (default: the demo's, `tuner.yaml`) against
     the twin fleet on a simulated clock (dry_run: the start held). The frame drives the fleet
     only; every `tuner.step_interval_s` the in-process agent scrapes the pods, then the
-    controller steps on the agent's drift signals."""
+    controller steps on the agent's drift signals. `planning`: served (the planner replays the
+    served stream) or agent (the agent's planning workload: rebuilt, or fitted without KV events)."""
     deployment = deployment or demo_deployment(cluster.pods, seed)
     settings = deployment.settings
     t = settings.tuner
@@ -162,7 +163,7 @@ def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool
     # the planner replays the served stream: on the rebuilt one the chunk scenario's restart is not
     # found (tests/test_tuner_restarts.py), which is not understood yet
     tuning = tuner_for(settings, agent, fleet, cluster, deployment, lambda: clock[0], dry_run=dry_run,
-                       workload=ServedFrame(wl))
+                       workload=ServedFrame(wl) if planning == "served" else None)
     ctl = tuning.new_controller()
     starts = wl.phase_starts_s
     end_knobs: list[Knobs] = []

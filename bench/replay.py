@@ -16,11 +16,13 @@ import os
 import resource
 import sys
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
+
+from reference_lru import reference_lru
 
 from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec
@@ -35,20 +37,6 @@ def shared_dir() -> Path:
     env = os.environ.get("TIERPILOT_SHARED")
     return Path(env) if env else ROOT.parent / "shared"
 
-
-def reference_lru(block_lists: list[list[int]], capacity: int) -> int:
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for blocks in block_lists:
-        for h in blocks:
-            if h in cache:
-                cache.move_to_end(h)
-                hits += 1
-            else:
-                cache[h] = None
-                if len(cache) > capacity:
-                    cache.popitem(last=False)
-    return hits
 
 
 def best_of(fn, repeats: int = REPEATS) -> tuple[float, float, object]:

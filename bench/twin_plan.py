@@ -19,10 +19,12 @@ import logging
 import statistics
 import sys
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
+
+from reference_lru import reference_lru
 
 from agent.runtime.tuning.build import restart_space
 from agent.runtime.workload_fit import ObservedWorkload, capped_workload
@@ -39,20 +41,6 @@ MIX = ((1024.0, 2048.0, 0.5), (2048.0, 4096.0, 0.5))
 TARGET_S = 30.0
 WARM_START_TRIALS = load_settings(env={}).tuner.warm_start.trials  # the planner's default
 
-
-def reference_lru(block_lists: list[list[int]], capacity: int) -> int:
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for blocks in block_lists:
-        for h in blocks:
-            if h in cache:
-                cache.move_to_end(h)
-                hits += 1
-            else:
-                cache[h] = None
-                if len(cache) > capacity:
-                    cache.popitem(last=False)
-    return hits
 
 
 def main() -> None:

@@ -47,6 +47,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _range_free(base: int, n: int) -> bool:
+    """Whether ports base .. base + n - 1 on 127.0.0.1 could all be bound a moment ago."""
+    socks: list[socket.socket] = []
+    try:
+        for i in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", base + i))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port_range(n: int) -> int:
     """A base port on 127.0.0.1 with n consecutive ports free a moment ago (vLLM's data-parallel
     ranks publish KV events on port + rank)."""
@@ -54,18 +70,8 @@ def free_port_range(n: int) -> int:
         base = free_port()
         if base + n >= 65535:
             continue
-        socks: list[socket.socket] = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
+        if _range_free(base, n):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
@@ -82,18 +88,8 @@ def fixed_port_range(n: int, seed: int | None = None) -> int:
     rng = random.Random(seed)
     for _ in range(200):
         base = rng.randrange(10000, max(low - n, 10001))
-        socks: list[socket.socket] = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
+        if _range_free(base, n):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     raise RuntimeError(f"no {n} consecutive free ports below {low}")
 
 

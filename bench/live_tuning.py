@@ -20,7 +20,7 @@ Workloads: `demo`, `shift`, `mooncake` (emulator.demo.sim_run) and the restart s
 emulator.demo.scenarios (`cpu_hot`, `cpu_hot_nol2`, `chunk`, `l2_evict`, `short`).
 
     TIERPILOT_SHARED=../shared .venv/bin/python bench/live_tuning.py [--seeds 5] [--workloads demo,cpu_hot] [--jobs 2]
-        [--workload-source served|rebuilt|fitted]
+        [--workload-source rebuilt|fitted|served]
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def with_kv_events(dep: Deployment, on: bool) -> Deployment:
     return dataclasses.replace(dep, settings=dep.settings.model_copy(update={"kv_events": kv}))
 
 
-def run_one(name: str, seed: int, quick: bool, plans: bool, source: str = "served") -> Outcome:
+def run_one(name: str, seed: int, quick: bool, plans: bool, source: str = "rebuilt") -> Outcome:
     logging.disable(logging.WARNING)
     t0 = time.perf_counter()
     sc = load(name, seed)
@@ -137,9 +137,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="quick mode: the ceiling from 8 static configurations")
     ap.add_argument("--plans", action="store_true", help="print every priced candidate of every plan")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (each is one core) [1]")
-    ap.add_argument("--workload-source", choices=("served", "rebuilt", "fitted"), default="served",
-                    help="what the planner replays: the stream the fleet served [served], the block stream the "
-                         "agent rebuilt from the KV events, or the fallback fitted to the scraped counters")
+    ap.add_argument("--workload-source", choices=("served", "rebuilt", "fitted"), default="rebuilt",
+                    help="what the planner replays: the block stream the agent rebuilt from the KV events "
+                         "[rebuilt], the fallback fitted to the scraped counters, or (a comparison only) the "
+                         "stream the fleet served")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     names = [w for w in args.workloads.split(",") if w]

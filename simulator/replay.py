@@ -17,7 +17,7 @@ import polars as pl
 from contracts.events import EventSink
 from contracts.knobs import Knobs
 from simulator import fastloop
-from simulator.chunking import chunk_hash_array
+from simulator.chunking import BLOCK_TOKENS, chunk_hash_array, chunk_hash_table
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import MissTotals
 from simulator.profile import HardwareProfile
@@ -188,6 +188,14 @@ def workload_chunks(
     return flat.tolist(), offsets.tolist(), cold.tolist(), fresh.tolist()
 
 
+def _event_blocks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int], list[int]] | None:
+    """The 512-token block hashes of every request (flat, offsets) that the events announce for
+    chunks above 512 tokens (simulator.twin_events); None at 512 tokens or less."""
+    if chunk_tokens <= BLOCK_TOKENS:
+        return None
+    return chunk_hash_table(workload["hash_ids"].to_list(), workload["input_length"].to_list(), BLOCK_TOKENS)
+
+
 def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
     """The result rows as a frame (built column by column: a third of the time of orient="row")."""
     if not rows:
@@ -249,9 +257,11 @@ def replay(
         process = twin._process
         rows = []
         append = rows.append
+        fine = _event_blocks(frame, knobs.chunk_tokens) if event_sink is not None else None
         for i in range(total):
+            blocks = fine[0][fine[1][i]:fine[1][i + 1]] if fine is not None else None
             append(process(times[i], prompts[i], outputs[i], flat[offsets[i]:offsets[i + 1]], sessions[i], cold[i],
-                           fresh[i]))
+                           fresh[i], blocks))
             if progress is not None and i % step == 0:
                 progress(i, total)
     elapsed = time.perf_counter() - t0

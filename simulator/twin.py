@@ -96,6 +96,7 @@ class Twin:
         self.cluster = cluster
         self.profile: HardwareProfile = cluster.hardware if profile is None else get_profile(profile)
         self._sink = event_sink
+        self._chunk_blocks: dict[int, tuple[int, ...]] = {}  # announced 512-token blocks of a chunk above 512
         self._pods = [_Pod(name) for name in cluster.names]
         self._index = {name: i for i, name in enumerate(cluster.names)}
         self._l2: Policy | None = None
@@ -149,14 +150,14 @@ class Twin:
         if capacity <= 0:
             if tier is not None and pod is not None and self._sink and len(tier):
                 for h in tier.keys_in_order():
-                    self._sink(BlockRemoved(self._now, pod, (h,), medium))
+                    self._sink(BlockRemoved(self._now, pod, self._chunk_blocks.get(h, (h,)), medium))
             return None
         new = LRU(capacity) if policy == "lru" else make_policy(policy, capacity)
         if tier is not None and len(tier):
             evicted = new.insert_many(tier.keys_in_order())
             if pod is not None and self._sink:
                 for h in evicted:
-                    self._sink(BlockRemoved(self._now, pod, (h,), medium))
+                    self._sink(BlockRemoved(self._now, pod, self._chunk_blocks.get(h, (h,)), medium))
         return new
 
     def reconfigure(self, knobs: Knobs) -> None:
@@ -211,8 +212,10 @@ class Twin:
                 f"input_length {request.input_length}"
             )
         chunks = chunk_hashes(request.hash_ids, request.input_length, self._chunk)
+        blocks = (chunk_hashes(request.hash_ids, request.input_length, BLOCK_TOKENS)
+                  if self._sink is not None and self._chunk > BLOCK_TOKENS else None)
         row = self._process(request.timestamp_ms / 1000.0, request.input_length, request.output_length,
-                            chunks, request.session_id)
+                            chunks, request.session_id, blocks=blocks)
         return RequestOutcome(self._pods[row[0]].name, *row)
 
     def _lookup(self, pod: _Pod, chunks: list[int], l2: Policy | None, g: int = -1):
@@ -282,7 +285,7 @@ class Twin:
 
     def _process(
         self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None, cold: int = -1,
-        fresh: int = 0,
+        fresh: int = 0, blocks: list[int] | None = None,
     ) -> tuple:
         """The hot path: one request, returned as a row (see `replay.RESULT_SCHEMA`).
 
@@ -291,6 +294,8 @@ class Twin:
         `fresh`: the length of a suffix of `chunks` the caller knows to be new to the twin (distinct,
         in no earlier request), so resident in no tier: lookups stop before it and stores skip the
         membership checks. 0 = nothing known (always correct).
+        `blocks`: the prompt's 512-token block hashes, with an event sink and chunks above 512 tokens:
+        the events announce each chunk as its blocks (twin_events.emit_changes).
         """
         pods, router, c = self._pods, self._router, self._chunk
         self._now = now
@@ -362,7 +367,7 @@ class Twin:
         t = pod.totals
         l2_pool = self._l2
         if self._sink is not None:
-            l2_evicted = store_traced(self, pod, chunks, g, cpu_keys, l2_keys, computed)
+            l2_evicted = store_traced(self, pod, chunks, g, cpu_keys, l2_keys, computed, blocks)
         else:
             # chunks[known:] are in no tier: the tiers store them in bulk
             if gpu is not None:

@@ -1,10 +1,16 @@
 """The twin's tier updates with an event sink attached: the same stores as `Twin._process`,
-announcing each tier's net change per request as BlockStored / BlockRemoved events."""
+announcing each tier's net change per request as BlockStored / BlockRemoved events.
+
+A real engine announces its blocks at the engine's block size whatever the connector's chunk
+size. The twin's workloads identify prompts per 512 tokens (Mooncake `hash_ids`), so a chunk above
+512 tokens is announced as its 512-token blocks (hashes `chunking.chunk_hashes(hash_ids, length,
+512)`, chained to the block before); chunks of 512 tokens or less are announced as themselves."""
 from __future__ import annotations
 
 from typing import Any, Protocol
 
 from contracts.events import BlockRemoved, BlockStored, EventSink
+from simulator.chunking import BLOCK_TOKENS
 from simulator.policies import Policy
 
 
@@ -28,11 +34,13 @@ class TracedTwin(Protocol):
     _sink: EventSink | None
     _now: float
     _chunk: int
+    _chunk_blocks: dict[int, tuple[int, ...]]  # the blocks announced for a chunk above 512 tokens
 
 
 def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
-                 computed: list[int]) -> int:
-    """The tier updates with an event sink: announce each tier's net change; returns L2 evictions."""
+                 computed: list[int], blocks: list[int] | None = None) -> int:
+    """The tier updates with an event sink: announce each tier's net change; returns L2 evictions.
+    `blocks`: the prompt's 512-token block hashes (chunks above 512 tokens are announced as them)."""
     t, n = pod.totals, len(chunks)
     gpu, cpu = pod.gpu, pod.cpu
     if gpu is not None:
@@ -43,7 +51,7 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
             evicted = gpu.insert_many(chunks[g:] if g else chunks)
             if evicted:
                 t.gpu_evicted_chunks += len(evicted)
-            emit_changes(twin, pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU")
+            emit_changes(twin, pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU", blocks)
     if cpu is not None:
         if cpu_keys:
             cpu.touch_many(cpu_keys)
@@ -58,7 +66,7 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
                 t.cpu_evict_events += 1
             batch = set(to_cpu)
             emit_changes(twin, pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
-                               evicted, cpu, "CPU")
+                         evicted, cpu, "CPU", blocks)
     l2_pool = twin._l2
     l2_evicted = 0
     if l2_pool is not None:
@@ -71,20 +79,22 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
     return l2_evicted
 
 def emit_changes(twin: TracedTwin, pod: str, chunks: list[int], batch_pos, fresh: set[int], evicted: list[int],
-                  tier: Policy, medium: str) -> None:
+                 tier: Policy, medium: str, blocks: list[int] | None = None) -> None:
     """Announce one request's net change to a tier: removals first, then stores.
 
     Removed: victims that were resident before the request (one hash per event). Stored: one
     BlockStored per contiguous run of the request's chunks that are resident now and were
     not before (or were evicted and stored again by this request). A chunk stored and evicted
-    by the same request is not announced at all.
+    by the same request is not announced at all. With `blocks` (chunks above 512 tokens) each
+    chunk is announced as its 512-token blocks: a removed chunk removes its blocks.
     """
     sink, now, c = twin._sink, twin._now, twin._chunk
     assert sink is not None
+    known = twin._chunk_blocks
     gone: set[int] = set()
     for h in evicted:
         if h not in fresh and h not in gone:  # a victim can be re-stored and evicted again in one batch
-            sink(BlockRemoved(now, pod, (h,), medium))
+            sink(BlockRemoved(now, pod, known.get(h, (h,)), medium))
         gone.add(h)
     new_pos = [i for i in batch_pos if chunks[i] in tier and (chunks[i] in fresh or chunks[i] in gone)]
     i = 0
@@ -92,7 +102,14 @@ def emit_changes(twin: TracedTwin, pod: str, chunks: list[int], batch_pos, fresh
         j = i
         while j + 1 < len(new_pos) and new_pos[j + 1] == new_pos[j] + 1:
             j += 1
-        first = new_pos[i]
-        parent = chunks[first - 1] if first else None
-        sink(BlockStored(now, pod, tuple(chunks[first:new_pos[j] + 1]), parent, c, medium))
+        first, last = new_pos[i], new_pos[j]
+        if blocks is None:
+            parent = chunks[first - 1] if first else None
+            sink(BlockStored(now, pod, tuple(chunks[first:last + 1]), parent, c, medium))
+        else:
+            k = c // BLOCK_TOKENS
+            for x in range(first, last + 1):
+                known[chunks[x]] = tuple(blocks[x * k:(x + 1) * k])
+            parent = blocks[first * k - 1] if first else None
+            sink(BlockStored(now, pod, tuple(blocks[first * k:(last + 1) * k]), parent, BLOCK_TOKENS, medium))
         i = j + 1

@@ -23,7 +23,7 @@ from agent.kvevents.rebuild.layout import block_ids, to_frame
 from agent.kvevents.settings import EndpointSpec, KvEventsSettings, RebuildSpec
 from contracts.knobs import Knobs
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
-from simulator.chunking import chunk_hashes
+from simulator.chunking import BLOCK_TOKENS, chunk_hashes
 from simulator.cluster import ClusterSpec
 from simulator.records import WORKLOAD_SCHEMA, check_workload
 from simulator.synthetic import synthetic
@@ -47,13 +47,18 @@ def _served(preset: str, chunk: int, *, restart: bool, sink=None, cluster: dict 
     return twin, sent
 
 
+def _announced(chunk: int) -> int:
+    """The block size the twin announces: its chunk, or 512-token blocks for chunks above 512."""
+    return min(chunk, BLOCK_TOKENS)
+
+
 def _expected(sent, chunk: int) -> collections.Counter:
-    """(pod, chain) of every request that stored at least one block on its GPU."""
+    """(pod, chain of announced blocks) of every request that stored at least one chunk on its GPU."""
     out: collections.Counter = collections.Counter()
     for row, outcome in sent:
-        chain = tuple(chunk_hashes(row["hash_ids"], row["input_length"], chunk))
-        if outcome.gpu_hit_tokens < len(chain) * chunk:
-            out[(outcome.pod, chain)] += 1
+        n = row["input_length"] // chunk
+        if outcome.gpu_hit_tokens < n * chunk:
+            out[(outcome.pod, tuple(chunk_hashes(row["hash_ids"], n * chunk, _announced(chunk))))] += 1
     return out
 
 
@@ -136,9 +141,9 @@ def test_rebuilt_frame_replays_the_same_chunks(chunk: int) -> None:
     frame = to_frame(r, output_tokens=200)
     assert frame.schema == pl.Schema(WORKLOAD_SCHEMA)
     _ids, _offsets, tokens = block_ids(r, 16)
-    assert (tokens == r.lengths * chunk).all()
+    assert (tokens == r.lengths * _announced(chunk)).all()
     # the rebuilt prompt's chunks are a renaming of the engine's blocks: equal exactly where they are equal
-    rebuilt = [tuple(chunk_hashes(list(h), n, chunk)) for h, n in zip(frame["hash_ids"].to_list(),
+    rebuilt = [tuple(chunk_hashes(list(h), n, _announced(chunk))) for h, n in zip(frame["hash_ids"].to_list(),
                                                                        frame["input_length"].to_list(), strict=True)]
     originals = [tuple(int(x) for x in r.chain(i)) for i in np.argsort(r.ts, kind="stable")]
     rename: dict[int, int] = {}

@@ -68,8 +68,7 @@ def test_without_kv_events_the_planning_workload_is_the_fitted_fallback() -> Non
 
 
 def test_the_harness_wiring_hands_the_tuner_agent_objects_only(served, monkeypatch) -> None:
-    """`tuner_for` by default (run_live still overrides the planning workload with the served
-    stream: see there)."""
+    """`tuner_for` by default, as run_live calls it (see the test below)."""
     # structurally: neither the builder nor the harness's tuner wiring takes a workload frame
     for fn in (build_tuning, sim_run.tuner_for):
         hints = typing.get_type_hints(fn)
@@ -100,3 +99,56 @@ def test_a_rebuilt_prompt_s_partial_last_block_gets_a_hash_of_its_own() -> None:
     got = covered(frame)["hash_ids"].to_list()
     assert got[1] == [5, 6] and got[0][:4] == [1, 2, 3, 4] == got[2][:4]  # stored blocks untouched
     assert len(got[0]) == len(got[2]) == 5 and got[0][4] != got[2][4] >= TAIL_HASH_BASE  # shared with nothing
+
+
+class _Built(Exception):
+    """Stops run_live once it has handed the builder its inputs."""
+
+
+def _frames_in(obj, depth: int = 8, seen: set[int] | None = None) -> list[str]:
+    """Where a polars frame (or a demo workload, which holds one) is reachable from `obj`: through
+    attributes, dataclass fields, containers, partials, closures and bound methods."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth < 0 or isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, (pl.DataFrame, pl.LazyFrame, pl.Series)) or type(obj).__name__ == "DemoWorkload":
+        return [type(obj).__name__]
+    children: list = []
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        children = list(obj)[:64]
+    else:
+        children = list(getattr(obj, "__dict__", {}).values())
+        children += [getattr(obj, n, None) for n in getattr(type(obj), "__slots__", ()) if isinstance(n, str)]
+        children += [getattr(obj, n, None) for n in ("func", "args", "keywords", "__self__")]
+        children += [c.cell_contents for c in (getattr(obj, "__closure__", None) or ()) if c.cell_contents is not c]
+    return [f"{type(obj).__name__}>{hit}" for child in children for hit in _frames_in(child, depth - 1, seen)]
+
+
+def _inputs_run_live_builds(monkeypatch, **kw) -> TuningIO:
+    got: list[TuningIO] = []
+
+    def capture(settings, io):
+        got.append(io)
+        raise _Built
+
+    monkeypatch.setattr(sim_run, "build_tuning", capture)
+    wl, cluster = build_workload(SPAN_S, 7), ClusterSpec(pods=2)
+    with pytest.raises(_Built):
+        sim_run.run_live(wl, cluster, 7, **kw)
+    (io,) = got
+    return io
+
+
+def test_run_live_hands_the_tuner_no_workload_frame(monkeypatch) -> None:
+    """By default the harness's tuner plans on the agent's workload: no frame in any of its inputs
+    (the fleet, which serves the frame, is the actuator only)."""
+    io = _inputs_run_live_builds(monkeypatch)
+    assert isinstance(io.workload, PreferRebuilt)
+    inputs = {f.name: getattr(io, f.name) for f in dataclasses.fields(TuningIO) if f.name != "actuator"}
+    assert {name: hits for name, v in inputs.items() if (hits := _frames_in(v))} == {}
+    # the walk finds a frame where there is one: the served-stream comparison hands it the frame
+    served_io = _inputs_run_live_builds(monkeypatch, planning="served")
+    assert _frames_in(served_io.workload)

@@ -222,3 +222,51 @@ def test_events_replay_to_the_twins_residency():
     for pod in twin.pod_names:
         for medium in ("GPU", "CPU"):
             assert state.get((pod, medium), set()) == twin.resident(pod, medium)
+
+
+def test_chunks_above_512_tokens_are_announced_as_their_512_token_blocks():
+    """At chunk 1024 the events announce 512-token blocks (a real engine announces its own block
+    size whatever the chunk size): stored blocks chained to the prompt's block before, a removed
+    chunk removes its two blocks, replaying them gives the blocks of the twin's resident chunks,
+    and the twin's results are the same as without a sink."""
+    from simulator.chunking import chunk_hashes
+
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 5, 6, 7], [8, 9], [1, 2, 10, 11], [12, 13, 14, 15], [1, 2, 3, 4, 16, 17],
+               [1, 2, 3, 4, 16, 17, 18, 19], [20, 21, 22, 23, 24, 25, 26, 27]]
+    requests = [req(i * 1000, p, input_length=512 * len(p) - 100) for i, p in enumerate(prompts * 3)]
+    blocks_of: dict[int, tuple[int, ...]] = {}  # each chunk's 512-token blocks, from the prompts
+    parent_of: dict[int, int | None] = {}
+    for r in requests:
+        chunks = chunk_hashes(r.hash_ids, r.input_length, 1024)
+        blocks = chunk_hashes(r.hash_ids, r.input_length, 512)
+        for j, h in enumerate(chunks):
+            blocks_of[h] = tuple(blocks[2 * j:2 * j + 2])
+        parent_of.update({b: (blocks[i - 1] if i else None) for i, b in enumerate(blocks)})
+    cluster = ClusterSpec(pods=2, gpu_tokens=2 * 1024, l2_tokens=40 * 1024)
+    knobs = Knobs(chunk_tokens=1024, cpu_gib=0.75)  # 6 chunks, then 3 (the shrink removes chunks)
+    events: list = []
+    twin, plain = Twin(cluster, knobs, event_sink=events.append), Twin(cluster, knobs)
+    outcomes = []
+    for i, r in enumerate(requests):
+        if i == 9:
+            twin.reconfigure(knobs.replace(cpu_gib=0.375))
+            plain.reconfigure(knobs.replace(cpu_gib=0.375))
+        outcomes.append((twin.submit(r), plain.submit(r)))
+    assert all(a == b for a, b in outcomes)
+    state: dict[tuple[str, str], set[int]] = {}
+    removed = 0
+    for e in events:
+        if isinstance(e, BlockStored):
+            assert e.block_size == 512 and len(e.block_hashes) % 2 == 0
+            assert e.parent_block_hash == parent_of[e.block_hashes[0]]
+            assert all(parent_of[b] == a for a, b in zip(e.block_hashes, e.block_hashes[1:]))
+            state.setdefault((e.pod, e.medium), set()).update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            assert len(e.block_hashes) == 2
+            removed += 1
+            state[(e.pod, e.medium)] -= set(e.block_hashes)
+    assert removed > 0
+    for pod in twin.pod_names:
+        for medium in ("GPU", "CPU"):
+            want = {b for h in twin.resident(pod, medium) for b in blocks_of[h]}
+            assert state.get((pod, medium), set()) == want

@@ -138,7 +138,7 @@ def tuner_for(settings: AgentSettings, agent: SimAgent, fleet: TwinFleet, cluste
     """The agent's tuning stack over the in-process agent: its inputs are agent objects only (the
     window source, calibration points and planning workload of `agent`); the fleet is the
     actuator, the deployment's space and restart rule bound it, the twin is the fleet's spec.
-    `workload`: another planning workload (run_live: the served stream, see there)."""
+    `workload`: another planning workload (run_live planning="served": the served stream)."""
     return build_tuning(settings, TuningIO(
         actuator=fleet, space=deployment.space(), window_source=agent.window_source,
         workload=workload if workload is not None else agent.workload,
@@ -148,20 +148,19 @@ def tuner_for(settings: AgentSettings, agent: SimAgent, fleet: TwinFleet, cluste
 
 
 def run_live(wl: DemoWorkload, cluster: ClusterSpec, seed: int, *, dry_run: bool = False,
-             deployment: Deployment | None = None, planning: str = "served") -> LiveRun:
+             deployment: Deployment | None = None, planning: str = "agent") -> LiveRun:
     """The agent's tuner with the deployment's settings (default: the demo's, `tuner.yaml`) against
     the twin fleet on a simulated clock (dry_run: the start held). The frame drives the fleet
     only; every `tuner.step_interval_s` the in-process agent scrapes the pods, then the
-    controller steps on the agent's drift signals. `planning`: served (the planner replays the
-    served stream) or agent (the agent's planning workload: rebuilt, or fitted without KV events)."""
+    controller steps on the agent's drift signals. `planning`: agent (the agent's planning
+    workload: rebuilt from the block stream, or fitted without KV events) or served (the planner
+    replays the served stream: a comparison for bench/live_tuning.py only)."""
     deployment = deployment or demo_deployment(cluster.pods, seed)
     settings = deployment.settings
     t = settings.tuner
     clock = [0.0]
     agent = SimAgent(settings, model=MODEL_NAME, clock=lambda: clock[0], scrape_interval_s=t.step_interval_s)
     fleet = sim_fleet(wl, cluster, deployment, agent, dry_run=dry_run)
-    # the planner replays the served stream: on the rebuilt one the chunk scenario's restart is not
-    # found (tests/test_tuner_restarts.py), which is not understood yet
     tuning = tuner_for(settings, agent, fleet, cluster, deployment, lambda: clock[0], dry_run=dry_run,
                        workload=ServedFrame(wl) if planning == "served" else None)
     ctl = tuning.new_controller()

@@ -61,9 +61,12 @@ def backfill_instants(now: float, window_s: float, interval_s: float, earliest: 
 
 
 def first_sample_query(group: RoleGroup, window_s: float, interval_s: float) -> str:
-    """When Prometheus first scraped any of the group's targets within the window (`up`)."""
-    return (f"min(min_over_time(timestamp({group.up_query()})"
-            f"[{max(1, math.ceil(window_s))}s:{max(1, math.ceil(interval_s))}s]))")
+    """When Prometheus first scraped any of the group's targets within the window (`up`). The
+    subquery's steps sit on multiples of its resolution in absolute time, so a resolution of the
+    scrape interval would see nothing of a Prometheus younger than one step: the resolution is
+    the window over 300 steps (1 s for the default window), never coarser than the interval."""
+    step = max(1, min(math.ceil(interval_s), math.ceil(window_s / 300)))
+    return f"min(min_over_time(timestamp({group.up_query()})[{max(1, math.ceil(window_s))}s:{step}s]))"
 
 
 class AggregatedResult(GroupResult):

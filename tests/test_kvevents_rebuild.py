@@ -47,6 +47,20 @@ def _served(preset: str, chunk: int, *, restart: bool, sink=None, cluster: dict 
     return twin, sent
 
 
+def served_counted(cluster: dict) -> tuple[list, list, dict]:
+    """The RAG workload served at chunk 256: its block events, the sent requests, and each pod's
+    request, prompt-token and GPU-hit counters."""
+    events: list = []
+    twin, sent = _served("rag", 256, restart=False, sink=events.append, cluster=cluster)
+    counts = {}
+    for p in PODS:
+        c = twin.pod_counters(p)
+        counts[p] = PodRequests(c['vllm:request_success_total{finished_reason="length"}'],
+                                c["vllm:prompt_tokens_total"], c["vllm:prefix_cache_hits_total"])
+    return events, sent, counts
+
+
+
 def _announced(chunk: int) -> int:
     """The block size the twin announces: its chunk, or 512-token blocks for chunks above 512."""
     return min(chunk, BLOCK_TOKENS)

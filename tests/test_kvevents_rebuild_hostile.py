@@ -19,7 +19,7 @@ from agent.kvevents.wire import Batch, Stored
 from contracts.knobs import Knobs
 from simulator.capacity import tier_curves
 from simulator.cluster import ClusterSpec
-from tests.test_kvevents_rebuild import PODS, _feed, _served
+from tests.test_kvevents_rebuild import _feed, served_counted
 
 SPEC = RebuildSpec()
 CLUSTER = {"gpu_tokens": 60_000, "cpu_tokens": 60_000, "l2_tokens": 0}
@@ -27,14 +27,7 @@ CLUSTER = {"gpu_tokens": 60_000, "cpu_tokens": 60_000, "l2_tokens": 0}
 
 @pytest.fixture(scope="module")
 def honest():
-    events: list = []
-    twin, sent = _served("rag", 256, restart=False, sink=events.append, cluster=CLUSTER)
-    counts = {}
-    for p in PODS:
-        c = twin.pod_counters(p)
-        counts[p] = PodRequests(c['vllm:request_success_total{finished_reason="length"}'],
-                                c["vllm:prompt_tokens_total"], c["vllm:prefix_cache_hits_total"])
-    return events, sent, counts
+    return served_counted(CLUSTER)
 
 
 def _flood(recorder: BlockRecorder, kind: str, root: int, seconds: float, seed: int = 5) -> int:

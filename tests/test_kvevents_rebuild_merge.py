@@ -9,12 +9,12 @@ import collections
 import msgspec
 import pytest
 
-from agent.kvevents.rebuild import BlockRecorder, PodRequests, RebuiltHistory
+from agent.kvevents.rebuild import BlockRecorder, RebuiltHistory
 from agent.kvevents.rebuild.chains import rebuild
 from agent.kvevents.rebuild.log import sampled
 from agent.kvevents.rebuild.merge import MergedHistory, StateError, decode_state, encode_state, window_state
 from agent.kvevents.settings import RebuildSpec
-from tests.test_kvevents_rebuild import PODS, _feed, _got, _served
+from tests.test_kvevents_rebuild import PODS, _feed, _got, served_counted
 
 CLUSTER = {"gpu_tokens": 60_000, "cpu_tokens": 60_000, "l2_tokens": 100_000}
 SPEC = RebuildSpec()
@@ -22,13 +22,7 @@ SPEC = RebuildSpec()
 
 @pytest.fixture(scope="module")
 def served():
-    events: list = []
-    twin, _sent = _served("rag", 256, restart=False, sink=events.append, cluster=CLUSTER)
-    counts = {}
-    for p in PODS:
-        c = twin.pod_counters(p)
-        counts[p] = PodRequests(c['vllm:request_success_total{finished_reason="length"}'],
-                                c["vllm:prompt_tokens_total"], c["vllm:prefix_cache_hits_total"])
+    events, _sent, counts = served_counted(CLUSTER)
     return events, counts
 
 

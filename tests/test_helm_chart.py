@@ -137,6 +137,8 @@ def test_rbac_covers_every_target_kind_the_code_maps():
             t["container"] = "vllm"
         if m.takes_effect == "restart-workloads":
             t["restart"] = [{"kind": "Deployment", "name": f"dep-{i}"}, {"kind": "StatefulSet", "name": f"sts-{i}"}]
+        if kind in ("deployment-env", "lmcache-configmap"):  # what the pods take through envFrom / valueFrom
+            t["env_sources"] = [{"name": f"env-{i}"}, {"kind": "Secret", "name": f"keys-{i}"}]
         targets.append(t)
     values = {"actuation": {"targets": targets}}
     settings = settings_from_mapping({"namespace": NAMESPACE, "targets": targets})
@@ -147,8 +149,14 @@ def test_rbac_covers_every_target_kind_the_code_maps():
         patched = {n for r in roles for rule in r["rules"] if "patch" in rule["verbs"] for n in rule["resourceNames"]}
         routers = {t["name"] for t in targets if t["kind"] in ("router-configmap", "vllm-router-args", "hyperpod-iec")}
         assert patched == {"all": {n for r in roles for rule in r["rules"] if rule.get("resourceNames")
-                                   and rule["resources"] != ["leases"] for n in rule["resourceNames"]},
+                                   and rule["resources"] != ["leases"] for n in rule["resourceNames"]
+                                   if not n.startswith(("env-", "keys-"))},
                            "hot": routers, "none": set()}[writes]
+        sources = {(rule["resources"][0], n) for r in roles for rule in r["rules"]
+                   if rule["resources"] in (["secrets"], ["configmaps"]) for n in rule["resourceNames"]
+                   if n.startswith(("env-", "keys-"))}
+        assert len(sources) == 4 and all(rule["verbs"] == ["get"] for r in roles for rule in r["rules"]
+                                         if rule["resources"] == ["secrets"]), writes  # read, never written
     proc = helm("template", RELEASE, str(CHART), "--set-json", 'actuation={"targets":[{"kind":"nope","name":"x"}]}')
     assert proc.returncode != 0 and 'unknown kind "nope"' in proc.stderr
 

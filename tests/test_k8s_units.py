@@ -164,7 +164,7 @@ def test_iec_pointer_plan_result_is_valid_against_the_crd(shared_dir):
 
 
 def test_restart_annotation_strategic_merge_matches_kubectl():
-    from agent.k8s.actuator import _restart_patch
+    from agent.k8s.writes import restart_patch as _restart_patch
 
     obj = deployment("vllm")
     set_patch = _restart_patch(obj, "abc123")

@@ -50,6 +50,7 @@ RESOURCES: dict[str, ResourceInfo] = {
     "Deployment": ResourceInfo("apps", "v1", "deployments"),
     "StatefulSet": ResourceInfo("apps", "v1", "statefulsets"),
     "ConfigMap": ResourceInfo("", "v1", "configmaps"),
+    "Secret": ResourceInfo("", "v1", "secrets"),  # read only: envFrom key names, a named valueFrom key
     "InferenceEndpointConfig": ResourceInfo("inference.sagemaker.aws.amazon.com", "v1", "inferenceendpointconfigs"),
     "Lease": ResourceInfo("coordination.k8s.io", "v1", "leases"),
     "Event": ResourceInfo("", "v1", "events"),
@@ -187,6 +188,7 @@ class KubeApi:
             "Deployment": lambda: self.apps.read_namespaced_deployment(ref.name, ref.namespace, **kw),
             "StatefulSet": lambda: self.apps.read_namespaced_stateful_set(ref.name, ref.namespace, **kw),
             "ConfigMap": lambda: self.core.read_namespaced_config_map(ref.name, ref.namespace, **kw),
+            "Secret": lambda: self.core.read_namespaced_secret(ref.name, ref.namespace, **kw),
         }
         fn = calls.get(ref.kind) or (lambda: self.custom.get_namespaced_custom_object(
             ref.info.group, ref.info.version, ref.namespace, ref.info.plural, ref.name, **kw))

@@ -67,6 +67,9 @@ def required_rules(settings: ActuationSettings, *, pod_watch: bool = True, write
             raise ValueError(f"target {spec.name}: namespace {spec.namespace} differs from {settings.namespace}; "
                              f"one Role per namespace")
         info = RESOURCES[mappings[spec.kind].resource]
+        for src in spec.env_sources:  # what the pods take from them is read, never written
+            sinfo = RESOURCES[src.kind]
+            named[(sinfo.group, sinfo.plural)][src.name].add("get")
         if not writable(spec, mappings[spec.kind], writes):
             named[(info.group, info.plural)][spec.name].add("get")  # what runs now, nothing more
             continue

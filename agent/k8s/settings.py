@@ -42,6 +42,13 @@ class WorkloadRef(_Frozen):
     name: str = Field(min_length=1)
 
 
+class EnvSourceRef(_Frozen):
+    """A ConfigMap or Secret the target's containers take variables from (`envFrom`, `valueFrom`)."""
+
+    kind: Literal["ConfigMap", "Secret"] = "ConfigMap"
+    name: str = Field(min_length=1)
+
+
 class TargetSpec(_Frozen):
     """One object the actuator patches."""
 
@@ -53,6 +60,9 @@ class TargetSpec(_Frozen):
     restart: tuple[WorkloadRef, ...] = Field((), description="Workloads rolled after a file change.")
     knobs: tuple[str, ...] | None = Field(None, description="Subset of the kind's knobs to own.")
     session_key: str | None = Field(None, description="router-configmap: written with routing_logic=session.")
+    env_sources: tuple[EnvSourceRef, ...] = Field(
+        (), description="ConfigMaps and Secrets the containers of this target (or of its `restart` workloads) take "
+                        "managed variables from: the Role grants get on each by name, so the agent reads what runs.")
 
     @field_validator("knobs")
     @classmethod

@@ -75,9 +75,10 @@ def decode(store: str, token: str, *, text: str = "") -> Any:
 
 
 # -- env (Deployment container env) ------------------------------------------------------------
-# The actuator adds the variables a container takes through `envFrom` to the object it read, under
-# this field: {variable: (value, or None when unknown (a Secret, an unreadable ConfigMap), origin)}.
-ENV_FROM_FIELD = "x-tierpilot-envfrom"
+# The actuator adds what the container's environment holds for the managed variables under this
+# field ({variable: envsources.EnvValue}, envsources.resolve_env: envFrom, env, valueFrom with
+# Kubernetes precedence). Without it only literal `env` values are read.
+ENV_FIELD = "x-tierpilot-env"
 
 
 def _container_index(obj: Mapping[str, Any], container: str | None, where: str) -> int:
@@ -105,18 +106,23 @@ def env_read(obj: Mapping[str, Any], keys: list[str], *, container: str | None, 
             raise StoreError(f"{where}: env {name} appears {len(at)} times (entries {', '.join(map(str, at))}); "
                              f"the container uses the last one: remove the duplicates, the agent will not edit "
                              f"an ambiguous env list")
-    for entry in env:
-        if entry.get("name") in out:
-            if "valueFrom" in entry:
-                raise StoreError(f"{where}: env {entry['name']} uses valueFrom; only literal values are managed")
-            out[entry["name"]] = str(entry.get("value", ""))
-    set_in_env = {e.get("name") for e in env}
-    for name, (value, origin) in (obj.get(ENV_FROM_FIELD) or {}).items():
-        if name in out and name not in set_in_env:  # `env` wins over `envFrom` (Kubernetes precedence)
-            if value is None:
-                raise StoreError(f"{where}: {name} may come from {origin} (envFrom), whose value the agent does "
-                                 f"not read; set {name} in the container's env, or grant get on that ConfigMap")
-            out[name] = value
+    resolved = obj.get(ENV_FIELD)
+    if resolved is None:
+        for entry in env:
+            if entry.get("name") in out:
+                if "valueFrom" in entry:
+                    raise StoreError(f"{where}: env {entry['name']} uses valueFrom; only literal values are managed")
+                out[entry["name"]] = str(entry.get("value", ""))
+        return out
+    for name in out:
+        found = resolved.get(name)
+        if found is None:
+            continue
+        if found.value is None:
+            verb = "comes from" if found.certain else "may come from"
+            raise StoreError(f"{where}: {name} {verb} {found.origin} and the agent cannot know its value: {found.why}; "
+                             f"set {name} as a literal value in the container's env")
+        out[name] = found.value
     return out
 
 
@@ -138,14 +144,18 @@ def env_plan(obj: Mapping[str, Any], tokens: Tokens, *, container: str | None, w
     for key, tok in changes.items():
         if key in index:
             j = index[key]
+            if "valueFrom" in env[j]:
+                origin = getattr((obj.get(ENV_FIELD) or {}).get(key), "origin", "valueFrom")
+                raise StoreError(f"{where}: cannot change {key}: it is set from {origin}; the agent edits literal "
+                                 f"values only: change it there, or make {key} a literal env value")
             ops.append(op_test(f"{base}/env/{j}", env[j]))
             if tok is None:
                 removes.append(j)
             else:
                 ops.append(op_replace(f"{base}/env/{j}/value", tok))
         elif tok is None:  # only envFrom sets it: an env entry cannot unset it
-            origin = (obj.get(ENV_FROM_FIELD) or {}).get(key, (None, "envFrom"))[1]
-            raise StoreError(f"{where}: cannot unset {key}: {origin} sets it through envFrom")
+            origin = getattr((obj.get(ENV_FIELD) or {}).get(key), "origin", "envFrom")
+            raise StoreError(f"{where}: cannot unset {key}: {origin} sets it")
         else:
             adds.append({"name": key, "value": tok})
     ops += [op_remove(f"{base}/env/{j}") for j in sorted(removes, reverse=True)]

@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.k8s import stores
 from agent.k8s.api import ObjectRef
+from agent.k8s.envsources import EnvValue
 from agent.k8s.mapping import KindMapping, RefusedValue, Setting
 from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION, Patch, resolve
 from agent.k8s.settings import ActuationSettings, TargetSpec
@@ -129,13 +130,18 @@ class Target:
             out.update({c: d for c, d in pairs.items() if d in self.knobs})
         return out
 
+    @property
+    def env_names(self) -> list[str]:
+        """The container variables that override this target's settings (LMCACHE_<KEY>), if any."""
+        prefix = self.mapping.overridden_by_env
+        return [prefix + s.key.upper() for s in self.settings] if prefix else []
+
     def env_overrides(self, obj: Mapping[str, Any], tokens: Mapping[str, str | None],
-                      workloads: Mapping[str, Mapping[str, Any]],
-                      env_from: Mapping[tuple[str, str, str], frozenset[str] | None] | None = None) -> list[str]:
-        """Settings this write changes that a container env var of a restart workload overrides
-        (LMCache applies LMCACHE_<KEY> after the file), as readable messages. A variable comes from
-        `env` or from an `envFrom` source: `env_from` maps (kind, namespace, name) of each source to
-        its key names (None: unknown, a Secret or an unreadable ConfigMap: fails closed)."""
+                      env_of: Mapping[str, Mapping[str, Mapping[str, EnvValue]]]) -> list[str]:
+        """Settings this write changes that a container variable of a restart workload overrides
+        (LMCache applies LMCACHE_<KEY> after the file), as readable messages. `env_of`: {workload:
+        {container: what sets each variable}} (envsources.workload_env: env, valueFrom, envFrom; a
+        source the agent could not read fails closed)."""
         prefix = self.mapping.overridden_by_env
         if not prefix:
             return []
@@ -145,18 +151,19 @@ class Target:
             if tokens.get(s.key, live[s.key]) == live[s.key]:
                 continue
             var = prefix + s.key.upper()
-            for name, wl in workloads.items():
-                ns = str(resolve(wl, "/metadata/namespace", "") or "")
-                for c in resolve(wl, "/spec/template/spec/containers", []) or []:
-                    if any(e.get("name") == var for e in c.get("env") or []):
-                        problems.append(f"{s.knob} ({s.key}): container {c.get('name')} of {name} sets {var}, "
-                                        f"which overrides the config file")
+            for name, containers in env_of.items():
+                for cname, found in containers.items():
+                    v = found.get(var)
+                    if v is None:
                         continue
-                    for kind, src, keys in envfrom_sources(c, ns, env_from or {}, var):
-                        verb = "takes" if keys is not None else "may take"
-                        why = "envFrom" if keys is not None else f"envFrom; {_UNKNOWN[kind]}"
-                        problems.append(f"{s.knob} ({s.key}): container {c.get('name')} of {name} {verb} {var} "
-                                        f"from {kind} {ns}/{src} ({why}), which overrides the config file")
+                    if v.origin == "env" or "(valueFrom" in v.origin:
+                        how = "sets " + var + ("" if v.origin == "env" else f" from {v.origin}")
+                    else:
+                        verb = "takes" if v.certain else "may take"
+                        origin = v.origin if v.certain else f"{v.origin.removesuffix(')')}; {v.why})"
+                        how = f"{verb} {var} from {origin}"
+                    problems.append(f"{s.knob} ({s.key}): container {cname} of {name} {how}, which overrides "
+                                    f"the config file")
         return problems
 
     # -- planning --
@@ -307,36 +314,6 @@ class Target:
         """Knobs whose live value differs from `desired` (e.g. reverted by an operator)."""
         live = self.knob_values(obj)
         return sorted(k for k, v in desired.items() if k in live and live[k] != v)
-
-
-_UNKNOWN = {"Secret": "the agent does not read Secrets", "ConfigMap": "it could not be read"}
-ENV_FROM_REFS = {"configMapRef": "ConfigMap", "secretRef": "Secret"}
-
-
-def envfrom_refs(container: Mapping[str, Any]) -> list[tuple[str, str, str, bool]]:
-    """(kind, name, prefix, optional) of each `envFrom` source of a container, in order."""
-    out = []
-    for entry in container.get("envFrom") or []:
-        for field, kind in ENV_FROM_REFS.items():
-            ref = entry.get(field)
-            if isinstance(ref, Mapping) and ref.get("name"):
-                out.append((kind, str(ref["name"]), str(entry.get("prefix") or ""), bool(ref.get("optional"))))
-    return out
-
-
-def envfrom_sources(container: Mapping[str, Any], namespace: str,
-                    keys_of: Mapping[tuple[str, str, str], frozenset[str] | None],
-                    var: str) -> list[tuple[str, str, frozenset[str] | None]]:
-    """The `envFrom` sources of a container that provide (keys known) or may provide (keys
-    unknown) the variable `var`: (kind, name, keys)."""
-    out = []
-    for kind, name, prefix, _optional in envfrom_refs(container):
-        if not var.startswith(prefix):
-            continue
-        keys = keys_of.get((kind, namespace, name))
-        if keys is None or var[len(prefix):] in keys:
-            out.append((kind, name, keys))
-    return out
 
 
 def workload_hash(obj: Mapping[str, Any]) -> str | None:

@@ -45,6 +45,7 @@ KIND_RESOURCES: dict[str, tuple[str, str, str]] = {
     "Deployment": ("apps", "v1", "deployments"),
     "StatefulSet": ("apps", "v1", "statefulsets"),
     "ConfigMap": ("", "v1", "configmaps"),
+    "Secret": ("", "v1", "secrets"),
     "Pod": ("", "v1", "pods"),
     "Event": ("", "v1", "events"),
     "Lease": ("coordination.k8s.io", "v1", "leases"),
@@ -170,6 +171,12 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
             if resource.plural == "statefulsets":
                 status["currentRevision"] = status["updateRevision"] = f"rev-{obj['metadata']['generation']}"
         return await self.store(resource, obj, "MODIFIED")
+
+    async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
+        """kmock names the core group's version "/v1"; kubectl needs "v1" to discover it."""
+        out = await super()._serve_version(request)
+        out["groupVersion"] = out["groupVersion"].lstrip("/")
+        return out
 
     # -- request handling --
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:

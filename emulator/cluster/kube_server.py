@@ -46,6 +46,10 @@ class KubeServer:
         self._stopped = self._loop.create_future()
         async with FaithfulEmulator(schemas=self._schemas) as emu, kmock.Server(emu) as server:
             self.emulator = emu
+            for kind, (group, version, plural) in KIND_RESOURCES.items():  # discovery, for kubectl
+                emu.resources[kmock.resource(group, version, plural)] = kmock.ResourceInfo(
+                    kind=kind, singular=kind.lower(), namespaced=True,
+                    verbs={"get", "list", "watch", "create", "update", "patch", "delete"})
             self.url = str(server.url).rstrip("/")
             self._ready.set()
             await self._stopped

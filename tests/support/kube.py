@@ -4,8 +4,12 @@ actuator tests.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
+import os
+import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +74,23 @@ def deployment(name: str, *, env: list[dict[str, Any]] | None = None, replicas: 
 
 def configmap(name: str, data: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS}, "data": dict(data)}
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    """A Secret with `data` base64-encoded, as the API stores it."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS}, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+
+
+def kubectl(server: KubeServer, *args: str) -> str:
+    """The real kubectl's stdout against `server` (namespace NS); a failure raises with its stderr."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = server.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=NS)
+        proc = subprocess.run([kubectl_path(), *args], capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, "KUBECONFIG": str(config)})
+    if proc.returncode != 0:
+        raise KubectlPatchError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
 
 
 def pod(name: str, app: str) -> dict[str, Any]:

@@ -73,15 +73,24 @@ app.kubernetes.io/component: agent
 {{/*
 The Role rules over the actuation targets, derived as agent/k8s/rbac.py does: get/patch/watch on
 each target the tuner may write (tierpilot.writes: tuner.apply when live, none while observing) by
-name, get/patch on each workload a change to it restarts; get only on a target it may not write.
+name, get/patch on each workload a change to it restarts; get only on a target it may not write;
+get on each ConfigMap/Secret named in a target's env_sources (what its pods take through envFrom/valueFrom).
 tests/test_helm_chart.py compares the result with required_rules() for every target kind.
 */}}
 {{- define "tierpilot.targetRules" -}}
 {{- $kinds := dict "deployment-env" (list "apps" "deployments") "lmcache-configmap" (list "" "configmaps") "router-configmap" (list "" "configmaps") "curvine-configmap" (list "" "configmaps") "hyperpod-iec" (list "inference.sagemaker.aws.amazon.com" "inferenceendpointconfigs") "vllm-router-args" (list "apps" "deployments") "lmcache-mp-args" (list "apps" "deployments") "vllm-offload-args" (list "apps" "deployments") "vllm-tiering-args" (list "apps" "deployments") -}}
 {{- $workloads := dict "Deployment" (list "apps" "deployments") "StatefulSet" (list "apps" "statefulsets") -}}
+{{- $sources := dict "ConfigMap" "configmaps" "Secret" "secrets" -}}
 {{- $writes := include "tierpilot.writes" . -}}
 {{- range .Values.actuation.targets }}
 {{- $r := get $kinds .kind | required (printf "actuation.targets: unknown kind %q (valid: %s)" .kind (keys $kinds | sortAlpha | join ", ")) }}
+{{- range .env_sources }}
+{{- $s := get $sources (.kind | default "ConfigMap") | required (printf "actuation.targets env_sources: unknown kind %q (valid: ConfigMap, Secret)" .kind) }}
+- apiGroups: [""]
+  resources: [{{ $s }}]
+  resourceNames: [{{ .name | quote }}]
+  verbs: [get]
+{{- end }}
 - apiGroups: [{{ index $r 0 | quote }}]
   resources: [{{ index $r 1 }}]
   resourceNames: [{{ .name | quote }}]

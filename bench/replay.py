@@ -5,8 +5,10 @@ routing, 512-token chunks (the trace's own block size, so the twin looks up exac
 chunks per request as the reference looks up blocks; chunk 256 is printed for context).
 Reference (same process, same trace): a single-tier OrderedDict LRU over the trace's block
 hashes, sized like the twin's total capacity. Times are CPU seconds (process_time), best of
-5, because the machine is shared; wall times are printed too. The twin runs the written-out
-batch loop of `simulator/fastloop.py` here (see docs/twin.md, "Performance").
+5, because the machine is shared; wall times are printed too. The twin runs the compiled batch
+loop of `simulator/kernel.py` here (see docs/twin.md, "Performance"); the first call of a process
+loads it from numba's cache (or compiles it), timed once on a small workload and printed apart.
+PASS when the twin is within TARGET (3x) of the reference at 512-token chunks.
 
 Run: .venv/bin/python bench/replay.py   (trace from $TIERPILOT_SHARED or ../shared)
 """
@@ -31,6 +33,7 @@ from simulator.workload import load_trace
 
 TRACE = "mooncake_fast25_conversation_trace.jsonl"
 REPEATS = 5
+TARGET = 3.0  # twin / reference at the bar's 512-token chunks
 
 
 def shared_dir() -> Path:
@@ -58,6 +61,9 @@ def main() -> None:
     blocks = df["hash_ids"].to_list()
     n_blocks = sum(len(b) for b in blocks)
     cluster = ClusterSpec(pods=4)
+    c0 = time.process_time()
+    replay(df.head(50), cluster, Knobs(chunk_tokens=512, router="prefixaware"))
+    print(f"first replay of the process (loads or compiles the kernel): {time.process_time() - c0:.2f} s CPU")
     results = {}
     for chunk in (512, 256):
         knobs = Knobs(chunk_tokens=chunk, router="prefixaware")
@@ -81,7 +87,9 @@ def main() -> None:
               f"TTFT p50 {s['ttft_p50_s']:.1f} s: 4 L40S pods are overloaded by this trace)")
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS: {rss_mib:,.0f} MiB (target < 1,024 MiB)")
-    print(f"SUMMARY ratio@512={results[512]:.2f}x ratio@256={results[256]:.2f}x peak_rss_mib={rss_mib:.0f}")
+    verdict = "PASS" if results[512] <= TARGET else "FAIL"
+    print(f"SUMMARY ratio@512={results[512]:.2f}x ratio@256={results[256]:.2f}x peak_rss_mib={rss_mib:.0f} "
+          f"target@512<={TARGET:g}x {verdict}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import polars as pl
 
 from contracts.events import EventSink
 from contracts.knobs import Knobs
-from simulator import fastloop
+from simulator import fastloop, kernel
 from simulator.chunking import BLOCK_TOKENS, chunk_hash_array, chunk_hash_table
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import MissTotals
@@ -157,11 +157,11 @@ class ReplayResult:
 
 def workload_chunks(
     workload: pl.DataFrame, chunk_tokens: int, *, dense: bool = False
-) -> tuple[list[int], list[int], list[int], list[int]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """All chunk hashes of a (checked, arrival-ordered) workload frame.
 
-    Returns (flat list of hashes, offsets per request, cold chunks per request, fresh suffix per
-    request). A request's cold chunks are those whose hash appears for the first time in the
+    Returns arrays: (flat hashes (int64 ids when dense, else uint64), offsets per request, cold chunks per request, fresh suffix
+    per request). A request's cold chunks are those whose hash appears for the first time in the
     workload. Its fresh suffix is its cold count when those chunks are exactly the last ones of
     the prompt (always so with chained hashes), else 0: the engine may then treat them as resident
     nowhere and remembered by no router. `dense`: replace each hash by a small integer (0 .. number
@@ -185,7 +185,7 @@ def workload_chunks(
     cold = cum[offsets[1:]] - cum[offsets[:-1]]
     suffix = cum[offsets[1:]] - cum[offsets[1:] - cold] == cold
     fresh = np.where(suffix, cold, 0)
-    return flat.tolist(), offsets.tolist(), cold.tolist(), fresh.tolist()
+    return flat, offsets, cold, fresh
 
 
 def _event_blocks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int], list[int]] | None:
@@ -202,6 +202,18 @@ def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
         return pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
     return pl.DataFrame([pl.Series(name, col, dtype=dtype)
                          for (name, dtype), col in zip(RESULT_SCHEMA.items(), zip(*rows), strict=True)])
+
+
+_INT_COLUMNS = ("pod_index", "prompt_tokens", "gpu_hit_tokens", "cpu_hit_tokens", "l2_hit_tokens", "computed_tokens",
+                "cold_tokens", "capacity_tokens", "routing_tokens", "tail_tokens")  # kernel.run's column order
+_FLOAT_COLUMNS = ("time_s", "queue_delay_s", "ttft_s", "l2_read_s", "l2_write_s")
+
+
+def _columns_frame(ints: np.ndarray, floats: np.ndarray) -> pl.DataFrame:
+    """The compiled kernel's result columns as a frame (RESULT_SCHEMA's order and types)."""
+    cols = {name: ints[:, j] for j, name in enumerate(_INT_COLUMNS)}
+    cols.update({name: floats[:, j] for j, name in enumerate(_FLOAT_COLUMNS)})
+    return pl.DataFrame([pl.Series(name, cols[name]).cast(dtype) for name, dtype in RESULT_SCHEMA.items()])
 
 
 def _first_seen_ids(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,18 +254,24 @@ def replay(
     frame = check_workload(workload)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
     # hash values only matter to events: without a sink the twin runs on dense ids
-    flat, offsets, cold, fresh = workload_chunks(frame, knobs.chunk_tokens, dense=event_sink is None)
+    arrays = workload_chunks(frame, knobs.chunk_tokens, dense=event_sink is None)
     times = [ms / 1000.0 for ms in frame["timestamp_ms"].to_list()]  # exactly as Twin.submit does
     prompts = frame["input_length"].to_list()
     outputs = frame["output_length"].to_list()
     sessions = frame["session_id"].to_list()
     total = len(times)
     step = max(total // 200, 1)
-    fast = fastloop.supports(twin)
+    compiled = kernel.supports(twin)
+    fast = compiled or fastloop.supports(twin)
     t0 = time.perf_counter()
-    if fast:  # the common policies written out in one loop (identical results)
+    rows: list[tuple] = []
+    if compiled:  # the same loop compiled, over arrays (identical results)
+        columns = kernel.run(twin, times, prompts, outputs, *arrays, sessions, progress)
+    elif fast:  # the common policies written out in one loop (identical results)
+        flat, offsets, cold, fresh = (a.tolist() for a in arrays)
         rows = fastloop.run(twin, times, prompts, outputs, flat, offsets, cold, fresh, sessions, progress)
     else:
+        flat, offsets, cold, fresh = (a.tolist() for a in arrays)
         process = twin._process
         rows = []
         append = rows.append
@@ -267,7 +285,7 @@ def replay(
     elapsed = time.perf_counter() - t0
     if progress is not None:
         progress(total, total)
-    out = _rows_frame(rows)
+    out = _columns_frame(*columns) if compiled else _rows_frame(rows)
     names = list(twin.pod_names)
     out = out.with_columns(
         pod=pl.col("pod_index").replace_strict(list(range(len(names))), names, return_dtype=pl.String),

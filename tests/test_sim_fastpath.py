@@ -7,8 +7,9 @@
   written-out loop of `simulator.fastloop` where it applies) against request-by-request
   `Twin.submit` (real hashes, no workload knowledge), for every CPU/L2 policy and router: same
   per-request rows and the same fleet counters.
-- `simulator.fastloop` against the general engine on the same dense ids, for disabled tiers,
-  one pod, watermarks and the L2 prompt threshold.
+- The compiled kernel (`simulator.kernel`) and `simulator.fastloop` against the general engine
+  on the same dense ids, for disabled tiers, one pod, watermarks and the L2 prompt threshold;
+  the kernel leaves the twin's state as the general engine does.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.knobs import Knobs
-from simulator import fastloop
+from simulator import fastloop, kernel
 from simulator.cluster import ClusterSpec
 from simulator.policies import FIFO, LRU
-from simulator.replay import RESULT_SCHEMA, replay
+from simulator.replay import RESULT_SCHEMA, replay, workload_chunks
 from simulator.twin import Twin
 from simulator.workload import iter_requests, synthetic
 
@@ -184,20 +185,57 @@ FAST_SHAPES = [  # (pods, capacities, knob changes): every one runs through fast
 
 
 @pytest.mark.parametrize(("pods", "caps", "changes"), FAST_SHAPES)
-def test_fast_loop_equals_general_engine(pods, caps, changes, monkeypatch):
+def test_fast_loops_equal_general_engine(pods, caps, changes, monkeypatch):
+    """The compiled kernel, the written-out Python loop and `Twin._process` give the same results."""
     df = synthetic("shift", seed=7, duration_s=60, rate_rps=5.0)
     cluster = ClusterSpec(pods=pods, **{"gpu_tokens": 24 * 512, "cpu_tokens": 16 * 512, "l2_tokens": 120 * 512,
                                         **caps})
     knobs = Knobs(chunk_tokens=256, router="prefixaware").replace(**changes)
     calls = []
-    real_run = fastloop.run
-    monkeypatch.setattr(fastloop, "run", lambda *a, **kw: calls.append(1) or real_run(*a, **kw))
-    fast = replay(df, cluster, knobs)
-    assert calls == [1]
+    real_kernel, real_loop = kernel.run, fastloop.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **kw: calls.append("kernel") or real_kernel(*a, **kw))
+    monkeypatch.setattr(fastloop, "run", lambda *a, **kw: calls.append("loop") or real_loop(*a, **kw))
+    compiled = replay(df, cluster, knobs)
+    assert calls == ["kernel"]
+    monkeypatch.setattr(kernel, "supports", lambda twin: False)
+    loop = replay(df, cluster, knobs)
+    assert calls == ["kernel", "loop"]
     monkeypatch.setattr(fastloop, "supports", lambda twin: False)
     general = replay(df, cluster, knobs)
-    assert calls == [1]
-    assert _outputs(fast) == _outputs(general)
+    assert calls == ["kernel", "loop"]
+    assert _outputs(compiled) == _outputs(general)
+    assert _outputs(loop) == _outputs(general)
+
+
+def test_kernel_leaves_the_twin_as_the_general_engine_does():
+    """After a batch replay the compiled kernel's twin holds what `Twin._process` leaves: tiers in
+    recency order, router memory, requests in flight, pod queues (progress reported as before)."""
+    df = synthetic("shift", seed=3, duration_s=60, rate_rps=5.0)
+    cluster = ClusterSpec(pods=3, gpu_tokens=24 * 512, cpu_tokens=16 * 512, l2_tokens=120 * 512)
+    knobs = Knobs(chunk_tokens=256, router="prefixaware")
+    frame = df.sort("timestamp_ms")
+    flat, offsets, cold, fresh = workload_chunks(frame, 256, dense=True)
+    args = ([ms / 1000.0 for ms in frame["timestamp_ms"].to_list()], frame["input_length"].to_list(),
+            frame["output_length"].to_list())
+    compiled, general = Twin(cluster, knobs), Twin(cluster, knobs)
+    assert kernel.supports(compiled)
+    seen: list[tuple[int, int]] = []
+    kernel.run(compiled, *args, flat, offsets, cold, fresh, frame["session_id"].to_list(),
+               lambda i, n: seen.append((i, n)))
+    for i in range(frame.height):
+        general._process(args[0][i], args[1][i], args[2][i], flat[offsets[i]:offsets[i + 1]].tolist(), None,
+                         int(cold[i]), int(fresh[i]))
+    step = max(frame.height // 200, 1)
+    assert seen == [(i, frame.height) for i in range(0, frame.height, step)]
+    assert not kernel.supports(compiled)  # it has served: the compiled loop starts only from scratch
+    for p, q in zip(compiled._pods, general._pods, strict=True):
+        assert p.gpu.keys_in_order() == q.gpu.keys_in_order() and p.cpu.keys_in_order() == q.cpu.keys_in_order()
+        assert p.free_at == q.free_at
+    assert compiled._l2.keys_in_order() == general._l2.keys_in_order()
+    assert compiled._router._seen == general._router._seen and compiled._router._last == general._router._last
+    assert sorted(compiled._heap) == sorted(general._heap) and compiled._loads == general._loads
+    assert compiled._now == general._now and compiled.evictions() == general.evictions()
+    assert compiled.l2_counters() == general.l2_counters()
 
 
 def test_fast_loop_declines_what_it_does_not_model():

@@ -33,24 +33,25 @@ class PayloadError(ValueError):
 
 
 # -- normalised records handed to the index -----------------------------------------------------
-@dataclasses.dataclass(slots=True)
-class Stored:
-    hashes: list[int]  # uint64, prefix order
-    parent: int | None
-    block_size: int
-    medium: str  # normalised: upper case, None -> "GPU"
-    group: int | None
+# The map encoding (vLLM >= 0.24) decodes straight into these (one C call per batch, token ids
+# skipped, wire names renamed); the other encodings are converted into them. `medium` is
+# normalised after decoding (`decode_payload`). gc=False: a record holds a list of ints and a
+# string, it cannot be part of a reference cycle.
+class Stored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    hashes: list[U64] = msgspec.field(name="block_hashes")  # uint64, prefix order
+    parent: U64 | None = msgspec.field(default=None, name="parent_block_hash")
+    block_size: int = 0
+    medium: Any = None  # normalised: upper case, None -> "GPU" (a str once decoded)
+    group: int | None = msgspec.field(default=None, name="group_idx")
 
 
-@dataclasses.dataclass(slots=True)
-class Removed:
-    hashes: list[int]
-    medium: str
-    group: int | None
+class Removed(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
+    hashes: list[U64] = msgspec.field(name="block_hashes")
+    medium: Any = None
+    group: int | None = msgspec.field(default=None, name="group_idx")
 
 
-@dataclasses.dataclass(slots=True)
-class Cleared:
+class Cleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type", gc=False):
     pass
 
 
@@ -133,24 +134,6 @@ class _ArrCleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True):
     pass
 
 
-class _MapStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
-    block_hashes: list[U64]
-    parent_block_hash: U64 | None = None
-    block_size: int = 0
-    medium: Any = None
-    group_idx: int | None = None
-
-
-class _MapRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
-    block_hashes: list[U64]
-    medium: Any = None
-    group_idx: int | None = None
-
-
-class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
-    pass
-
-
 Hash = int | bytes  # signed ints (vLLM <= 0.10.1 `builtin` hash) and digests: normalised after decoding
 
 
@@ -188,7 +171,7 @@ class _LooseMapRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
 
 class _LooseMapBatch(msgspec.Struct, array_like=True):
     ts: float
-    events: list[_LooseMapStored | _LooseMapRemoved | _MapCleared]
+    events: list[_LooseMapStored | _LooseMapRemoved | Cleared]
     data_parallel_rank: int | None = None
 
 
@@ -200,7 +183,7 @@ class _LooseArrBatch(msgspec.Struct, array_like=True):
 
 class _MapBatch(msgspec.Struct, array_like=True):
     ts: float
-    events: list[_MapStored | _MapRemoved | _MapCleared]
+    events: list[Stored | Removed | Cleared]
     data_parallel_rank: int | None = None
 
 
@@ -233,17 +216,31 @@ _RAW_MAP_DECODER = msgspec.msgpack.Decoder(_RawMapBatch)
 _ANY_DECODER = msgspec.msgpack.Decoder()
 
 
-def _from_struct(ev: Any) -> Event:
-    if isinstance(ev, (_MapStored, _ArrStored)):
+def _from_array(ev: Any) -> Event:
+    if isinstance(ev, _ArrStored):
         return Stored(ev.block_hashes, ev.parent_block_hash, ev.block_size,
                       normalize_medium(ev.medium), ev.group_idx)
-    if isinstance(ev, (_MapRemoved, _ArrRemoved)):
+    if isinstance(ev, _ArrRemoved):
         return Removed(ev.block_hashes, normalize_medium(ev.medium), ev.group_idx)
     return Cleared()
 
 
+def _from_array_all(events: list[Any]) -> list[Event]:
+    return [_from_array(e) for e in events]
+
+
+def _normalise_media(events: list[Event]) -> list[Event]:
+    """Normalise `medium` in place on records decoded straight from the map encoding."""
+    for ev in events:
+        if type(ev) is not Cleared:
+            m = ev.medium  # type: ignore[union-attr]
+            if type(m) is not str or m not in KNOWN_MEDIA:
+                ev.medium = normalize_medium(m)  # type: ignore[union-attr]
+    return events
+
+
 def _from_loose(ev: Any) -> Event:
-    """Like `_from_struct`, normalising signed and bytes hashes (raises ValueError on an empty
+    """Like `_from_array`, normalising signed and bytes hashes (raises ValueError on an empty
     digest, which sends the batch to the event-by-event path)."""
     if isinstance(ev, (_LooseMapStored, _LooseArrStored)):
         parent = ev.parent_block_hash
@@ -358,14 +355,14 @@ def peek_ts(payload: bytes) -> float:
 def decode_payload(payload: bytes, topic: bytes = b"", seq: int = 0) -> Batch:
     """Decode one batch payload in either encoding. Raises PayloadError if the batch itself is
     unusable; unknown or malformed events inside a usable batch are counted in `rejected`."""
-    for decoder in (_MAP_DECODER, _ARR_DECODER):
+    for decoder, events in ((_MAP_DECODER, _normalise_media), (_ARR_DECODER, _from_array_all)):
         try:
             b = decoder.decode(payload)
         except msgspec.ValidationError:
             continue
         except msgspec.DecodeError as exc:
             raise PayloadError(str(exc)) from exc
-        return Batch(topic, seq, b.ts, b.data_parallel_rank, [_from_struct(e) for e in b.events], {})
+        return Batch(topic, seq, b.ts, b.data_parallel_rank, events(b.events), {})
     for decoder in (_LOOSE_MAP_DECODER, _LOOSE_ARR_DECODER):
         try:
             b = decoder.decode(payload)

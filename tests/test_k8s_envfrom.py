@@ -149,12 +149,47 @@ def test_an_lmcache_file_change_sees_secret_key_names(kube):
     kube.put(secret("lmcache-secrets", {"CHUNK_SIZE": "512", "REMOTE_AUTH": "t0k"}))
     kube.put(_vllm([{"secretRef": {"name": "lmcache-secrets"}, "prefix": "LMCACHE_"}]))
     act = actuator_for(kube, TARGET, FakeTime())
-    with pytest.raises(PermanentActuationError, match=r"container vllm of Deployment llm/vllm takes "
-                                                      r"LMCACHE_CHUNK_SIZE from Secret llm/lmcache-secrets \(envFrom\)"):
-        act.apply(act.current().replace(chunk_tokens=1024))
-    _unchanged(kube)
-    act.apply(act.current().replace(cpu_gib=8.0))  # LMCACHE_MAX_LOCAL_CPU_SIZE is not among its keys
+    # the Secret sets LMCACHE_CHUNK_SIZE, whose value the agent does not read: what runs is unknown
+    with pytest.raises(PermanentActuationError, match=r"cannot tell what runs for chunk_tokens \(chunk_size\): container "
+                                                      r"vllm of Deployment llm/vllm takes LMCACHE_CHUNK_SIZE from Secret "
+                                                      r"llm/lmcache-secrets \(envFrom\), and the agent cannot know its "
+                                                      r"value: .*leave chunk_tokens out of this target's knobs"):
+        act.current()
+    # a target that owns only knobs none of its keys overrides tunes them
+    act = actuator_for(kube, [{**TARGET[0], "knobs": ["cpu_gib", "cpu_eviction"]}], FakeTime())
+    act.apply(act.current().replace(cpu_gib=8.0))
     assert "max_local_cpu_size: 8.0" in kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"]
+
+
+def test_an_lmcache_file_overridden_by_a_variable_reports_the_variable(kube):
+    """LMCache runs LMCACHE_<KEY> over the file: current() reports it, an apply of what runs
+    writes nothing, mark_good and rollback leave the file as it was."""
+    kube.put(configmap("lmcache-config", {"lmcache.yaml": TEXT}))
+    kube.put(configmap("lmcache-env", {"LMCACHE_MAX_LOCAL_CPU_SIZE": "40"}))
+    kube.put(_vllm([{"configMapRef": {"name": "lmcache-env"}}]))
+    act = actuator_for(kube, TARGET, FakeTime())
+    live = act.current()
+    assert (live.cpu_gib, live.chunk_tokens) == (40.0, 256)
+    assert not act.apply(live).applied
+    act.mark_good(live)
+    act.apply(live.replace(chunk_tokens=512))
+    assert act.current() == live.replace(chunk_tokens=512)
+    act.rollback()
+    assert kube.get("ConfigMap", NS, "lmcache-config")["data"]["lmcache.yaml"] == TEXT and act.current() == live
+    label = "lmcache-configmap/llm/lmcache-config"
+    assert act.guard.handle(label, kube.get("ConfigMap", NS, "lmcache-config")) == "ok"  # no false drift
+
+
+def test_restart_workloads_that_run_different_values_are_reported(kube):
+    kube.put(configmap("lmcache-config", {"lmcache.yaml": TEXT}))
+    kube.put(_vllm([]))
+    b = deployment("vllm-b", env=[{"name": "LMCACHE_MAX_LOCAL_CPU_SIZE", "value": "40"}])
+    kube.put(b)
+    act = actuator_for(kube, [{**TARGET[0], "restart": [{"name": "vllm"}, {"name": "vllm-b"}]}], FakeTime())
+    with pytest.raises(PermanentActuationError, match=r"the restart workloads run different max_local_cpu_size: "
+                                                      r"Deployment llm/vllm the file's, Deployment llm/vllm-b "
+                                                      r"LMCACHE_MAX_LOCAL_CPU_SIZE=40"):
+        act.current()
 
 
 # -- env[].valueFrom -------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.k8s import envsources
 from agent.k8s.api import KubeApi
 from agent.k8s.backoff import Backoff
 from agent.k8s.events import EventRecorder
@@ -21,7 +20,7 @@ from agent.k8s.patches import LAST_GOOD_ANNOTATION, annotations_patch
 from agent.k8s.reapply import ReapplyGuard
 from agent.k8s.rollout import ASSESSORS, wait_for_rollout
 from agent.k8s.settings import ActuationSettings
-from agent.k8s.targets import LastGood, Target, workload_hash
+from agent.k8s.targets import ENV_OF_FIELD, LastGood, Target, workload_hash
 from agent.k8s.writes import Writer, Written, rolled
 from contracts.actuator import (
     ActuationError,
@@ -255,9 +254,7 @@ class KubernetesActuator:
             if tokens != t.read_tokens(obj):
                 t.check_preconditions(obj)
             if t.mapping.overridden_by_env:
-                env_of = {str(r): envsources.workload_env(self.api.read, self.writer.read(r, t), t.env_names)
-                          for r in t.restart_refs}
-                problems = t.env_overrides(obj, tokens, env_of)
+                problems = t.env_overrides(obj, tokens, obj.get(ENV_OF_FIELD) or {})
                 if problems:
                     raise RefusedConfigError(
                         f"{t.where}: refusing a config-file change that environment variables would silently "

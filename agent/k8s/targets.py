@@ -8,7 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agent.k8s import stores
+import yaml
+
+from agent.k8s import stores, textconf
 from agent.k8s.api import ObjectRef
 from agent.k8s.envsources import EnvValue
 from agent.k8s.mapping import KindMapping, RefusedValue, Setting
@@ -18,6 +20,9 @@ from contracts.actuator import PermanentActuationError, RefusedConfigError
 from contracts.knobs import Knobs
 
 SESSION_KEY = "session_key"
+# The actuator attaches to an `overridden_by_env` target's object what the containers of its restart
+# workloads set: {workload: {container: {variable: envsources.EnvValue}}} (envsources.workload_env).
+ENV_OF_FIELD = "x-tierpilot-restart-env"
 LAST_GOOD_VERSION = 1
 
 
@@ -92,9 +97,13 @@ class Target:
         """The knob values the live object expresses (absent settings read as the component default)."""
         tokens = self.read_tokens(obj)
         text = self._text(obj)
+        env = self.env_in_force(obj)
         out: dict[str, Any] = {}
         for s in self.settings:
             tok = tokens[s.key]
+            if s.key in env:  # what runs is the variable LMCache applies over the file
+                out[s.knob] = s.from_component(self._env_component(s, env[s.key]))
+                continue
             override = self._override(s, obj)
             if override is None and tok is None and s.default is None:
                 continue  # absent and no known default (e.g. LMCache MP --l1-size-gb): not read here
@@ -166,6 +175,51 @@ class Target:
                                     f"the config file")
         return problems
 
+    def env_in_force(self, obj: Mapping[str, Any]) -> dict[str, str]:
+        """{setting key: the LMCACHE_<KEY> value the restart workloads run instead of the file's},
+        from what the actuator attached (ENV_OF_FIELD: {workload: {container: variables}}). What
+        runs must be one known value: a variable whose value cannot be known, or workloads that
+        run different values, raise (never a guess)."""
+        env_of = obj.get(ENV_OF_FIELD)
+        if not env_of:
+            return {}
+        out: dict[str, str] = {}
+        for s in self.settings:
+            var = self.mapping.overridden_by_env + s.key.upper()
+            runs: dict[str, str | None] = {}  # workload -> its value (None: the file's)
+            for wl, containers in env_of.items():
+                values: set[str] = set()
+                for cname, found in containers.items():
+                    v = found.get(var)
+                    if v is not None and v.value is None:
+                        raise PermanentActuationError(
+                            f"{self.where}: cannot tell what runs for {s.knob} ({s.key}): container {cname} of {wl} "
+                            f"{'takes' if v.certain else 'may take'} {var} from {v.origin}, and the agent cannot "
+                            f"know its value: {v.why}; set {var} in a ConfigMap or in env, or leave {s.knob} out of "
+                            f"this target's knobs")
+                    values |= {v.value} if v is not None and v.value is not None else set()
+                if len(values) > 1:
+                    raise PermanentActuationError(f"{self.where}: the containers of {wl} set {var} to different "
+                                                  f"values ({', '.join(sorted(values))})")
+                runs[wl] = next(iter(values), None)
+            if set(runs.values()) - {None}:
+                if len(set(runs.values())) > 1:
+                    raise PermanentActuationError(
+                        f"{self.where}: the restart workloads run different {s.key}: " + ", ".join(
+                            f"{wl} {var}={v}" if v is not None else f"{wl} the file's" for wl, v in runs.items()))
+                out[s.key] = next(v for v in runs.values() if v is not None)
+        return out
+
+    def _env_component(self, s: Setting, value: str) -> Any:
+        """The component value of an overriding variable (read as LMCache reads its env: a scalar)."""
+        try:
+            parsed = textconf.yaml_value(value)
+            s.from_component(parsed)
+            return parsed
+        except (ValueError, TypeError, yaml.YAMLError) as exc:
+            raise PermanentActuationError(f"{self.where}: cannot read {s.knob} from "
+                                          f"{self.mapping.overridden_by_env}{s.key.upper()}={value!r}: {exc}") from None
+
     # -- planning --
     def check_preconditions(self, obj: Mapping[str, Any]) -> None:
         for ptr, expected in self.mapping.requires.items():
@@ -182,6 +236,7 @@ class Target:
         live = self.read_tokens(obj)
         text = self._text(obj)
         store = self.mapping.store
+        env = self.env_in_force(obj)
         out: dict[str, str | None] = {}
         for coupled, driver in self.coupled(obj).items():
             if getattr(knobs, coupled) != getattr(knobs, driver):
@@ -196,6 +251,9 @@ class Target:
                 raise RefusedConfigError(f"{self.where}: {exc}") from None
             if s.multiple_of is not None:
                 self._check_multiple(s, component, obj)
+            if s.key in env and s.same(self._env_component(s, env[s.key]), component):
+                out[s.key] = live[s.key]  # the variable already runs it: the file is not written
+                continue
             override = self._override(s, obj)
             if override is not None:
                 if s.same(float(override) * (s.scale or 1), component):

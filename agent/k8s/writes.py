@@ -23,7 +23,7 @@ from agent.k8s.patches import (
     template_annotations_patch,
 )
 from agent.k8s.settings import ActuationSettings
-from agent.k8s.targets import Target, workload_hash
+from agent.k8s.targets import ENV_OF_FIELD, Target, workload_hash
 from contracts.actuator import ActuationError, RetriableActuationError, TargetGoneError
 from contracts.knobs import Knobs
 
@@ -57,10 +57,16 @@ class Writer:
             raise RetriableActuationError(str(exc), delay_s=self.backoff.next_delay()) from None
 
     def with_env(self, t: Target, obj: dict[str, Any]) -> dict[str, Any]:
-        """The target's object with what its container's environment holds (env-store kinds)."""
-        if t.mapping.store != "env":
+        """The target's object with what the environment of the containers it configures holds:
+        its own container (env-store kinds), or those of its restart workloads, whose variables
+        override the file (`overridden_by_env`, targets.ENV_OF_FIELD)."""
+        if t.mapping.store == "env":
+            return envsources.with_env(self.api.read, obj, t.spec.container, t.keys)
+        if not t.mapping.overridden_by_env:
             return obj
-        return envsources.with_env(self.api.read, obj, t.spec.container, t.keys)
+        env_of = {str(r): envsources.workload_env(self.api.read, self.read(r, t), t.env_names)
+                  for r in t.restart_refs}
+        return {**obj, ENV_OF_FIELD: env_of}
 
     def send(self, t: Target, ref: ObjectRef, patch: Patch, dry: bool) -> dict[str, Any]:
         try:

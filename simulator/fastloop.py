@@ -37,7 +37,7 @@ _LOG_TYPES = (LRU, FIFO)
 
 def supports(twin: Twin) -> bool:
     """Whether `run` models this twin exactly (otherwise use `Twin._process`)."""
-    if twin._sink is not None:
+    if twin._sink is not None or twin._tail_first:
         return False
     if not isinstance(twin._router, (PrefixAwareRouter, RoundRobinRouter, SessionRouter)):
         return False
@@ -106,6 +106,7 @@ def run(
     attention_s, overhead_busy_s = twin._attention_s, twin._overhead_busy_s
     load_delay_s = twin._load_delay_s
     cpu_chunk_s, l2_chunk_s, l2_retrieve_s = twin._cpu_chunk_s, twin._l2_chunk_s, twin._l2_retrieve_s
+    cpu_fixed_s = twin._cpu_fixed_s
     w_chunk_s, w_byte_s, chunk_bytes = twin._w_chunk_s, twin._w_byte_s, twin._chunk_bytes
     l2_evicted_total = l2_runs = 0
     read_bytes = read_chunks = write_bytes = write_chunks = 0
@@ -373,6 +374,8 @@ def run(
         l2_read_s = 0.0
         if n_cpu:
             busy += n_cpu * cpu_chunk_s
+            if not n_l2:
+                extra += cpu_fixed_s
         if n_l2:
             l2_read_s = n_l2 * l2_chunk_s
             busy += l2_read_s

@@ -5,6 +5,7 @@ latency model is deliberately small and linear, so the calibration can be solved
 
     TTFT = queue delay + request_overhead
            + [l2_retrieve_overhead                                  if any chunk is read from L2]
+           + [cpu_load_overhead                       if any chunk is loaded from the CPU tier and none from L2]
            + cpu_chunks x cpu_load_chunk   + cpu_bytes / pcie_bytes_per_s        (CPU -> GPU load)
            + l2_chunks  x l2_read_chunk    + l2_bytes  / l2_read_bytes_per_s     (L2 read)
            + max(computed_tokens, 1) x prefill_s_per_token                        (prefill)
@@ -17,6 +18,12 @@ large model on a GPU (0 in the GPU profiles, and optional in a profile file) but
 model on a CPU (the `cpu-tiny-llama` profile, fitted on the real engine by bench/real_engine.py).
 
 L2 writes are asynchronous: their latency is observed but never added to TTFT.
+
+`cpu_load_overhead_s` (optional, default 0) is the fixed latency of a request that loads from the
+CPU tier: the scheduler steps an asynchronous load waits (vLLM's OffloadingConnector loads
+between steps). Like `l2_retrieve_overhead_s` it adds to that request's TTFT, not to the pod's busy
+time; a request that also reads L2 pays `l2_retrieve_overhead_s` alone, which covers its whole
+wait (the L2 path goes through the CPU tier).
 
 `overhead_busy_share` (optional, 0 to 1, default 0) is the part of `request_overhead` that holds
 the pod: on a GPU the API server's work (HTTP, tokenisation, scheduling) runs on host cores beside
@@ -36,7 +43,7 @@ import yaml
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "g6e-l40s"
-OPTIONAL_LATENCY = ("attention_s_per_token2", "overhead_busy_share")  # may be left out of a profile file (default 0)
+OPTIONAL_LATENCY = ("attention_s_per_token2", "overhead_busy_share", "cpu_load_overhead_s")  # may be left out of a profile file (default 0)
 SHARES = ("overhead_busy_share",)  # optional keys that are fractions (0 to 1)
 
 
@@ -58,6 +65,7 @@ class LatencyModel:
     l2_write_bytes_per_s: float
     attention_s_per_token2: float = 0.0  # optional: s per (computed token x token attended to)
     overhead_busy_share: float = 0.0  # optional: the part of request_overhead_s that holds the pod
+    cpu_load_overhead_s: float = 0.0  # optional: fixed latency of a request loading from the CPU tier
 
     @property
     def overhead_busy_s(self) -> float:

@@ -100,6 +100,7 @@ class Twin:
         self._pods = [_Pod(name) for name in cluster.names]
         self._index = {name: i for i, name in enumerate(cluster.names)}
         self._l2: Policy | None = None
+        self._tail_first = cluster.tail_first
         self._l2_totals = L2Totals()
         self._seen: set[int] = set()
         self._heap: list[tuple[float, float, int]] = []  # in flight: (end of decode, start of prefill, pod)
@@ -128,6 +129,7 @@ class Twin:
         self._cpu_chunk_s = lat.cpu_load_chunk_s + cb / lat.pcie_bytes_per_s  # one chunk CPU -> GPU
         self._l2_chunk_s = lat.l2_read_chunk_s + cb / lat.l2_read_bytes_per_s  # one chunk L2 read
         self._l2_retrieve_s = lat.l2_retrieve_overhead_s
+        self._cpu_fixed_s = lat.cpu_load_overhead_s
         self._w_chunk_s = lat.l2_write_chunk_s
         self._w_byte_s = 1.0 / lat.l2_write_bytes_per_s
         gpu_n, cpu_n, l2_n = (_chunks_of(caps.gpu_tokens, c), _chunks_of(caps.cpu_tokens, c),
@@ -268,7 +270,8 @@ class Twin:
         l2_read = lat.l2_read_s(l2_chunks, l2_chunks * cb)
         busy = (lat.cpu_load_s(cpu_chunks, cpu_chunks * cb) + l2_read + lat.prefill_s(computed_tokens, cached_tokens)
                 + lat.overhead_busy_s)
-        extra = lat.overhead_free_s + (lat.l2_retrieve_overhead_s if l2_chunks else 0.0)
+        extra = lat.overhead_free_s + (lat.l2_retrieve_overhead_s if l2_chunks else
+                                       lat.cpu_load_overhead_s if cpu_chunks else 0.0)
         return busy, l2_read, extra
 
     def _estimate(self, chunks: list[int], prompt: int, now: float) -> Callable[[int], float]:
@@ -370,18 +373,27 @@ class Twin:
             l2_evicted = store_traced(self, pod, chunks, g, cpu_keys, l2_keys, computed, blocks)
         else:
             # chunks[known:] are in no tier: the tiers store them in bulk
+            tail_first = self._tail_first
             if gpu is not None:
-                if g:
-                    gpu.touch_many(chunks[:g])
-                if g < n:
-                    evicted = gpu.insert_count(chunks[g:] if g else chunks, fresh)
+                if tail_first:  # the whole prompt, last chunk first: hits are touched, new chunks stored
+                    evicted = gpu.insert_count(chunks[::-1]) if n else 0
                     if evicted:
                         t.gpu_evicted_chunks += evicted
+                else:
+                    if g:
+                        gpu.touch_many(chunks[:g])
+                    if g < n:
+                        evicted = gpu.insert_count(chunks[g:] if g else chunks, fresh)
+                        if evicted:
+                            t.gpu_evicted_chunks += evicted
             if cpu is not None:
-                if n_cpu:
+                if n_cpu and not tail_first:
                     cpu.touch_many(cpu_keys)
-                if computed or n_l2:
-                    evicted = cpu.insert_count(l2_keys + computed if n_l2 else computed, fresh)
+                if tail_first and n_cpu and not (computed or n_l2):
+                    cpu.touch_many(cpu_keys[::-1])
+                elif computed or n_l2:
+                    evicted = (cpu.insert_count((cpu_keys + l2_keys + computed)[::-1]) if tail_first else
+                               cpu.insert_count(l2_keys + computed if n_l2 else computed, fresh))
                     t.cpu_stored_chunks += n_l2 + n - k
                     t.store_requests += 1
                     if evicted:
@@ -421,6 +433,8 @@ class Twin:
         l2_read_s = 0.0
         if n_cpu:
             busy += n_cpu * self._cpu_chunk_s
+            if not n_l2:
+                extra += self._cpu_fixed_s
         if n_l2:
             l2_read_s = n_l2 * self._l2_chunk_s
             busy += l2_read_s

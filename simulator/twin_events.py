@@ -35,6 +35,7 @@ class TracedTwin(Protocol):
     _now: float
     _chunk: int
     _chunk_blocks: dict[int, tuple[int, ...]]  # the blocks announced for a chunk above 512 tokens
+    _tail_first: bool
 
 
 def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
@@ -43,22 +44,25 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
     `blocks`: the prompt's 512-token block hashes (chunks above 512 tokens are announced as them)."""
     t, n = pod.totals, len(chunks)
     gpu, cpu = pod.gpu, pod.cpu
+    tail = twin._tail_first  # vLLM's order: the whole prompt, last chunk first (ClusterSpec.tail_first)
     if gpu is not None:
-        if g:
+        if g and not tail:
             gpu.touch_many(chunks[:g])
         if g < n:
             fresh = {h for h in chunks[g:] if h not in gpu}
-            evicted = gpu.insert_many(chunks[g:] if g else chunks)
+            evicted = gpu.insert_many(chunks[::-1] if tail else chunks[g:] if g else chunks)
             if evicted:
                 t.gpu_evicted_chunks += len(evicted)
             emit_changes(twin, pod.name, chunks, range(g, n), fresh, evicted, gpu, "GPU", blocks)
+        elif g and tail:
+            gpu.touch_many(chunks[::-1])
     if cpu is not None:
-        if cpu_keys:
-            cpu.touch_many(cpu_keys)
         to_cpu = l2_keys + computed if l2_keys else computed
+        if cpu_keys and not (tail and to_cpu):
+            cpu.touch_many(cpu_keys[::-1] if tail else cpu_keys)
         if to_cpu:
             fresh = {h for h in to_cpu if h not in cpu}
-            evicted = cpu.insert_many(to_cpu)
+            evicted = cpu.insert_many((cpu_keys + to_cpu)[::-1] if tail else to_cpu)
             t.cpu_stored_chunks += len(to_cpu)
             t.store_requests += 1
             if evicted:

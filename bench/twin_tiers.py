@@ -49,7 +49,7 @@ from emulator.engines.engine import (
     tiny_model_dir,
 )
 from emulator.engines.fleet import free_port
-from emulator.engines.tier_probe import TierProbe, kv_cache_tokens
+from emulator.engines.tier_probe import Calibration, TierProbe, kv_cache_tokens
 from emulator.engines.tier_twin import (
     HeldOutResult,
     HeldOutRun,
@@ -142,20 +142,29 @@ gpu_kv_gib: {kv_tokens * 4096 / (1 << 30)!r}
 host_memory_gib: 1.0         # the CPU tier's ceiling per engine
 l2_pool_gib: 1.0             # the fs tier has no limit of its own; a quota (Curvine's) sets the pool
 latency:
-  request_overhead_s: {med(lambda f: f.base.overhead_s):.6g}     # HTTP, API server, scheduling, the first token's decode
+  request_overhead_s: {num(med(lambda f: f.base.overhead_s))}     # HTTP, API server, scheduling, the first token's decode
   overhead_busy_share: 1.0      # the API server and the engine core share the one core: the next request waits
-  prefill_s_per_token: {med(lambda f: f.base.prefill_s_per_token):.6g}   # uncached prompt tokens on one core
-  attention_s_per_token2: {med(lambda f: f.base.attention_s_per_token2):.6g}   # per computed token x token it attends to
-  decode_s_per_token: {lat.decode_s_per_token:.6g}
-  pcie_bytes_per_s: {cpu_rate:.6g}   # CPU tier -> KV cache
+  prefill_s_per_token: {num(med(lambda f: f.base.prefill_s_per_token))}   # uncached prompt tokens on one core
+  attention_s_per_token2: {num(med(lambda f: f.base.attention_s_per_token2))}   # per computed token x token it attends to
+  decode_s_per_token: {num(lat.decode_s_per_token)}
+  pcie_bytes_per_s: {num(cpu_rate)}   # CPU tier -> KV cache
   cpu_load_chunk_s: 1.0e-09
-  cpu_load_overhead_s: {med(lambda f: f.cpu.fixed_s):.6g}   # a request that loads from the CPU tier
+  cpu_load_overhead_s: {num(med(lambda f: f.cpu.fixed_s))}   # a request that loads from the CPU tier
   l2_read_chunk_s: 1.0e-09
-  l2_read_bytes_per_s: {fs_rate:.6g}   # fs tier -> CPU tier -> KV cache
-  l2_retrieve_overhead_s: {max(med(lambda f: f.fs.fixed_s), 1e-9):.6g}   # a request that reads the fs tier
+  l2_read_bytes_per_s: {num(fs_rate)}   # fs tier -> CPU tier -> KV cache
+  l2_retrieve_overhead_s: {num(max(med(lambda f: f.fs.fixed_s), 1e-9))}   # a request that reads the fs tier
   l2_write_chunk_s: 1.0e-09
   l2_write_bytes_per_s: 1.0e+12
 """
+
+
+def num(x: float) -> str:
+    """A float as YAML reads it back as a float (PyYAML wants a dot before an exponent)."""
+    s = f"{x:.6g}"
+    if "e" in s and "." not in s:
+        mantissa, exp = s.split("e")
+        s = f"{mantissa}.0e{exp}"
+    return s
 
 
 def cpu_model() -> str:
@@ -172,10 +181,15 @@ def replay_saved(args: argparse.Namespace) -> int:
     results = []
     for d in sorted(args.replay.glob("repeat-*")):
         run = HeldOutRun.load(d)
-        prof = load_profile_file(d / "profile.yaml")
+        if (d / "calibration.json").is_file():  # refit: the fit may have changed since
+            fit = fit_tiers(Calibration.load(d / "calibration.json"), engine_dtype(), CHUNK)
+            show_fit(fit)
+            prof = fit.profile()
+        else:
+            prof = load_profile_file(d / "profile.yaml")
         print(f"\n{d.name}")
         res = compare(run, prof, kv_tokens=args.kv_tokens, cpu_tokens=args.cpu_tokens, chunk_tokens=CHUNK,
-                      tail_first=not args.head_first)
+                      native_tiering=not args.lmcache_semantics)
         show_held_out(res)
         results.append(res)
     print(f"\nwithin targets  {sum(r.ok() for r in results)}/{len(results)} repeats")
@@ -203,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep each repeat's held-out stream, TTFTs, counters and profile in this directory")
     ap.add_argument("--replay", type=Path, default=None,
                     help="no engine: compare the twin with the repeats kept by --save in this directory")
-    ap.add_argument("--head-first", action="store_true",
-                    help="the twin evicts a prompt's chunks head first (the default is vLLM's tail first)")
+    ap.add_argument("--lmcache-semantics", action="store_true",
+                    help="the twin's other tier semantics (LMCache's: prompt order, only computed chunks stored) instead of vLLM's native tiering")
     args = ap.parse_args(argv)
     if args.replay:
         return replay_saved(args)
@@ -243,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                 run = send_held_out(probe, stream, salt=7000 + rep, rate_rps=rate)
                 if args.save:
                     run.save(args.save / f"repeat-{rep + 1}")
+                    cal.save(args.save / f"repeat-{rep + 1}" / "calibration.json")
                     (args.save / f"repeat-{rep + 1}" / "profile.yaml").write_text(profile_text([fit], kv, "", ""))
                 res = compare(run, fit.profile(), kv_tokens=kv, cpu_tokens=args.cpu_tokens, chunk_tokens=CHUNK,
-                              tail_first=not args.head_first)
+                              native_tiering=not args.lmcache_semantics)
                 results.append(res)
                 show_held_out(res)
     print("\nsummary over repeats (median [min .. max]):")

@@ -61,10 +61,13 @@ class ClusterSpec:
     # the load term: observed queueing the fleet has beyond what the twin models (the agent sets it
     # from vLLM's num_requests_waiting by Little's law); added to every request's queue delay and TTFT
     load_delay_s: float = 0.0
-    # vLLM's eviction order within a request: its KV cache frees a request's blocks tail first, and
-    # its native CPU tier re-ranks a finished request's chunks tail first, so a prompt's prefix
-    # outlives its tail (True). False: prompt order, head first, as LMCache's CPU tier stores chunks.
-    tail_first: bool = False
+    # The tiers below the GPU behave as vLLM's native tiering (OffloadingConnector with
+    # TieringOffloadingSpec), not as LMCache (False). vLLM frees a request's KV blocks tail first and
+    # its CPU tier re-ranks a finished request's chunks tail first, so a prompt's prefix outlives its
+    # tail (LMCache stores chunks in prompt order: head first); and a request that loads nothing from
+    # the CPU or fs tier offers its whole prompt to the CPU tier, its KV-cache hits included (stored
+    # when absent, refreshed when present), where LMCache stores only the computed chunks.
+    native_tiering: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.pods, bool) or not isinstance(self.pods, int) or not 1 <= self.pods <= MAX_PODS:
@@ -76,8 +79,8 @@ class ClusterSpec:
         if isinstance(self.load_delay_s, bool) or not isinstance(self.load_delay_s, (int, float)) \
                 or not 0.0 <= self.load_delay_s < float("inf"):
             raise ClusterError(f"load_delay_s: must be a finite number >= 0, got {self.load_delay_s!r}")
-        if not isinstance(self.tail_first, bool):
-            raise ClusterError(f"tail_first: must be true or false, got {self.tail_first!r}")
+        if not isinstance(self.native_tiering, bool):
+            raise ClusterError(f"native_tiering: must be true or false, got {self.native_tiering!r}")
         if self.pod_names is not None and (
             len(self.pod_names) != self.pods or len(set(self.pod_names)) != self.pods
         ):

@@ -37,7 +37,7 @@ _LOG_TYPES = (LRU, FIFO)
 
 def supports(twin: Twin) -> bool:
     """Whether `run` models this twin exactly (otherwise use `Twin._process`)."""
-    if twin._sink is not None or twin._tail_first:
+    if twin._sink is not None or twin._native:
         return False
     if not isinstance(twin._router, (PrefixAwareRouter, RoundRobinRouter, SessionRouter)):
         return False

@@ -100,7 +100,7 @@ class Twin:
         self._pods = [_Pod(name) for name in cluster.names]
         self._index = {name: i for i, name in enumerate(cluster.names)}
         self._l2: Policy | None = None
-        self._tail_first = cluster.tail_first
+        self._native = cluster.native_tiering
         self._l2_totals = L2Totals()
         self._seen: set[int] = set()
         self._heap: list[tuple[float, float, int]] = []  # in flight: (end of decode, start of prefill, pod)
@@ -373,9 +373,9 @@ class Twin:
             l2_evicted = store_traced(self, pod, chunks, g, cpu_keys, l2_keys, computed, blocks)
         else:
             # chunks[known:] are in no tier: the tiers store them in bulk
-            tail_first = self._tail_first
+            native = self._native  # ClusterSpec.native_tiering: vLLM's order and store policy
             if gpu is not None:
-                if tail_first:  # the whole prompt, last chunk first: hits are touched, new chunks stored
+                if native:  # the whole prompt, last chunk first: hits are touched, new chunks stored
                     evicted = gpu.insert_count(chunks[::-1]) if n else 0
                     if evicted:
                         t.gpu_evicted_chunks += evicted
@@ -387,13 +387,17 @@ class Twin:
                         if evicted:
                             t.gpu_evicted_chunks += evicted
             if cpu is not None:
-                if n_cpu and not tail_first:
+                if n_cpu and not native:
                     cpu.touch_many(cpu_keys)
-                if tail_first and n_cpu and not (computed or n_l2):
-                    cpu.touch_many(cpu_keys[::-1])
+                if native and n:
+                    # a connector hit: what it loaded and what follows; none: the whole prompt
+                    offered = cpu_keys + l2_keys + computed if n_cpu or n_l2 else chunks
+                    evicted = cpu.insert_count(offered[::-1])
                 elif computed or n_l2:
-                    evicted = (cpu.insert_count((cpu_keys + l2_keys + computed)[::-1]) if tail_first else
-                               cpu.insert_count(l2_keys + computed if n_l2 else computed, fresh))
+                    evicted = cpu.insert_count(l2_keys + computed if n_l2 else computed, fresh)
+                else:
+                    evicted = -1
+                if evicted >= 0:
                     t.cpu_stored_chunks += n_l2 + n - k
                     t.store_requests += 1
                     if evicted:

@@ -35,7 +35,7 @@ class TracedTwin(Protocol):
     _now: float
     _chunk: int
     _chunk_blocks: dict[int, tuple[int, ...]]  # the blocks announced for a chunk above 512 tokens
-    _tail_first: bool
+    _native: bool
 
 
 def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cpu_keys: list[int], l2_keys: list[int],
@@ -44,7 +44,7 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
     `blocks`: the prompt's 512-token block hashes (chunks above 512 tokens are announced as them)."""
     t, n = pod.totals, len(chunks)
     gpu, cpu = pod.gpu, pod.cpu
-    tail = twin._tail_first  # vLLM's order: the whole prompt, last chunk first (ClusterSpec.tail_first)
+    tail = twin._native  # vLLM's native tiering: last chunk first, its store policy (ClusterSpec.native_tiering)
     if gpu is not None:
         if g and not tail:
             gpu.touch_many(chunks[:g])
@@ -58,6 +58,8 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
             gpu.touch_many(chunks[::-1])
     if cpu is not None:
         to_cpu = l2_keys + computed if l2_keys else computed
+        if tail and not (cpu_keys or l2_keys):
+            to_cpu = chunks  # vLLM: a request without a connector hit offers its whole prompt
         if cpu_keys and not (tail and to_cpu):
             cpu.touch_many(cpu_keys[::-1] if tail else cpu_keys)
         if to_cpu:
@@ -69,7 +71,7 @@ def store_traced(twin: TracedTwin, pod: TracedPod, chunks: list[int], g: int, cp
                 t.cpu_evicted_chunks += len(evicted)
                 t.cpu_evict_events += 1
             batch = set(to_cpu)
-            emit_changes(twin, pod.name, chunks, [i for i in range(g, n) if chunks[i] in batch], fresh,
+            emit_changes(twin, pod.name, chunks, [i for i in range(n) if chunks[i] in batch], fresh,
                          evicted, cpu, "CPU", blocks)
     l2_pool = twin._l2
     l2_evicted = 0

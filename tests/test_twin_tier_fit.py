@@ -12,6 +12,7 @@ import pytest
 from contracts.knobs import Knobs
 from emulator.engines.tier_probe import cpu_tier_tokens, parse_counters
 from emulator.engines.tiering import TieringConfig
+from simulator.chunking import chunk_hashes
 from simulator.cluster import ClusterSpec
 from simulator.profile import PROFILE_DIR, ProfileError, get_profile
 from simulator.profile_fit import FitError
@@ -125,12 +126,12 @@ def test_cpu_tier_size_follows_vllms_page_aligned_chunks():
 
 
 @pytest.mark.parametrize("tier", ["gpu", "cpu"])
-def test_tail_first_keeps_a_prompts_prefix_where_prompt_order_keeps_its_tail(tier):
+def test_native_keeps_a_prompts_prefix_where_prompt_order_keeps_its_tail(tier):
     # 16 chunks of room in the tier under test; the second request pushes 8 chunks of the first out
     gpu, cpu = (1024, 0) if tier == "gpu" else (64, 1024)
     reqs = [req(0, [1, 2]), req(10_000, [3]), req(20_000, [1, 2, 4])]
-    for tail_first, prefix in ((False, 0), (True, 512)):
-        cluster = ClusterSpec(pods=1, gpu_tokens=gpu, cpu_tokens=cpu, l2_tokens=0, tail_first=tail_first)
+    for native_tiering, prefix in ((False, 0), (True, 512)):
+        cluster = ClusterSpec(pods=1, gpu_tokens=gpu, cpu_tokens=cpu, l2_tokens=0, native_tiering=native_tiering)
         knobs = Knobs(chunk_tokens=64, cpu_gib=0.0)
         seen = []
         twin = Twin(cluster, knobs)
@@ -140,5 +141,19 @@ def test_tail_first_keeps_a_prompts_prefix_where_prompt_order_keeps_its_tail(tie
         hit = "gpu_hit_tokens" if tier == "gpu" else "cpu_hit_tokens"
         assert getattr(last, hit) == getattr(last_traced, hit) == prefix
         assert replay(frame(reqs), cluster, knobs).requests[hit].to_list()[-1] == prefix
-    with pytest.raises(ValueError, match="tail_first: must be true or false"):
-        ClusterSpec(pods=1, tail_first=1)
+    with pytest.raises(ValueError, match="native_tiering: must be true or false"):
+        ClusterSpec(pods=1, native_tiering=1)
+
+
+def test_native_tiering_offers_a_whole_prompt_to_the_cpu_tier_when_nothing_came_from_it():
+    # vLLM's OffloadingConnector stores from chunk 0 unless the request loaded from the connector,
+    # so KV-cache hits go back to the CPU tier; LMCache's store covers only the computed chunks
+    reqs = [req(0, [1]), req(10_000, [2]), req(20_000, [1])]  # the third is all KV-cache hit
+    block1 = set(chunk_hashes([1], 512, 64))
+    for native, in_cpu in ((False, False), (True, True)):
+        cluster = ClusterSpec(pods=1, gpu_tokens=1024, cpu_tokens=512, l2_tokens=0, native_tiering=native)
+        for sink in (None, [].append):
+            twin = Twin(cluster, Knobs(chunk_tokens=64, cpu_gib=0.0), event_sink=sink)
+            out = [twin.submit(r) for r in reqs]
+            assert out[2].gpu_hit_tokens == 512
+            assert (twin.resident("pod-0", "CPU") == block1) is in_cpu

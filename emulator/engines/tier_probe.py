@@ -24,6 +24,7 @@ import random
 import re
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -94,6 +95,18 @@ class Calibration:
 
     def of(self, kind: str) -> list[Sample]:
         return [s for s in self.samples if s.kind == kind]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({
+            "samples": [dataclasses.astuple(s) for s in self.samples],
+            "before": [[k[0], k[1], v] for k, v in self.before.items()],
+            "after": [[k[0], k[1], v] for k, v in self.after.items()]}))
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        doc = json.loads(path.read_text())
+        return cls([Sample(*row) for row in doc["samples"]], {(a, b): v for a, b, v in doc["before"]},
+                   {(a, b): v for a, b, v in doc["after"]})
 
 
 class TierProbe:

@@ -45,6 +45,8 @@ PROFILE = "cpu-tiny-llama"
 MAX_PROMPT = 2000  # the engine's max_model_len 2048, with room for the output token
 FS_TOKENS = 1 << 30  # vLLM's fs tier never evicts
 HIT_TARGET, TTFT_TARGET = 0.02, 0.15
+ONE_AT_A_TIME = "one at a time"
+SPACED_MS = 3_600_000  # the twin's arrivals for a stream sent one at a time: far apart, so nothing queues
 
 # Multi-turn sessions over 4 shared system prompts and a Zipf RAG corpus of 40 documents: about
 # 30,000 tokens of distinct prefixes, several times a 6,144-token KV cache.
@@ -167,7 +169,7 @@ def send_held_out(probe: TierProbe, frame: pl.DataFrame, *, salt: int, rate_rps:
     ids = list(prompts(frame, PromptBuilder(salt=salt)))
     before = probe.counters()
     if rate_rps is None:
-        done, mode = probe.sender.send_closed_loop(ids), "one at a time"
+        done, mode = probe.sender.send_closed_loop(ids), ONE_AT_A_TIME
     else:
         gaps = np.random.default_rng(salt).exponential(1.0 / rate_rps, len(ids))
         done, mode = probe.sender.send_open_loop(ids, np.cumsum(gaps).tolist()), f"open loop at {rate_rps:.2f} req/s"
@@ -180,11 +182,14 @@ def send_held_out(probe: TierProbe, frame: pl.DataFrame, *, salt: int, rate_rps:
 
 
 def compare(run: HeldOutRun, profile: HardwareProfile, *, kv_tokens: int, cpu_tokens: int, chunk_tokens: int,
-            tail_first: bool = True) -> HeldOutResult:
+            native_tiering: bool = True) -> HeldOutResult:
     """Replay the stream the engine served on the twin, with the engine's sizes; both sides' figures."""
     cluster = ClusterSpec(pods=1, gpu_tokens=kv_tokens, cpu_tokens=cpu_tokens, l2_tokens=FS_TOKENS, profile=profile,
-                          tail_first=tail_first)
-    r = replay(run.sent, cluster, Knobs(chunk_tokens=chunk_tokens, cpu_gib=0.0)).requests
+                          native_tiering=native_tiering)
+    sent = run.sent
+    if run.mode == ONE_AT_A_TIME:  # nothing queued at the engine: nothing may queue in the twin
+        sent = sent.with_columns((pl.int_range(pl.len(), dtype=pl.Int64) * SPACED_MS).alias("timestamp_ms"))
+    r = replay(sent, cluster, Knobs(chunk_tokens=chunk_tokens, cpu_gib=0.0)).requests
     before, after = run.before, run.after
 
     def src(name: str) -> int:

@@ -67,7 +67,8 @@ def _config(twin: Twin) -> tuple[np.ndarray, np.ndarray]:
     rs = twin.cluster.router
     cfg = np.array([rs.prefix_load_ratio, rs.prefix_load_slack, twin._prefill_s, twin._overhead_s, twin._decode_s,
                     twin._attention_s, twin._overhead_busy_s, twin._load_delay_s, twin._cpu_chunk_s,
-                    twin._l2_chunk_s, twin._l2_retrieve_s, twin._w_chunk_s, twin._w_byte_s], dtype=np.float64)
+                    twin._l2_chunk_s, twin._l2_retrieve_s, twin._w_chunk_s, twin._w_byte_s,
+                    twin._cpu_fixed_s], dtype=np.float64)
     pod0, l2 = twin._pods[0], twin._l2
     icfg = np.array([len(twin._pods), twin._chunk, kind,
                      pod0.gpu.capacity if pod0.gpu is not None else 0,

@@ -20,7 +20,7 @@ _JIT = {"cache": True, "nogil": True}
 
 # indices into the `cfg` float array and the `icfg` int array of run_range
 F_RATIO, F_SLACK, F_PREFILL, F_OVERHEAD, F_DECODE, F_ATTN, F_OVER_BUSY, F_LOAD_DELAY = range(8)
-F_CPU_CHUNK, F_L2_CHUNK, F_L2_RETRIEVE, F_W_CHUNK, F_W_BYTE = range(8, 13)
+F_CPU_CHUNK, F_L2_CHUNK, F_L2_RETRIEVE, F_W_CHUNK, F_W_BYTE, F_CPU_FIXED = range(8, 14)
 I_PODS, I_CHUNK, I_ROUTER, I_GPU_CAP, I_CPU_CAP, I_L2_CAP, I_CPU_LRU, I_L2_LRU = range(8)
 I_L2_HIGH, I_L2_LOW, I_L2_MIN, I_CHUNK_BYTES = range(8, 12)
 ROUTER_PREFIX, ROUTER_RR, ROUTER_SESSION = 0, 1, 2
@@ -343,6 +343,8 @@ def run_range(lo, hi, times, prompts, outputs, flat, offsets, colds, freshes, se
         l2_read_s = 0.0
         if nc:
             busy += nc * cfg[F_CPU_CHUNK]
+            if not nl:
+                extra += cfg[F_CPU_FIXED]
         if nl:
             l2_read_s = nl * cfg[F_L2_CHUNK]
             busy += l2_read_s

@@ -97,9 +97,9 @@ def fit_tiers(cal: Calibration, dtype: str, chunk_tokens: int) -> TierFits:
                     delta(b, a, hits, "1:fs"), sum(s.cached_tokens for s in cal.of("fs")) / chunk_tokens)
 
 
-def held_out_stream(n: int, *, seed: int, phase: Phase = HELD_OUT) -> pl.DataFrame:
-    """The first `n` requests of `phase` that fit the engine's context, in arrival order."""
-    return cap_prompt_length(generate((phase,), seed=seed), MAX_PROMPT).head(n)
+def held_out_stream(n: int, *, seed: int, phase: Phase = HELD_OUT, max_prompt: int = MAX_PROMPT) -> pl.DataFrame:
+    """The first `n` requests of `phase` of at most `max_prompt` tokens, in arrival order."""
+    return cap_prompt_length(generate((phase,), seed=seed), max_prompt).head(n)
 
 
 @dataclasses.dataclass(frozen=True)

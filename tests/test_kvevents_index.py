@@ -7,7 +7,7 @@ import pytest
 from agent.kvevents import index as index_module
 from agent.kvevents.index import FleetIndex, IndexLimits, TwoGenMap
 from agent.kvevents.signals import EngineId, KvSignals
-from agent.kvevents.sketch import SeenSketch
+from agent.kvevents.sketch import SeenSketch, _mix
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
 
 A, B = EngineId("a", "m"), EngineId("b", "m")
@@ -175,6 +175,26 @@ def test_sketch_false_positive_rate_and_ageing() -> None:
     assert sk.rotations == 2
     assert sk.contains(first).mean() < 0.01
     assert sk.nbytes == 2 * sk.bits // 8
+
+
+def test_the_sketch_sets_the_double_hashing_bits_of_each_mixed_hash() -> None:
+    """The compiled probes are the splitmix64 double hashing computed here with numpy: bit
+    (h1 + j * h2) mod 2**64 of the filter for j < k, so its answers do not depend on how it runs."""
+    sk = SeenSketch(capacity=300, fp_rate=0.01, generations=2)
+    rng = np.random.default_rng(5)
+    hashes = np.concatenate([rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True),
+                             np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)])
+    hashes = np.concatenate([hashes, hashes[:50]])  # repeats inside one call
+    assert not sk.check_and_add(hashes).any()  # repeats report the state before the call
+    h = _mix(hashes)
+    h1, h2 = h & np.uint64(0xFFFFFFFF), (h >> np.uint64(32)) | np.uint64(1)
+    pos = (h1[:, None] + np.arange(sk.k, dtype=np.uint64)[None, :] * h2[:, None]) & np.uint64(sk.bits - 1)
+    expected = np.zeros(sk.bits // 8, dtype=np.uint8)
+    np.bitwise_or.at(expected, (pos >> np.uint64(3)).astype(np.intp).ravel(),
+                     (np.uint8(1) << (pos & np.uint64(7)).astype(np.uint8)).ravel())
+    assert sk.rotations == 0
+    assert np.array_equal(sk._gens[-1], expected)
+    assert sk.contains(hashes).all()
 
 
 def test_caps_resize_and_shrink_at_once() -> None:

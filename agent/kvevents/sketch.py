@@ -4,7 +4,8 @@ Each generation is a Bloom filter sized for `capacity` hashes at false-positive 
 (bits rounded up to a power of two). When the young generation is full a new one starts and,
 beyond `generations`, the oldest is dropped: hashes not stored again within about
 `capacity x (generations - 1)` distinct hashes are forgotten (LRU-like ageing). Memory is fixed:
-`generations x bits / 8` bytes. Lookups and inserts are vectorised over a whole message.
+`generations x bits / 8` bytes. A whole message is probed and inserted in one compiled call
+(numba; the first call in a process compiles it or loads it from numba's cache).
 
 A false positive makes a never-seen block look seen (a cold miss counted as a non-cold one); at
 the default 0.1% it is far below the 2-point tolerance of the overlap signal.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numba as nb
 import numpy as np
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -26,6 +28,44 @@ def _mix(h: np.ndarray) -> np.ndarray:
     h = h ^ (h >> np.uint64(27))
     h = h * _MIX2
     return h ^ (h >> np.uint64(31))
+
+
+_JIT = {"cache": True, "nogil": True}
+_LOW32, _ONE, _THREE, _SEVEN, _S30, _S27, _S31, _S32 = (np.uint64(v) for v in (0xFFFFFFFF, 1, 3, 7, 30, 27, 31, 32))
+
+
+@nb.njit(**_JIT)
+def _probes(h: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """Double hashing of `_mix(h)`: probe j is at bit (h1 + j * h2) mod 2**64, masked."""
+    h = h ^ (h >> _S30)
+    h = h * _MIX1
+    h = h ^ (h >> _S27)
+    h = h * _MIX2
+    h = h ^ (h >> _S31)
+    return h & _LOW32, (h >> _S32) | _ONE
+
+
+@nb.njit(**_JIT)
+def _had(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, out: np.ndarray) -> None:
+    """out[i] = every probe bit of hashes[i] is set in `gen` (bit p: bit p % 8 of byte p // 8)."""
+    for i in range(hashes.shape[0]):
+        h1, h2 = _probes(hashes[i])
+        found = True
+        for j in range(k):
+            pos = (h1 + np.uint64(j) * h2) & mask
+            if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
+                found = False
+                break
+        out[i] = found
+
+
+@nb.njit(**_JIT)
+def _add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int) -> None:
+    for i in range(hashes.shape[0]):
+        h1, h2 = _probes(hashes[i])
+        for j in range(k):
+            pos = (h1 + np.uint64(j) * h2) & mask
+            gen[pos >> _THREE] |= np.uint8(_ONE << (pos & _SEVEN))
 
 
 class SeenSketch:
@@ -42,7 +82,6 @@ class SeenSketch:
         self.capacity = capacity
         self.generations = generations
         self._mask = np.uint64(self.bits - 1)
-        self._offsets = np.arange(self.k, dtype=np.uint64)[None, :]
         self._gens: list[np.ndarray] = [np.zeros(self.bits // 8, dtype=np.uint8)]
         self._young_count = 0
         self.rotations = 0
@@ -51,22 +90,14 @@ class SeenSketch:
     def nbytes(self) -> int:
         return sum(g.nbytes for g in self._gens)
 
-    def _positions(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        h = _mix(hashes)
-        h1 = h & np.uint64(0xFFFFFFFF)
-        h2 = (h >> np.uint64(32)) | np.uint64(1)
-        pos = (h1[:, None] + self._offsets * h2[:, None]) & self._mask  # (n, k) bit positions
-        return (pos >> np.uint64(3)).astype(np.intp), (np.uint8(1) << (pos & np.uint64(7)).astype(np.uint8))
-
     def check_and_add(self, hashes: np.ndarray) -> np.ndarray:
         """For each hash, whether it was (probably) seen before this call; then adds them all to
         the young generation. Duplicates inside one call all report the state before the call."""
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
-        byte_idx, bit = self._positions(hashes.astype(np.uint64, copy=False))
-        seen, young_had = self._seen(byte_idx, bit)
-        young = self._gens[-1]
-        np.bitwise_or.at(young, byte_idx.ravel(), bit.ravel())
+        hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+        seen, young_had = self._seen(hashes)
+        _add(self._gens[-1], hashes, self._mask, self.k)
         self._young_count += int(hashes.shape[0] - np.count_nonzero(young_had))
         if self._young_count >= self.capacity:
             self._rotate()
@@ -75,15 +106,16 @@ class SeenSketch:
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
-        return self._seen(*self._positions(hashes.astype(np.uint64, copy=False)))[0]
+        return self._seen(np.ascontiguousarray(hashes, dtype=np.uint64))[0]
 
-    def _seen(self, byte_idx: np.ndarray, bit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _seen(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Whether every probe bit of each hash is set in any generation, and in the young one."""
-        seen: np.ndarray | None = None
+        seen = np.zeros(hashes.shape[0], dtype=bool)
+        had = np.empty(hashes.shape[0], dtype=bool)
         for gen in self._gens:
-            had = ((gen[byte_idx] & bit) != 0).all(axis=1)
-            seen = had if seen is None else seen | had
-        return seen, had  # type: ignore[return-value]  # there is always one generation at least
+            _had(gen, hashes, self._mask, self.k, had)
+            seen |= had
+        return seen, had
 
     def _rotate(self) -> None:
         self._gens.append(np.zeros(self.bits // 8, dtype=np.uint8))

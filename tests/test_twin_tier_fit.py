@@ -22,7 +22,7 @@ from simulator.twin import Twin
 from tests.support.twin_helpers import frame, req
 
 CPU = get_profile("cpu-tiny-llama")
-BPT = 4096  # tiny-llama's KV bytes per token (bf16)
+BPT = 4096  # tiny-llama's KV bytes per token in the twin's model table (bf16)
 
 
 def _profile():
@@ -30,7 +30,7 @@ def _profile():
     fs = TransferFit(0.009, 5e-6, 10, 0.0, 0.009, 5e-6)  # fs tier: 9 ms + 5 us/token
     lat = dataclasses.replace(CPU.latency, request_overhead_s=0.01, prefill_s_per_token=3e-5,
                               attention_s_per_token2=0.0)
-    return with_tier_fit(dataclasses.replace(CPU, latency=lat), fit, fs, BPT)
+    return with_tier_fit(dataclasses.replace(CPU, latency=lat), fit, fs)
 
 
 @pytest.mark.parametrize("tier", ["cpu", "l2"])

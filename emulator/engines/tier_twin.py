@@ -70,7 +70,7 @@ class TierFits:
 
     def profile(self, base: HardwareProfile | str = PROFILE) -> HardwareProfile:
         prof = with_service_fit(get_profile(base), self.base)
-        return with_tier_fit(prof, self.cpu, self.fs, self.kv_bytes_per_token)
+        return with_tier_fit(prof, self.cpu, self.fs)
 
 
 def fit_tiers(cal: Calibration, dtype: str, chunk_tokens: int) -> TierFits:

@@ -140,3 +140,13 @@ def test_enqueue_outside_the_space_is_refused() -> None:
     tuner = OptunaTuner(SPACE, storage=None)
     with pytest.raises(ValueError, match="chunk_tokens=64 is not one of 128, 256, 512"):
         tuner.enqueue(Knobs(chunk_tokens=64), source="twin")
+
+
+def test_a_tuner_without_storage_writes_nothing_to_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library caller that names no storage gets an in-memory study, not a database file in the
+    working directory that a later run would silently resume."""
+    monkeypatch.chdir(tmp_path)
+    tuner = OptunaTuner(SPACE, study_name="s")
+    run_trials(tuner, FunctionEvaluator(evaluate), 3)
+    assert list(tmp_path.iterdir()) == []
+    assert len(OptunaTuner(SPACE, study_name="s").study.trials) == 0  # nothing resumed

@@ -40,7 +40,6 @@ from tuners.storage_errors import one_line
 log = logging.getLogger("tierpilot.tuner")
 
 SAMPLERS: tuple[str, ...] = ("tpe", "random", "grid")
-DEFAULT_STORAGE = "sqlite:///tierpilot.db"
 LAST_GOOD_ATTR = "last_good"
 SETTINGS_ATTR = "settings"
 # Random trials before TPE models the space. Budgets here are small (20 live trials per phase,
@@ -144,10 +143,11 @@ def open_storage(url: str | None) -> optuna.storages.BaseStorage:
 
 
 class OptunaTuner:
-    """A `Tuner` over one optuna study."""
+    """A `Tuner` over one optuna study, in memory unless `storage` names a database (a URL or an
+    optuna storage): nothing is written to disk that the caller did not ask for."""
 
     def __init__(self, space: SearchSpace, objective: ObjectiveSpec | None = None, *,
-                 storage: str | optuna.storages.BaseStorage | None = DEFAULT_STORAGE,
+                 storage: str | optuna.storages.BaseStorage | None = None,
                  study_name: str = "tierpilot", sampler: str = "tpe", seed: int | None = None,
                  owner: str = "tierpilot", n_startup_trials: int = DEFAULT_STARTUP_TRIALS,
                  settings: dict[str, Any] | None = None) -> None:

@@ -42,6 +42,7 @@ from agent.collect.normalise import Normalised, normalise, resolve
 from agent.collect.parse import Limits, ParseError, Payload, parse
 from agent.collect.roles import KIND_NAMES, KIND_ROLES, detect_kind, detect_role, seen_summary
 from agent.collect.scrape import Backoff, FetchFailure, fetch
+from agent.collect.shapes import Shapes
 from agent.collect.snapshot import build_snapshot
 from agent.collect.store import CounterResetDetector, WindowStore
 from agent.settings import AgentSettings
@@ -62,19 +63,19 @@ class TargetOutcome:
     known: tuple[str, ...] = ()  # models whose counters ran before they were first kept (budget)
 
 
-def _unmapped_detail(role: str, text: str, payload: Payload) -> str:
+def _unmapped_detail(role: str, text: str, lines: int, types: dict[str, str]) -> str:
     """What a payload that fed no signal held (it is parsed again in full: a rare, misconfigured case)."""
     try:
         full = parse(text).by_name
     except ParseError:
-        full = {name: [] for name in payload.types}
+        full = {name: [] for name in types}
     kind = detect_kind(full)
     looks = ""
     if kind and KIND_ROLES[kind] != role:
         looks = f" (it looks like {KIND_NAMES[kind]}: give role {KIND_ROLES[kind]})"
     elif kind:
         looks = f" ({KIND_NAMES[kind]}, but none of the names the mappings read)"
-    return f"no {role} mapping matched{looks}; " + seen_summary(full, payload.lines)
+    return f"no {role} mapping matched{looks}; " + seen_summary(full, lines)
 
 
 class ScrapeCycle:
@@ -97,6 +98,7 @@ class ScrapeCycle:
         self.detected: dict[str, str] = {}  # URL of a target given without a role -> detected role
         self.budget = CardinalityBudget(Budget(sc.max_models_per_target, sc.max_series_per_target))
         self.over_budget: dict[str, tuple[bool, bool]] = {}  # target -> (models over, series over)
+        self.shapes = Shapes(mappings, self.limits)  # payload shapes seen: parse and normalise together
 
     def _count(self, target: Target, reason: str, n: int = 1) -> dict[str, int]:
         errs = self.errors.setdefault(target.key, {})
@@ -109,13 +111,20 @@ class ScrapeCycle:
         warnings: list[tuple[str, str]] = []
         if target.role == AUTO_ROLE and target.url in self.detected:
             target = dataclasses.replace(target, role=self.detected[target.url])  # type: ignore[arg-type]
+        openmetrics = content_type.lower().startswith("application/openmetrics-text")
         try:
-            wanted = None if target.role == AUTO_ROLE else self.mappings.wanted.get(target.role)
-            payload = parse(text, wanted, self.limits,
-                            openmetrics=content_type.lower().startswith("application/openmetrics-text"))
+            if target.role == AUTO_ROLE or openmetrics:
+                wanted = None if target.role == AUTO_ROLE else self.mappings.wanted.get(target.role)
+                payload = parse(text, wanted, self.limits, openmetrics=openmetrics)
+            else:  # parse and normalise together (a payload of a shape seen before: both at once)
+                read = self.shapes.read(text, target)
         except ParseError as exc:  # LimitExceeded too: its reason is sample_limit, label_limit, ...
             return self._failed(target, exc.reason, str(exc), duration_s)
-        return self.process_payload(target, payload, duration_s, text=text, warnings=warnings)
+        if target.role == AUTO_ROLE or openmetrics:
+            return self.process_payload(target, payload, duration_s, text=text, warnings=warnings)
+        types = read.payload.types if read.payload is not None else {}
+        return self._judged(target, read.result, read.lines, read.duplicates, duration_s, text=text, types=types,
+                            warnings=warnings)
 
     def process_payload(self, target: Target, payload: Payload, duration_s: float, *, text: str | None = None,
                         warnings: list[tuple[str, str]] | None = None) -> TargetOutcome:
@@ -130,17 +139,22 @@ class ScrapeCycle:
             else:
                 self.detected[target.url] = role
                 target = dataclasses.replace(target, role=role)
-        result = normalise(target, payload, self.mappings)
+        return self._judged(target, normalise(target, payload, self.mappings), payload.lines, payload.duplicates,
+                            duration_s, text=text, types=payload.types, warnings=warnings)
+
+    def _judged(self, target: Target, result: Normalised, lines: int, duplicates: int, duration_s: float, *,
+                text: str | None, types: dict[str, str], warnings: list[tuple[str, str]]) -> TargetOutcome:
+        """The outcome of one normalised payload: its budget, faults, resets and status."""
         known = self._hold_to_budget(target, result, warnings)
         if not result.signals and not warnings:
-            detail = (_unmapped_detail(target.role, text, payload) if text is not None
+            detail = (_unmapped_detail(target.role, text, lines, types) if text is not None
                       else f"no {target.role} mapping matched")
             warnings.append(("no_mapped_series", detail))
         faults: list[tuple[str, str]] = []  # (reason, detail)
-        if payload.duplicates:
-            self._count(target, "duplicate_series", payload.duplicates)
+        if duplicates:
+            self._count(target, "duplicate_series", duplicates)
             faults.append(("duplicate_series",
-                           f"duplicate_series ({payload.duplicates} repeated series dropped, first kept)"))
+                           f"duplicate_series ({duplicates} repeated series dropped, first kept)"))
         for reason, n in result.anomalies.items():
             self._count(target, reason, n)
             faults.append((reason, f"{reason} ({n} series dropped)"))
@@ -151,7 +165,7 @@ class ScrapeCycle:
             faults.append(("counter_reset", "counter_reset (counters went down: a restart)"))
         self.backoff.succeeded(target.key)
         status = TargetStatus(target, not faults, duration_s, faults[0][0] if faults else "",
-                              "; ".join(detail for _, detail in faults), samples=payload.lines,
+                              "; ".join(detail for _, detail in faults), samples=lines,
                               errors=dict(self.errors.get(target.key, {})), warnings=tuple(warnings))
         return TargetOutcome(status, tuple(result.signals), restarted, known=known)
 

@@ -23,32 +23,19 @@ of the payload is kept):
 """
 from __future__ import annotations
 
-import itertools
-import math
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agent.collect.mapping import Mapping, MappingSet, MetricRule
+from agent.collect.mapping import MappingSet
 from agent.collect.parse import Payload
-from contracts.tier_model import NO_LE, Signal, Target
+from agent.collect.routes import MAX_VALUE, Route, assemble, judge, judge_value, route, values_of
+from contracts.tier_model import Signal, Target
 
-INF = math.inf
-MAX_VALUE = float(2 ** 63)
+__all__ = ["MAX_VALUE", "REASONS", "Normalised", "anomalies_of", "base_signal", "judge_value", "normalise",
+           "resolve"]
 
 REASONS = ("invalid_value", "negative_counter", "value_out_of_range", "non_monotone_buckets",
            "malformed_histogram")
-
-
-def judge(value: float, counter: bool) -> str | None:
-    """The anomaly a mapped value is, or None when it can be true."""
-    if not math.isfinite(value):
-        return "invalid_value"
-    if counter and value < 0:
-        return "negative_counter"
-    if abs(value) > MAX_VALUE:
-        return "value_out_of_range"
-    return None
 
 
 @dataclass(slots=True)
@@ -59,171 +46,22 @@ class Normalised:
     anomalies: dict[str, int] = field(default_factory=dict)
 
 
-def _model_of(labels: dict[str, str], model_labels: tuple[str, ...]) -> str:
-    for key in model_labels:
-        v = labels.get(key)
-        if v:
-            return v
-    return ""
+def anomalies_of(rejected: dict[str, set]) -> dict[str, int]:
+    """Counts by reason, in REASONS order: one per refused wire series (a series read by two rules
+    counts once)."""
+    return {reason: len(rejected[reason]) for reason in REASONS if rejected.get(reason)}
 
 
-def _combine(values: list[float], how: str) -> float:
-    if len(values) == 1:
-        return values[0]
-    if how == "sum":
-        return math.fsum(values)
-    if how == "max":
-        return max(values)
-    return math.fsum(values) / len(values)
-
-
-def _rule_signals(
-    rule: MetricRule, mapping: Mapping, payload: Payload, pod: str, rejected: dict[str, set],
-    names: tuple[str, ...] | None = None,
-) -> list[Signal]:
-    """`rejected`: reason -> identities of the refused wire series (a sample's id, or a
-    histogram's (name, model)), so a series read by two rules counts once."""
-    if names is None:
-        names = (rule.name,) + tuple(
-            alias + rule.name[len(canon):] for alias, canon in mapping.prefixes.items() if rule.name.startswith(canon)
-        )
-    where = rule.where.items()
-    reject = mapping.reject_labels
-    model_labels = mapping.model_labels
-    how = rule.aggregation
-    scale = rule.scale
-    out: list[Signal] = []
-    if rule.type != "histogram":
-        kind = "gauge" if rule.type == "gauge" else "counter"
-        label_value = rule.value_from_label
-        groups: dict[str, list[float]] = defaultdict(list)
-        refused: set[str] = set()  # models with a refused series: no partial sum for them
-        for name in names:
-            for s in payload.by_name.get(name, ()):
-                labels = s.labels
-                if where and not where <= labels.items():  # a C-level subset test of (label, value) pairs
-                    continue
-                if reject and not labels.keys().isdisjoint(reject):
-                    continue
-                value = s.value
-                if label_value is not None:
-                    value = _label_number(labels.get(label_value))
-                    if value is None:
-                        continue  # e.g. num_gpu_blocks="None" before the profiling run
-                else:
-                    fault = judge(value, kind == "counter")
-                    if fault is not None:
-                        rejected.setdefault(fault, set()).add(id(s))
-                        refused.add(_model_of(labels, model_labels))
-                        continue
-                groups[_model_of(labels, model_labels)].append(value * scale)
-        for model, values in groups.items():
-            if model in refused:
-                continue
-            out.append(Signal(pod, model, rule.signal, NO_LE, _combine(values, how), kind, mapping.source))
-        return out
-
-    # histogram: buckets keyed by (model, le); sums and counts keyed by model
-    buckets: dict[tuple[str, float], list[float]] = defaultdict(list)
-    sums: dict[str, list[float]] = defaultdict(list)
-    counts: dict[str, list[float]] = defaultdict(list)
-    bad_models: set[str] = set()
-    # each bucket series' own (le, value) points, to check that its counts never go down
-    series: dict[tuple[str, str, frozenset], list[tuple[float, float]]] = defaultdict(list)
-    for base in names:
-        for suffix, target in (("_bucket", None), ("_sum", sums), ("_count", counts)):
-            if suffix == "_bucket" and not rule.buckets:
-                continue
-            for s in payload.by_name.get(base + suffix, ()):
-                labels = s.labels
-                if where and not where <= labels.items():  # a C-level subset test of (label, value) pairs
-                    continue
-                if reject and not labels.keys().isdisjoint(reject):
-                    continue
-                model = _model_of(labels, model_labels)
-                fault = judge(s.value, True)
-                if fault is not None:
-                    rejected.setdefault(fault, set()).add(id(s))
-                    bad_models.add(model)
-                    continue
-                if target is None:
-                    le = _le(labels.get("le"))
-                    if le is None:
-                        rejected.setdefault("malformed_histogram", set()).add((rule.name, model))
-                        bad_models.add(model)
-                        continue
-                    series[(model, base, frozenset(kv for kv in labels.items() if kv[0] != "le"))].append(
-                        (le, s.value))
-                    buckets[(model, le * scale if le != INF else INF)].append(s.value)
-                elif target is sums:
-                    sums[model].append(s.value * scale)
-                else:
-                    counts[model].append(s.value)
-    for (model, _, _), points in series.items():
-        if model not in bad_models and not _monotone(points):
-            rejected.setdefault("non_monotone_buckets", set()).add((rule.name, model))
-            bad_models.add(model)
-    src = mapping.source
-    per_model_inf: set[str] = set()
-    for (model, le), values in sorted(buckets.items()):
-        if model in bad_models:
-            continue
-        if le == INF:
-            per_model_inf.add(model)
-        out.append(Signal(pod, model, rule.signal, le, _combine(values, how), "counter", src))
-    for model, values in sums.items():
-        if model not in bad_models:
-            out.append(Signal(pod, model, rule.signal + ":sum", NO_LE, _combine(values, how), "counter", src))
-    for model, values in counts.items():
-        if model in bad_models:
-            continue
-        total = _combine(values, how)
-        out.append(Signal(pod, model, rule.signal + ":count", NO_LE, total, "counter", src))
-        if rule.buckets and model not in per_model_inf and any(m == model for m, _ in buckets):
-            out.append(Signal(pod, model, rule.signal, INF, total, "counter", src))
-    return out
-
-
-def _le(text: str | None) -> float | None:
-    """A bucket's upper bound, or None when it has none or it is not a number (`+Inf` is one)."""
-    if not text or "_" in text:
-        return None
-    try:
-        le = float(text)
-    except ValueError:
-        return None
-    return None if math.isnan(le) else le
-
-
-def _monotone(points: list[tuple[float, float]]) -> bool:
-    points.sort()
-    return all(a[1] <= b[1] for a, b in itertools.pairwise(points))
-
-
-def _label_number(text: str | None) -> float | None:
-    try:
-        v = float(text) if text and "_" not in text else math.nan
-    except ValueError:
-        return None
-    return v if math.isfinite(v) and abs(v) <= MAX_VALUE else None
+def normalise_routes(routes: tuple[Route, ...], values: list[float] | tuple[float, ...], pod: str) -> Normalised:
+    """The signals of routed samples with these values (routes.py): judged, then assembled."""
+    rejected, dropped = judge(routes, values)
+    return Normalised(values_of(assemble(routes, dropped), values, pod), anomalies_of(rejected))
 
 
 def normalise(target: Target, payload: Payload, mappings: MappingSet) -> Normalised:
     """All candidate signals one target's payload yields (every applicable source)."""
-    result = Normalised()
-    rejected: dict[str, set] = {}  # reason -> identities of refused series: one count per wire series
-    rule_names = mappings.rule_names
-    present = payload.by_name.keys()
-    for mapping in mappings.by_role.get(target.role, ()):
-        for rule in mapping.metrics:
-            names, wire = rule_names[id(rule)]
-            if wire.isdisjoint(present):
-                continue  # nothing to read: the rule would yield no signal
-            result.signals.extend(_rule_signals(rule, mapping, payload, target.pod, rejected, names))
-    for reason in REASONS:
-        if rejected.get(reason):
-            result.anomalies[reason] = len(rejected[reason])
-    return result
+    routes = route(payload.by_name, target.role, mappings)
+    return normalise_routes(routes, [s.value for group in payload.by_name.values() for s in group], target.pod)
 
 
 def base_signal(name: str) -> str:

@@ -30,7 +30,7 @@ line), because a half-read payload would silently skew counters.
 """
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -241,18 +241,9 @@ def _read_known(lines: list[str], om: bool, wanted: Container[str] | None, max_s
     infos = list(map(series_cache.get, [p[0] for p in parts]))
     if None in infos:
         return False
-    texts = [p[2] for p in parts]
-    try:
-        values = list(map(float, texts))
-    except ValueError:
+    values = bulk_values([p[2] for p in parts])
+    if values is None:
         return False
-    joined = "".join(texts)  # what Python's float() takes beyond Go's: whitespace, controls, `_`, non-ASCII
-    if not (joined.isascii() and joined.isprintable()) or "_" in joined:
-        return False
-    total = sum(values)
-    if total - total != 0.0 and any(go_float(t) is None for t, v in zip(texts, values, strict=True)
-                                    if v - v != 0.0):
-        return False  # a signed NaN or an overflow (a finite sum that overflows only costs this check)
     for kind in map(comment_cache.__getitem__, comments):
         if kind is not None:
             out.types[kind[0]] = kind[1]
@@ -262,6 +253,39 @@ def _read_known(lines: list[str], om: bool, wanted: Container[str] | None, max_s
         _keep(out, seen, info, value, None)
     out.lines = len(samples)
     return True
+
+
+def bulk_values(texts: Sequence[str]) -> list[float] | None:
+    """The values of `value` tokens (each a classic sample's whole text after its series and one
+    space), or None when one of them needs the line loop (which then names the problem or reads
+    it): C-level operations over all of them instead of a check per token."""
+    try:
+        values = list(map(float, texts))
+    except ValueError:
+        return None
+    joined = "".join(texts)  # what Python's float() takes beyond Go's: whitespace, controls, `_`, non-ASCII
+    if not (joined.isascii() and joined.isprintable()) or "_" in joined:
+        return None
+    total = sum(values)
+    if total - total != 0.0 and any(go_float(t) is None for t, v in zip(texts, values, strict=True)
+                                    if v - v != 0.0):
+        return None  # a signed NaN or an overflow (a finite sum that overflows only costs this check)
+    return values
+
+
+def plain_series(series: str, limits: Limits) -> _Series | None:
+    """The parsed series text `name{labels}` of a classic sample within `limits` (from the cache
+    when it is there), or None when `series` is not one."""
+    info = _SERIES.get((False, limits), {}).get(series)
+    if info is not None:
+        return info
+    try:
+        info = _new_series(series, False, 0)
+        if info is not None and limits != NO_LIMITS:
+            _check_series(info, limits, 0)
+    except ParseError:
+        return None
+    return info
 
 
 def _keep(out: Payload, seen: dict[str, set], info: _Series, value: float, ts: float | None) -> None:

@@ -296,14 +296,18 @@ def assemble(routes: tuple[Route, ...], dropped: list[set[str]] | None = None) -
 
 def values_of(templates: list[Template], values: list[float] | tuple[float, ...], pod: str) -> list[Signal]:
     out: list[Signal] = []
+    append, new = out.append, tuple.__new__  # a Signal without NamedTuple's Python-level __new__
     for t in templates:
+        idx, scale = t.idx, t.scale
         if t.const is not None:
             value = t.const
-        elif t.scale is None:
-            value = combine([values[i] for i in t.idx], t.how)
+        elif len(idx) == 1:  # combine() of one value is that value
+            value = values[idx[0]] if scale is None else values[idx[0]] * scale
+        elif scale is None:
+            value = combine([values[i] for i in idx], t.how)
         else:
-            value = combine([values[i] * t.scale for i in t.idx], t.how)
-        out.append(Signal(pod, t.model, t.name, t.le, value, t.kind, t.source))
+            value = combine([values[i] * scale for i in idx], t.how)
+        append(new(Signal, (pod, t.model, t.name, t.le, value, t.kind, t.source)))
     return out
 
 

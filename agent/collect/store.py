@@ -146,14 +146,17 @@ class WindowStore:
         read_at = read_at or {}
         if restarted:
             self._rebase(restarted)
-        cols: dict[str, list] = {k: [] for k in SCHEMA}
+        signals = list(signals)
         last = self._last
         reset_pods: set[str] = set()
         seen: set[tuple] = set()
         seen_before = self._seen
         read: dict[tuple[str, str], float] = {}  # this scrape's reads, applied after it
-        for s in signals:
-            le = None if s.le != s.le else s.le
+        les = [None if s.le != s.le else s.le for s in signals]
+        times: list[float] = []
+        deltas: list[float | None] = []
+        dts: list[float | None] = []
+        for s, le in zip(signals, les, strict=True):
             key = (s.pod, s.model, s.name, le, s.source)
             ts = read_at.get((s.pod, s.source), cycle_ts)
             seen.add(key)
@@ -175,22 +178,19 @@ class WindowStore:
                     delta, dt = s.value, ts - before
             read[(s.pod, s.source)] = ts
             last[key] = (ts, s.value)
-            cols["ts"].append(ts)
-            cols["pod"].append(s.pod)
-            cols["model"].append(s.model)
-            cols["signal"].append(s.name)
-            cols["le"].append(le)
-            cols["source"].append(s.source)
-            cols["kind"].append(s.kind)
-            cols["value"].append(s.value)
-            cols["delta"].append(delta)
-            cols["dt"].append(dt)
+            times.append(ts)
+            deltas.append(delta)
+            dts.append(dt)
+        # the other columns at once (a Signal is a tuple: pod, model, name, le, value, kind, source)
+        pods, models, names, _, values, kinds, sources = zip(*signals, strict=True) if signals else ((),) * 7
+        cols = {"ts": times, "pod": pods, "model": models, "signal": names, "le": les, "source": sources,
+                "kind": kinds, "value": values, "delta": deltas, "dt": dts}
         seen_before.update(read)
         if restarted:
             for key in [k for k in last if (k[0], k[4]) in restarted and k not in seen]:
                 last[key] = (read_at.get((key[0], key[4]), cycle_ts), 0.0)
-        frame = pl.DataFrame(cols, schema=SCHEMA)
-        newest = max(cols["ts"], default=cycle_ts)
+        frame = pl.DataFrame({k: list(v) for k, v in cols.items()}, schema=SCHEMA)
+        newest = max(times, default=cycle_ts)
         with self._lock:
             self._frames.append((newest, frame))
             self._prune_locked(cycle_ts)

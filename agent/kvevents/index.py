@@ -262,58 +262,64 @@ class FleetIndex:
     # -- applying events -------------------------------------------------------------------
     def apply(self, engine: str, ts: float, events: list[Event]) -> None:
         st = self.engine(engine)
-        stored: list[int] = []
-        for ev in events:  # one vectorised sketch pass per message for all stored hashes
-            if type(ev) is Stored and (ev.group is None or ev.group == self.group_idx):
-                stored.extend(ev.hashes)
-        seen: Iterator[bool] = iter(())
-        if stored:
-            arr = np.fromiter(stored, dtype=np.uint64, count=len(stored))
-            if len(arr) <= _SKETCH_CHUNK:
-                flags = self.sketch.check_and_add(arr)
-            else:  # bounded temporaries (k probes x 8 bytes per hash), same answers as one call
-                parts = range(0, len(arr), _SKETCH_CHUNK)
-                flags = np.concatenate([self.sketch.contains(arr[i:i + _SKETCH_CHUNK]) for i in parts])
-                for i in parts:
-                    self.sketch.check_and_add(arr[i:i + _SKETCH_CHUNK])
-            seen = iter(flags.tolist())
-        # Consecutive removals of one medium are applied as one run: the per-hash work is in order,
-        # so the result is the same as event by event (vLLM emits one event per evicted block).
-        run: list[int] = []
-        run_medium: str | None = None  # medium of the pending run of removals, None when none
+        group = self.group_idx
+        # Consecutive events of one kind and medium (and block size) are applied as one run: the
+        # per-hash work is in order, so the result is the same as event by event (vLLM emits one
+        # BlockRemoved per evicted block, and a step's prefills as several BlockStored).
+        runs: list[tuple[type | None, str, int, list[int]]] = []
+        key: tuple[type, str, int] | None = None
+        stored: list[int] = []  # one vectorised sketch pass per message for all stored hashes
         for ev in events:
             kind = type(ev)
-            if kind is Removed and (ev.group is None or ev.group == self.group_idx):  # type: ignore[union-attr]
-                if run_medium is not None and ev.medium != run_medium:  # type: ignore[union-attr]
-                    self._removed(st, ts, run_medium, run)
-                    run = []
-                run_medium = ev.medium  # type: ignore[union-attr]
-                run.extend(ev.hashes)  # type: ignore[union-attr]
+            if kind is Cleared or (ev.group is not None and ev.group != group):  # type: ignore[union-attr]
+                runs.append((kind if kind is Cleared else None, "", 0, []))  # None: another group's event
+                key = None
                 continue
-            if run_medium is not None:
-                self._removed(st, ts, run_medium, run)
-                run, run_medium = [], None
-            if kind is Cleared:
+            if kind is Stored:
+                stored += ev.hashes  # type: ignore[union-attr]
+                k = (kind, ev.medium, ev.block_size)  # type: ignore[union-attr]
+            else:
+                k = (kind, ev.medium, 0)  # type: ignore[union-attr]
+            if k == key:
+                runs[-1][3].extend(ev.hashes)  # type: ignore[union-attr]
+            else:
+                runs.append((*k, list(ev.hashes)))  # type: ignore[union-attr]
+                key = k
+        seen: Iterator[bool] = iter(self._seen_flags(stored).tolist() if stored else ())
+        for kind, medium, block_size, hashes in runs:
+            if kind is Removed:
+                self._removed(st, ts, medium, hashes)
+            elif kind is Stored:
+                self._stored(st, ts, medium, block_size, hashes, seen)
+            elif kind is Cleared:
                 self.clear_engine(engine, ts)
-                continue
-            if ev.group is not None and ev.group != self.group_idx:  # type: ignore[union-attr]
+            else:
                 st.stats.other_group_events += 1
-                continue
-            self._stored(st, ts, ev, seen)  # type: ignore[arg-type]
-        if run_medium is not None:
-            self._removed(st, ts, run_medium, run)
 
-    def _stored(self, st: EngineState, ts: float, ev: Stored, seen: Iterator[bool]) -> None:
+    def _seen_flags(self, stored: list[int]) -> np.ndarray:
+        """The sketch's "seen before this message" of each stored hash; adds them all."""
+        arr = np.fromiter(stored, dtype=np.uint64, count=len(stored))
+        if len(arr) <= _SKETCH_CHUNK:
+            return self.sketch.check_and_add(arr)
+        # bounded temporaries (k probes x 8 bytes per hash), same answers as one call
+        parts = range(0, len(arr), _SKETCH_CHUNK)
+        flags = np.concatenate([self.sketch.contains(arr[i:i + _SKETCH_CHUNK]) for i in parts])
+        for i in parts:
+            self.sketch.check_and_add(arr[i:i + _SKETCH_CHUNK])
+        return flags
+
+    def _stored(self, st: EngineState, ts: float, medium: str, block_size: int, hashes: list[int],
+                seen: Iterator[bool]) -> None:
         # Hot path: the two-generation maps are inlined (young/old dicts as locals).
         stats = st.stats
-        tb = tier_bit(ev.medium)
+        tb = tier_bit(medium)
         gpu = tb == GPU
-        size = ev.block_size if ev.block_size > 0 else stats.block_size
-        if gpu and ev.block_size > 0:
-            stats.block_size = ev.block_size
-        _bump(stats.stored_blocks, ev.medium, len(ev.hashes))
+        size = block_size if block_size > 0 else stats.block_size
+        if gpu and block_size > 0:
+            stats.block_size = block_size
+        _bump(stats.stored_blocks, medium, len(hashes))
         if tb == STORAGE:  # the shared L2: resident for the fleet, not for this engine
-            for h in ev.hashes:
+            for h in hashes:
                 next(seen)
                 self.storage.put(h, True)
             return
@@ -329,7 +335,7 @@ class FleetIndex:
         sy, so, shalf, seq = shadow.young, shadow.old, shadow.half, self.l2_seq
         cold_sink = self.cold_sink
         cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
-        for h, was_seen in zip(ev.hashes, seen):  # consumes one flag per hash, like next(seen)
+        for h, was_seen in zip(hashes, seen):  # consumes one flag per hash, like next(seen)
             held = -1  # the engines holding h, once looked up
             mask = ry.get(h)
             if mask is None:

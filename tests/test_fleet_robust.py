@@ -16,7 +16,7 @@ from agent.collect.parse import parse
 from agent.collect.store import WindowStore
 from agent.runtime.fleet_robust import FleetBounds, PodStats, RobustFleet, fleet_outliers, robust_window
 from agent.runtime.paying_runtime import latency_points, observed_between
-from agent.runtime.tuning_bridge import StoreWindowSource
+from agent.runtime.tuning_bridge import StoreWindowSource, drift_signals
 from agent.settings import load_settings
 from contracts.tier_model import Target
 
@@ -129,6 +129,23 @@ def test_one_hostile_pod_does_not_move_what_the_tuner_sees(pods):
     assert judge.ttft_observations(now - 60, now).buckets == reference.ttft_observations(now - 60, now).buckets
     assert judge.cumulative_hit_ratio(now - 60, now) == pytest.approx(reference.cumulative_hit_ratio(now - 60, now),
                                                                        abs=0.02)
+
+
+@pytest.mark.parametrize("pods", [4, 16])
+def test_one_hostile_pod_moves_neither_the_drift_signals_nor_the_latest_rate(pods):
+    """The drift detector's signals and the fitted workload's latest-window rate (both read
+    `store.window`) are the honest fleet's: one pod cannot raise a drift alarm or a replan."""
+    honest_store, hostile_store = fleet_store(pods, None), fleet_store(pods, 3)
+    robust = RobustFleet(hostile_store, bounds())
+    honest, naive, seen = (drift_signals(s, None, 60.0) for s in (honest_store, hostile_store, robust))
+    assert set(seen) == set(honest) == {"arrival_rate", "prompt_tokens_mean", "long_prompt_fraction", "hit_ratio"}
+    assert naive["arrival_rate"] > 2 * honest["arrival_rate"]  # summed, the hostile pod dominates
+    assert naive["long_prompt_fraction"] > honest["long_prompt_fraction"] + 0.3
+    for key, value in honest.items():
+        assert seen[key] == pytest.approx(value, rel=0.05, abs=0.02), key
+    now = 1000.0 + 24 * 2.5
+    latest = observed_between(robust, None, now - 60, now, latest=True)
+    assert latest.arrival_rate_rps == pytest.approx(honest["arrival_rate"], rel=0.05)
 
 
 def test_outliers_are_counted_and_logged(caplog):

@@ -13,6 +13,7 @@ import typing
 import polars as pl
 import pytest
 
+from agent.runtime.fleet_robust import RobustFleet
 from agent.runtime.paying_runtime import FittedHistory
 from agent.runtime.tuning.build import TuningIO, build_tuning
 from agent.runtime.tuning.workload import PreferRebuilt
@@ -84,7 +85,9 @@ def test_the_harness_wiring_hands_the_tuner_agent_objects_only(served, monkeypat
     sim_run.tuner_for(dep.settings, agent, fleet, cluster, dep, lambda: SPAN_S, dry_run=False)
     (io,) = got
     assert io.trace is None and io.workload is agent.workload and isinstance(io.workload, PreferRebuilt)
-    assert isinstance(io.window_source, StoreWindowSource) and io.window_source.store is agent.store
+    # the agent's robust view of its store, as `tierpilot run` plans and judges on
+    assert isinstance(io.window_source, StoreWindowSource) and io.window_source.store is agent.planning_store
+    assert isinstance(agent.planning_store, RobustFleet) and agent.planning_store.store is agent.store
     assert io.latency_points.__self__ is agent  # type: ignore[attr-defined]
     assert io.actuator is fleet  # the fleet is only the actuator
 

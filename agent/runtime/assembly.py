@@ -88,6 +88,7 @@ class Runtime:
     kv_feed: Callable[[], int] | None = None
     paying: Any = None  # tuners.planning.paying.Paying: the planner, counterfactual twin and calibrations
     fleet_store: Any = None  # what the tuner reads: agent.store, or the shards' FleetStore
+    planning_store: Any = None  # fleet_store made robust (fleet_robust.RobustFleet): what the tuner plans and judges on
     fleet_overlap: Any = None  # sharded: the KV-event overlap merged from every shard (FleetOverlap)
     shard_peers: tuple[str, ...] = ()  # shard.peers without this replica's own URL
     plan_executor: Any = None  # where the tuner's plans run (a thread of their own by default)
@@ -371,13 +372,15 @@ def _add_fleet_sketches(rt: Runtime, settings: AgentSettings, kv: KvEventManager
 def observed_workload(store: Any, kv: Any, window_s: float) -> ObservedWorkload:
     """The signals the synthetic warm-start workload is fitted to. Without KV events the
     overlap falls back to the cache's cumulative hit ratio (a lower bound)."""
+    from agent.collect.window import bucket_increases, bucket_shares
     from agent.runtime.tuning_bridge import drift_signals, gpu_observations
     from agent.runtime.workload_fit import ObservedWorkload
 
     signals = drift_signals(store, kv, window_s)
     overlap = signals.get("reuse_ratio", signals.get("hit_ratio"))
-    gpu = gpu_observations(store.window(window_s))
-    return ObservedWorkload(signals.get("arrival_rate"), tuple(store.prompt_length_mix(window_s=window_s)),
+    window = store.window(window_s)
+    gpu = gpu_observations(window)
+    return ObservedWorkload(signals.get("arrival_rate"), tuple(bucket_shares(bucket_increases(window, "prompt_length_tokens"))),
                             None if overlap is None else min(max(overlap, 0.0), 1.0),
                             gpu_tokens=int(gpu["gpu_tokens"]) if "gpu_tokens" in gpu else None,
                             requests_waiting=gpu.get("requests_waiting"), preemption_rate=gpu.get("preemption_rate"))
@@ -419,7 +422,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     from agent.k8s import ActuationCollector, ActuationMetrics, KubeApi, LeaseElector, build_actuator
     from agent.k8s.mapping import load_mappings
     from agent.k8s.offline import acceptance
-    from agent.runtime.fleet_robust import FleetBounds, RobustFleet
+    from agent.runtime.fleet_robust import planning_view
     from agent.runtime.paying_runtime import latency_points, twin_cluster_for
     from agent.runtime.tuning.build import TuningIO, build_tuning
     from agent.runtime.tuning.schema import deployment_limits
@@ -483,7 +486,8 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     rt.agent.add_collector(rt.proposals)
     rt.agent.add_route("/proposals", lambda _q: (dumps(rt.proposals.to_json()).encode(), "application/json"))
     # the tuner plans and judges on windows no single pod can steer (fleet_robust.py)
-    planning_store = RobustFleet(rt.fleet_store, FleetBounds(**t.fleet_bounds.model_dump()))
+    planning_store = planning_view(settings, rt.fleet_store)
+    rt.planning_store = planning_store
     rt.agent.add_collector(planning_store.collector())
     unmodelled = twin_unmodelled(space.fixed)
     if unmodelled:  # e.g. a vllm-project/router left at cache_aware: the twin cannot replay it
@@ -510,7 +514,7 @@ def _add_tuning(rt: Runtime, settings: AgentSettings, act: Any, api_client: Any,
     d = t.drift
     rt.tuning = TuningLoop(
         tuning.new_controller,
-        lambda: drift_signals(rt.fleet_store, rt.overlap_source, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
+        lambda: drift_signals(planning_store, rt.overlap_source, d.window_s, long_prompt_tokens=d.long_prompt_tokens),
         clock=clock, guardrails=tuning.guardrails, is_leader=_tuning_leader(rt, settings))
     rt.agent.add_job(JobSpec("tune_step", t.step_interval_s, rt.tuning.step))
     rt.agent.add_health_check("tuner", rt.tuning.health)

@@ -174,7 +174,8 @@ def robust_window(window: pl.DataFrame, bounds: FleetBounds) -> tuple[pl.DataFra
 
 
 class RobustFleet:
-    """`window_between(since, until)` of `store`, made robust (`robust_window`); counted and logged."""
+    """`window_between(since, until)` and `window(window_s)` of `store`, made robust
+    (`robust_window`); outliers counted and logged."""
 
     def __init__(self, store: Any, bounds: FleetBounds) -> None:
         self.store, self.bounds = store, bounds
@@ -183,7 +184,15 @@ class RobustFleet:
         self._logged: dict[str, str] = {}
 
     def window_between(self, since: float, until: float) -> pl.DataFrame:
-        window, outliers = robust_window(self.store.window_between(since, until), self.bounds)
+        return self._robust(self.store.window_between(since, until))
+
+    def window(self, window_s: float | None = None, now: float | None = None) -> pl.DataFrame:
+        """The store's latest window (`window_s` up to `now`), made robust: what the drift signals
+        and the fitted workload's rate read."""
+        return self._robust(self.store.window(window_s, now))
+
+    def _robust(self, frame: pl.DataFrame) -> pl.DataFrame:
+        window, outliers = robust_window(frame, self.bounds)
         with self._lock:
             for (pod, _model), why in outliers.items():
                 kind = _kind(why)
@@ -199,6 +208,12 @@ class RobustFleet:
 
     def collector(self) -> RobustFleetCollector:
         return RobustFleetCollector(self)
+
+
+def planning_view(settings: Any, store: Any) -> RobustFleet:
+    """What the tuner plans, judges and watches for drift on: `store` under the settings'
+    `tuner.fleet_bounds`. `tierpilot run` and the simulated-clock harness both build it here."""
+    return RobustFleet(store, FleetBounds(**settings.tuner.fleet_bounds.model_dump()))
 
 
 def _kind(why: str) -> str:
@@ -230,4 +245,4 @@ class RobustFleetCollector:
         yield fam
 
 
-__all__ = ["FleetBounds", "PodStats", "RobustFleet", "fleet_outliers", "pod_stats", "robust_window"]
+__all__ = ["FleetBounds", "PodStats", "RobustFleet", "fleet_outliers", "planning_view", "pod_stats", "robust_window"]

@@ -144,7 +144,7 @@ def add_shadow_log(rt: Any, settings: Any, *, clock: Callable[[], float], namesp
     sh = t.shadow
     writer = _jsonl_writer(sh.log_file) if sh.log_file is not None else None
     rt.shadow = ShadowLog(scope=t.apply, plans=rt.paying.planner.history, running=rt.actuator.current,
-                          ttft=StoreWindowSource(rt.fleet_store), settle_s=sh.settle_s if sh.settle_s is not None
+                          ttft=StoreWindowSource(rt.planning_store), settle_s=sh.settle_s if sh.settle_s is not None
                           else t.live.settle_s, window_s=sh.window_s if sh.window_s is not None else t.live.window_s,
                           min_requests=t.live.min_requests, keep=sh.keep, log=writer, target=namespace)
     rt.agent.add_collector(rt.shadow)

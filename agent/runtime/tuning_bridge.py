@@ -4,7 +4,8 @@ The same functions serve the production runtime (agent/runtime/assembly.py) and 
 
 - `StoreWindowSource(store)`: the tuner's `tuners.live.WindowSource` over the `WindowStore`;
   windows are exactly [since, until] in the store's clock, whatever time the caller polls.
-- `drift_signals(store, kv_manager, window_s)`: the drift detector's workload signals.
+- `drift_signals(store, kv_manager, window_s)`: the drift detector's workload signals, all from
+  one `store.window(window_s)` (given a `RobustFleet`, no single pod can steer them).
 - `pod_counters(window)` / `feed_kv_counters(store, kv_manager, ...)`: per scrape, the scraped
   vLLM token counters the KV-event overlap and miss estimates need (`PodCounters`).
 - `kv_endpoints_from_pods(pods, default_model)`: KV-event endpoints from discovered pods.
@@ -28,7 +29,7 @@ import polars as pl
 
 from agent.collect.store import WindowStore
 from agent.collect.tiers import cumulative_hit_ratios, derive_tiers, prompt_lookups
-from agent.collect.window import bucket_increases, select, signal_rate, signal_values
+from agent.collect.window import bucket_increases, bucket_shares, select, signal_rate, signal_values
 from agent.kvevents import EndpointSpec, KvEventManager, PodCounters, workload_overlap
 from agent.kvevents.fleet_overlap import FleetOverlap
 from agent.kvevents.settings import SettingsError as KvSettingsError
@@ -121,16 +122,17 @@ def drift_signals(store: WindowStore, kv_manager: KvEventManager | FleetOverlap 
     the KV manager's, or for a sharded agent the `FleetOverlap` merged from every shard).
     """
     out: dict[str, float] = {}
-    req = store.request_rate(window_s=window_s)
-    tok = store.prompt_token_rate(window_s=window_s)
+    window = store.window(window_s)  # one window for every signal: a RobustFleet's is robust
+    req = signal_rate(window, "requests")
+    tok = signal_rate(window, "prompt_tokens")
     if req is not None and req > 0:
         out["arrival_rate"] = req
         if tok is not None:
             out["prompt_tokens_mean"] = tok / req
-    mix = store.prompt_length_mix(window_s=window_s)
+    mix = bucket_shares(bucket_increases(window, "prompt_length_tokens"))
     if mix:
         out["long_prompt_fraction"] = sum(share for lo, _hi, share in mix if lo >= long_prompt_tokens)
-    hit = deepest_cumulative_ratio(store.window(window_s))
+    hit = deepest_cumulative_ratio(window)
     if hit is not None and math.isfinite(hit):
         out["hit_ratio"] = hit
     overlap = workload_overlap(kv_manager, window_s=window_s)

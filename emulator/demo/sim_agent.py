@@ -15,7 +15,8 @@
 
 What the tuner gets from it is what `tierpilot run` gets from the real agent: `window_source`,
 `drift_signals()`, `latency_points` and the planning `workload` (rebuilt from the block stream,
-or fitted to the counters with `kv_events.enabled: false`), all built by the agent's own code
+or fitted to the counters with `kv_events.enabled: false`), all over the agent's robust view of
+the store (`agent.runtime.fleet_robust.planning_view`) and built by the agent's own code
 (`agent.runtime.tuning.workload.planning_workload`, `agent.runtime.tuning_bridge`).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agent.collect.parse import Payload
 from agent.collect.store import WindowStore
 from agent.kvevents import EngineId, KvEventManager
 from agent.kvevents.wire import Batch, Cleared, Removed, Stored
+from agent.runtime.fleet_robust import planning_view
 from agent.runtime.paying_runtime import latency_points
 from agent.runtime.tuning.workload import WorkloadSource, planning_workload, record_blocks
 from agent.runtime.tuning_bridge import StoreWindowSource, drift_signals, feed_kv_counters
@@ -56,8 +58,10 @@ class SimAgent:
         self.counter_window_s = scrape_interval_s * SCRAPES_PER_COUNTER_WINDOW
         self.workload: WorkloadSource
         rebuilt = record_blocks(settings, self.kv, self.store, clock) if self.kv is not None else None
-        self.workload, self.fitted = planning_workload(settings, self.store, self.kv, clock, rebuilt)
-        self.window_source = StoreWindowSource(self.store)
+        # the tuner's view of the store, as `tierpilot run` builds it: no single pod steers it
+        self.planning_store = planning_view(settings, self.store)
+        self.workload, self.fitted = planning_workload(settings, self.planning_store, self.kv, clock, rebuilt)
+        self.window_source = StoreWindowSource(self.planning_store)
         self._targets: dict[str, Target] = {}
         self._step: tuple[float, str] | None = None
         self._pending: list[Stored | Removed | Cleared] = []
@@ -124,10 +128,10 @@ class SimAgent:
     # -- what the tuner reads ------------------------------------------------------------------------
     def drift_signals(self) -> dict[str, float]:
         d = self.settings.tuner.drift
-        return drift_signals(self.store, self.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens)
+        return drift_signals(self.planning_store, self.kv, d.window_s, long_prompt_tokens=d.long_prompt_tokens)
 
     def latency_points(self, since: float, until: float) -> list[tuple[float, float, float]]:
-        return latency_points(self.store, since, until, self.settings.tuner.planner.calibration_step_s)
+        return latency_points(self.planning_store, since, until, self.settings.tuner.planner.calibration_step_s)
 
 
 __all__ = ["SimAgent"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from agent.runtime.fleet_robust import RobustFleet
 from contracts.knobs import DEFAULT_KNOBS
 from emulator.demo.loop import REGRESSION_KNOBS, Demo, DemoResult
 from emulator.demo.settings import DemoSettings
@@ -75,6 +76,11 @@ def test_demo_detects_drift_applies_config_and_beats_defaults_in_the_shifted_pha
     shifted = next(v for v in result.verdicts if v.phase == 1)
     assert shifted.tuned_ttft_p95_s < shifted.default_ttft_p95_s, shifted
     assert result.final_knobs != DEFAULT_KNOBS
+    # the tuner read what `tierpilot run`'s reads: the agent's robust view and the workload rebuilt
+    # from the pods' block streams (never the request frame the cluster serves)
+    assert isinstance(demo.view, RobustFleet) and demo.view.store.__class__.__name__ == "_CurrentStore"
+    kinds = [p.get("workload") for p in demo.planner.history]
+    assert kinds and set(kinds) == {"rebuilt"}, kinds
     # The agent really exported unified metrics and the timeline has its view next to the truth.
     assert any(p.agent_ttft_p95_s is not None for p in demo.recorder.timeline)
     assert _closed(result.agent_url)

@@ -22,8 +22,10 @@ from agent.collect.scheduler import JobSpec
 from agent.kvevents import EndpointSpec, KvEventManager, KvEventsCollector, KvEventsSettings
 from agent.kvevents.signals import KvSnapshot
 from agent.runtime.app import Agent
+from agent.runtime.fleet_robust import RobustFleet, planning_view
+from agent.runtime.tuning.workload import WorkloadSource, planning_workload, record_blocks
 from agent.runtime.tuning_bridge import StoreWindowSource, drift_signals, feed_kv_counters
-from agent.settings import load_settings
+from agent.settings import AgentSettings, load_settings
 from contracts.tier_model import Target
 
 log = logging.getLogger("tierpilot.demo.agent")
@@ -114,7 +116,31 @@ class DemoAgent:
         assert self.kv is not None
         feed_kv_counters(self.store, self.kv, window_s=self._window_s, ts=self.clock())
 
-    # -- signals for the drift detector -----------------------------------------------------------
-    def drift_signals(self, window_s: float | None = None) -> dict[str, float]:
-        return drift_signals(self.store, self.kv, window_s)
+    # -- what the tuner reads ------------------------------------------------------------------------
+    def tuner_inputs(self, settings: AgentSettings) -> tuple[RobustFleet, WorkloadSource]:
+        """What `tierpilot run` hands its tuner, built by the agent's own code for the tuner's
+        `settings`: the store's robust view (`planning_view`), on which the tuner plans, judges
+        and watches for drift, and the planning workload: rebuilt from the pods' block streams
+        (a block recorder on the KV-event manager; call before `start`), or fitted to the
+        counters without KV events. Both follow the store if `start` remakes the agent."""
+        store = _CurrentStore(self)
+        view = planning_view(settings, store)
+        rebuilt = (record_blocks(settings, self.kv, store, self.clock)
+                   if self.kv is not None and settings.kv_events.enabled else None)
+        workload, _fitted = planning_workload(settings, view, self.kv, self.clock, rebuilt)
+        return view, workload
+
+    def drift_signals(self, window_s: float | None = None, view: RobustFleet | None = None) -> dict[str, float]:
+        """The drift detector's signals over `view` (the tuner's robust view) or the raw store."""
+        return drift_signals(self.store if view is None else view, self.kv, window_s)
+
+
+class _CurrentStore:
+    """The demo agent's store of the moment (`DemoAgent.start` remakes the agent on a taken port)."""
+
+    def __init__(self, owner: DemoAgent) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._owner.agent.store, name)
 

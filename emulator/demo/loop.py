@@ -28,6 +28,7 @@ from rich.live import Live
 from agent.kvevents import EndpointSpec
 from agent.runtime.paying_runtime import latency_points
 from agent.runtime.tuning.build import TuningIO, build_tuning
+from agent.runtime.tuning_bridge import StoreWindowSource
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from contracts.tier_model import Target
 from emulator.cluster.catalogue import CURVINE_IO_US_BUCKETS
@@ -55,7 +56,6 @@ from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import PLAN_NOTE, action_counts, demo_scorecard, plan_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
-from emulator.demo.sim_run import ServedFrame
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
@@ -204,12 +204,15 @@ class Demo:
         self.agent = DemoAgent(targets, clock=self.driver.trace_now, port=s.agent_port, kv_endpoints=kv_endpoints,
                                kv_bytes_per_token=caps.kv_bytes_per_token, window_s=self.tuner.drift.window_s,
                                extra_collectors=(self.tuner_metrics,), wall_of=self._wall_of)
-        store, step_s = self.agent.store, self.tuner.planner.calibration_step_s
+        # the tuner reads what `tierpilot run`'s would: the agent's robust view of its store and the
+        # workload rebuilt from the pods' block streams, never the request frame the cluster serves
+        self.view, workload = self.agent.tuner_inputs(self.deployment.settings)
+        view, step_s = self.view, self.tuner.planner.calibration_step_s
         tuning = build_tuning(self.deployment.settings, TuningIO(
-            actuator=self.actuator, space=self.deployment.space(), window_source=self.agent.window_source,
-            workload=ServedFrame(self.workload), twin_cluster=lambda: self.twin_cluster, clock=self.driver.trace_now,
+            actuator=self.actuator, space=self.deployment.space(), window_source=StoreWindowSource(view),
+            workload=workload, twin_cluster=lambda: self.twin_cluster, clock=self.driver.trace_now,
             metrics=self.tuner_metrics, storage=optuna.storages.InMemoryStorage(), restarts=restarts_pods,
-            latency_points=lambda since, until: latency_points(store, since, until, step_s),
+            latency_points=lambda since, until: latency_points(view, since, until, step_s),
             plan_executor=self.plan_executor, dry_run=s.dry_run,
             wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
             wrap_warm_start=lambda warm: _InjectingWarmStart(
@@ -397,7 +400,7 @@ class Demo:
                 if self.driver.error is not None:
                     raise RuntimeError(f"the twin driver failed: {self.driver.error}") from self.driver.error
                 if self.driver.trace_now() >= self.tuner.drift.window_s:  # the agent has a window
-                    signals = self.agent.drift_signals(self.tuner.drift.window_s)
+                    signals = self.agent.drift_signals(self.tuner.drift.window_s, self.view)
                     rep = self.controller.step(self.driver.trace_now(), signals)
                     self._on_report(rep)
                     if self.status.startswith("learning") and rep.state != "baseline":

@@ -39,12 +39,13 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
     whole = next(line for line in text.splitlines() if line.startswith("| **whole run**"))
     assert "| same speed; 1.24x faster |" in whole and whole.endswith("| 0 / 1 / 0 | 0 / 0 |"), whole  # one apply, counted once
     assert f"requests in both passes: {wl.frame.height - 1}" in text and "tuned 1, held 0" in text
-    assert "router at 1.0 s (monotonic): policy -> cache_aware, healthy after 1.2 s" in text
+    assert "router at 1.0 s: policy -> cache_aware; ready after 1.2 s" in text
     assert "Every move the planner priced" not in text  # no plan, no section
     for png in ("ttft_p95.png", "hit_ratios.png"):
         assert f"]({png})" in text and (tmp_path / png).stat().st_size > 10_000, png
     section = text.split("## Hit ratios: what each counts", 1)[1]
-    for name in ("engines' counters", "the agent's cumulative", "the client's"):
+    for name in ("engines' counters", "the agent's cumulative", "the client's", "engines' tier counters",
+                 "the agent's per tier"):
         assert f"**{name}**" in section, name
     assert "hit ratios (defined above): engines' counters" in text
     tuned.plans.append(PLAN)
@@ -52,7 +53,7 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
     assert "- plan at 40 s: horizon 60 s (configured)" in text
     assert "router prefixaware (hot reload): p95 5.0% faster, mean 8.0% slower over the horizon; once settled " \
            "loses 120 s of TTFT per hour" in text
-    assert "**decline**" in text and "+" not in text.split("## What the tuner did")[1].split("## Process")[0]
+    assert "**decline**" in text and "+" not in text.split("## What the tuner did")[1].split("## Engine restarts")[0]
     assert tuned.hit_ratio() == pytest.approx(0.25)
 
 

@@ -1,42 +1,76 @@
-"""The real-engine demo's tuner wiring (no engine): router-only space, replans as the regime ages."""
+"""The real-engine demo's agent wiring (no engine): the objects the demo writes into the Kubernetes API
+and the `tierpilot run` configuration it renders make the production runtime tune the engines' tier
+knobs (restart-requiring) through its Kubernetes actuator, with restarts allowed and the router left
+to the deployment."""
 from __future__ import annotations
 
-import polars as pl
+import logging
+from pathlib import Path
 
-from emulator.demo.engine_tuning import ENGINE_KNOBS, ENGINE_ROUTERS, build_engine_tuning, engine_settings
-from simulator.cluster import ClusterSpec
-from tests.support.tuner_fakes import FakeActuator, FakeClock
-from tuners.metrics import TunerMetrics
-from tuners.planning.plan_runner import InlineExecutor
+import yaml
+
+from agent.runtime.assembly import build_runtime
+from agent.settings import load_settings
+from emulator.demo.engine_cluster import (
+    FleetDesign,
+    FleetPorts,
+    agent_config,
+    curvine_objects,
+    engine_deployment,
+    router_deployment,
+    targets_file,
+)
+from emulator.demo.engine_pass import knobs_from_deployment, tuning_steps
+from emulator.demo.engine_tuning import ENGINE_KNOBS, engine_settings, engine_settings_data
+from tests.support.kube import NS, serve
 
 
-class _NoWindows:
-    def window(self, since: float, until: float):  # never enough requests: the controller keeps measuring
-        return None
+def _design(tmp_path: Path) -> FleetDesign:
+    ports = FleetPorts(engines=((18000, 18001, 18002), (18010, 18011, 18012)), router=18100, router_metrics=18101,
+                       curvine=18102)
+    return FleetDesign(name="tuned", engines=2, model=tmp_path / "model", kv_cache_tokens=6144, dtype="float32",
+                       knobs=ENGINE_KNOBS, l2_dir=tmp_path / "l2", l2_quota_mib=64, ports=ports)
 
 
-class _Empty:
-    kind = "served"
+def test_the_demo_agent_tunes_the_engines_tier_knobs_through_kubernetes(shared_dir, tmp_path, caplog) -> None:
+    d = _design(tmp_path)
+    server = next(gen := serve(shared_dir))
+    try:
+        for obj in [*curvine_objects(d), engine_deployment(d, 0), engine_deployment(d, 1),
+                    router_deployment(d, ["http://127.0.0.10:18000", "http://127.0.0.11:18010"])]:
+            server.put(obj)
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", NS)
+        targets = tmp_path / "targets.yaml"
+        targets.write_text(yaml.safe_dump(targets_file(d)))
+        cfg = agent_config(d, engine_settings_data(), kubeconfig=kubeconfig, targets=targets, port=0, tuning=True,
+                           seed=7, storage=f"sqlite:///{tmp_path / 'study.db'}")
+        path = tmp_path / "agent.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        settings = load_settings(path, env={})
+        assert settings.tuner.apply == "all" and settings.kv_events.enabled  # restarts allowed, stated in the file
+        with caplog.at_level(logging.INFO, logger="tierpilot.runtime"):
+            rt = build_runtime(settings, env={})
+        knobs_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("tuning engine-demo"))
+        knobs = knobs_line.split("knobs ", 1)[1].split(";", 1)[0].split(", ")
+        assert "cpu_gib" in knobs and "router" not in knobs, knobs_line  # the tier knobs; the router is the deployment's
+        running = rt.actuator.current()
+        assert running.cpu_gib == ENGINE_KNOBS.cpu_gib  # read from --kv-transfer-config in the API
+        live = server.get("Deployment", NS, "vllm-tuned-0")
+        assert knobs_from_deployment(live, ENGINE_KNOBS) == ENGINE_KNOBS
+        rt.actuator.apply(running.replace(cpu_gib=0.125))  # the kmock API rolls out at once (no kubelet here)
+        after = knobs_from_deployment(server.get("Deployment", NS, "vllm-tuned-1"), ENGINE_KNOBS)
+        assert after.cpu_gib == 0.125 and after.chunk_tokens == ENGINE_KNOBS.chunk_tokens
+    finally:
+        next(gen, None)
+    assert engine_settings(2, 7).tuner.limits.pods == 2
 
-    def history(self, now: float, seconds: float) -> pl.DataFrame:
-        return pl.DataFrame()
 
-
-def test_engine_tuner_searches_the_router_only_and_plans_again_as_the_regime_ages() -> None:
-    clock = FakeClock(0.0)
-    tuning = build_engine_tuning(actuator=FakeActuator(clock, ENGINE_KNOBS), window_source=_NoWindows(), clock=clock,
-                                 twin_cluster=ClusterSpec(pods=2, gpu_tokens=6144, cpu_tokens=0, l2_tokens=0,
-                                                          profile="cpu-tiny-llama"),
-                                 workload=_Empty(), metrics=TunerMetrics(target="t"), seed=7,
-                                 plan_executor=InlineExecutor())
-    [dim] = tuning.space.dimensions
-    assert dim.name == "router" and tuple(dim.values) == ENGINE_ROUTERS
-    controller = tuning.new_controller()
-    horizon = controller.horizon
-    assert horizon is not None and horizon.settings.replan_growth == engine_settings(2, 7).tuner.planner.replan_growth
-    assert horizon.settings.replan_growth == 1.5  # the engine file's override
-    horizon.start(10.0)
-    horizon.planned(38.0)  # the first plan at a regime age of 28 s
-    assert not horizon.replan_due(50.0) and horizon.replan_due(52.0)  # 28 x 1.5 = 42 s of age
-    assert tuning.planner is not None and tuning.planner.history == []
-    assert controller.drift is None  # the run is too short for the detector's warm-up
+def test_tuning_steps_are_read_from_the_agents_log() -> None:
+    lines = [("2026-12-07 06:40:01,250 INFO tierpilot.runtime.tuning_loop: tuning step: phase=0 state=trial_started "
+             "trial=1 cpu_gib 0.0156 -> 0.25"),
+             "2026-12-07 06:40:03,000 DEBUG tierpilot.runtime.tuning_loop: tuning step: phase=0 state=measuring trial=1 ",
+             "2026-12-07 06:40:09,000 INFO tierpilot.runtime.tuning_loop: tuning step: phase=0 state=rolled_back trial=1 worse"]
+    steps = tuning_steps(lines)
+    assert [m for _t, m in steps] == ["tuner: trial_started (trial 1): cpu_gib 0.0156 -> 0.25",
+                                      "tuner: rolled_back (trial 1): worse"]
+    assert steps[1][0] - steps[0][0] == 7.75

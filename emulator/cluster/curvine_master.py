@@ -135,11 +135,11 @@ class CurvineMasterServer:
     """The master's loop in a thread (inotify events, a scan, a quota check every `interval_s`) and
     its `/metrics` endpoint on 127.0.0.1."""
 
-    def __init__(self, master: CurvineMaster, *, port: int = 0, interval_s: float = 1.0) -> None:
+    def __init__(self, master: CurvineMaster, *, port: int = 0, interval_s: float = 1.0, host: str = "127.0.0.1") -> None:
         self.master = master
         self.interval_s = interval_s
         self._lock = threading.Lock()
-        self.endpoint = MetricsEndpoint(self._render, port)
+        self.endpoint = MetricsEndpoint(self._render, port, host)
         self._watch: TreeWatch | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scan-page", type=int, default=2, help="quota_eviction_scan_page [2]")
     ap.add_argument("--config", type=Path, help="Curvine's cluster TOML: its [master] quota_eviction_* keys replace "
                     "--policy, --high, --low and --scan-page (read at start, as Curvine's master reads it)")
-    ap.add_argument("--port", type=int, default=9001, help="/metrics port on 127.0.0.1 (Curvine's master web port) [9001]")
+    ap.add_argument("--port", type=int, default=9001, help="/metrics port (Curvine's master web port) [9001]")
+    ap.add_argument("--host", default="127.0.0.1", help="/metrics address, a loopback one (a pod IP) [127.0.0.1]")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between quota checks [1.0]")
     args = ap.parse_args(argv)
     try:
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                               low_watermark=args.low, scan_page=args.scan_page)
     except (QuotaError, OSError) as exc:
         ap.error(str(exc))
-    with CurvineMasterServer(CurvineMaster(args.root, cfg), port=args.port, interval_s=args.interval) as server:
+    with CurvineMasterServer(CurvineMaster(args.root, cfg), port=args.port, interval_s=args.interval,
+                            host=args.host) as server:
         print(f"curvine master: {args.root}, quota {args.capacity_mib} MiB, {args.policy}; metrics on {server.url}",
               flush=True)
         try:

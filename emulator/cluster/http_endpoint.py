@@ -57,10 +57,10 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, render: Callable[[], bytes]) -> None:
+    def __init__(self, port: int, render: Callable[[], bytes], host: str = LOOPBACK) -> None:
         self.render = render
         self.client_disconnects = 0
-        super().__init__((LOOPBACK, port), _Handler)
+        super().__init__((host, port), _Handler)
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A client that drops its keep-alive connection (a scraper closing its session, a
@@ -74,11 +74,13 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class MetricsEndpoint:
-    """`/metrics` on 127.0.0.1:port. Port 0 picks a free port once; restarts keep it."""
+    """`/metrics` on 127.0.0.1:port (or another loopback address: a pod IP of the project's kubelet).
+    Port 0 picks a free port once; restarts keep it."""
 
-    def __init__(self, render: Callable[[], bytes], port: int = 0) -> None:
+    def __init__(self, render: Callable[[], bytes], port: int = 0, host: str = LOOPBACK) -> None:
         self._render = render
         self._port = port
+        self._host = host
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -88,7 +90,7 @@ class MetricsEndpoint:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self._port}/metrics"
+        return f"http://{self._host}:{self._port}/metrics"
 
     @property
     def client_disconnects(self) -> int:
@@ -102,7 +104,7 @@ class MetricsEndpoint:
     def start(self) -> None:
         if self._server is not None:
             return
-        server = _Server(self._port, self._render)
+        server = _Server(self._port, self._render, self._host)
         self._port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},

@@ -11,6 +11,7 @@ from typing import Any
 from contracts.knobs import Knobs
 from contracts.output_paths import replacing, write_output
 from emulator.demo.engine_charts import plot_engine_hit_ratios, plot_engine_ttft
+from emulator.demo.engine_tuning import knobs_text
 from emulator.demo.paired_verdict import PairedVerdict, paired_verdict
 from emulator.demo.scorecard import PLAN_NOTE, plan_lines
 from emulator.demo.workload import DemoWorkload
@@ -19,9 +20,9 @@ from emulator.engines.process_actuator import Restart
 from tuners.payoff import WHOLE_RUN, ActionCounts, score_phases, scorecard_lines
 
 METHOD = ("tuned = every request of the tuned pass as the client saw it (TTFT = response time of a max_tokens=1 "
-          "completion through vllm-router, router restarts included); held = the same stream (same lengths, "
+          "completion through vllm-router, engine restarts included); held = the same stream (same lengths, "
           "sharing and arrival times; fresh token content, so nothing is cached from the other pass) with the "
-          "defaults held (round-robin). Hindsight is not measured on real engines (it needs one more real pass "
+          "starting configuration held. Hindsight is not measured on real engines (it needs one more real pass "
           "per static configuration), so captured gain is n/a. Noise or effect: the requests sent before the "
           "tuner's first change went to two fleets with the same configuration, so they measure the noise floor of "
           "this machine (fleet bias included); the effect is the ratio after the change over that one, each from "
@@ -36,7 +37,14 @@ HIT_RATIOS = (
     "the end of the stream only;\n"
     "- **the client's**: `cached_tokens / prompt_tokens` summed over every request of this pass that succeeded "
     "(vLLM's `usage.prompt_tokens_details.cached_tokens`: whole blocks of the prompt found cached), the whole "
-    "pass and nothing else.")
+    "pass and nothing else;\n"
+    "- **engines' tier counters**: per tier, `vllm:kv_offload_tiering_chunk_hits_total / "
+    "vllm:kv_offload_tiering_chunk_queries_total` (`tier=\"0:primary\"`: the CPU tier; `\"1:fs\"`: the shared fs "
+    "tier), the offload chunks looked up below the KV cache, summed over the fleet's engines since each last started "
+    "(a restart resets them); and `vllm:prompt_tokens_cached_by_source_total` per source (device: the KV cache, "
+    "host: the CPU tier, disk: the fs tier) over `vllm:prompt_tokens_total`, the share of prompt tokens each served;\n"
+    "- **the agent's per tier**: `tierpilot_kv_hit_ratio{{tier}}` over its last window at the end of the pass, "
+    "averaged over the engines.")
 
 
 @dataclasses.dataclass
@@ -51,6 +59,9 @@ class RunRecord:
     agent_url: str = ""
     interrupted: bool = False
     plans: list[dict] = dataclasses.field(default_factory=list)  # every plan the tuner's planner priced
+    agent_tier_ratios: dict[str, float] = dataclasses.field(default_factory=dict)  # tier -> the agent's hit ratio
+    engine_tiers: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # engine -> its counters
+    restarts: list[Restart] = dataclasses.field(default_factory=list)  # the fleet's rollouts (seconds from start)
 
     def ok(self) -> list[Completion]:
         return [c for c in self.completions if c.ok]
@@ -61,8 +72,10 @@ class RunRecord:
         return sum(c.cached_tokens or 0 for c in ok) / prompt if prompt else math.nan
 
     def changed_at(self) -> float | None:
-        """When the tuner first changed this pass's configuration (seconds from its start), or None."""
-        return next((t for t, msg in self.events if msg.startswith("tuner: trial_started")), None)
+        """When this pass's configuration first changed (seconds from its start), or None: the first
+        rollout of its engines, or the tuner's first started trial when nothing was rolled."""
+        times = [t for t, msg in self.events if msg.startswith("tuner: trial_started")]
+        return min(times + [r.at for r in self.restarts], default=None)
 
     def verdict(self, held: RunRecord) -> PairedVerdict | None:
         """Noise or effect, on the requests both passes served (None: there are none)."""
@@ -93,7 +106,7 @@ def _by_phase(record: RunRecord, phases: Sequence[int], keep: set[int]) -> dict[
 def _kv_lines(record: RunRecord) -> list[str]:
     snap = record.kv
     if snap is None:
-        return ["- no KV-event snapshot"]
+        return []  # the agent in a process of its own: its KV-event figures are on its /metrics
     lines = []
     for e in snap.engines:
         s = e.stream
@@ -112,6 +125,25 @@ def _counter_lines(record: RunRecord) -> list[str]:
     agent = "n/a" if record.agent_hit_ratio is None else f"{record.agent_hit_ratio:.4f}"
     return [(f"- hit ratios (defined above): engines' counters {engines:.4f}; the agent's cumulative {agent}; "
             f"the client's {record.hit_ratio():.4f}")]
+
+
+def _tier_lines(record: RunRecord) -> list[str]:
+    def total(key: str) -> float:
+        return sum(v.get(key, 0.0) for v in record.engine_tiers.values())
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.4f}" if b else "n/a"
+
+    if not record.engine_tiers:
+        return ["- engines' tier counters: not read"]
+    prompt = total("prompt_tokens")
+    agent = ", ".join(f"{t} {v:.4f}" for t, v in sorted(record.agent_tier_ratios.items())) or "n/a"
+    return [(f"- engines' tier counters: CPU tier chunk hits {ratio(total('cpu_chunk_hits'), total('cpu_chunk_queries'))} "
+            f"({total('cpu_chunk_hits'):.0f} of {total('cpu_chunk_queries'):.0f}), fs tier "
+            f"{ratio(total('fs_chunk_hits'), total('fs_chunk_queries'))} ({total('fs_chunk_hits'):.0f} of "
+            f"{total('fs_chunk_queries'):.0f}); prompt tokens served by the KV cache {ratio(total('cached_device'), prompt)}, "
+            f"the CPU tier {ratio(total('cached_host'), prompt)}, the fs tier {ratio(total('cached_disk'), prompt)}"),
+            f"- the agent's per tier: {agent}"]
 
 
 def _verdict_lines(workload: DemoWorkload, tuned: RunRecord, held: RunRecord) -> list[str]:
@@ -173,14 +205,14 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
     lines += [f"- {t:.1f} s: {m}" for t, m in (tuned.events if tuned else [])] or ["- nothing"]
     if tuned and tuned.plans:
         lines += ["", "### Every move the planner priced", "", PLAN_NOTE, "", *plan_lines(tuned.plans)]
-    lines += ["", "## Process restarts", ""]
-    lines += [f"- {r.target} at {r.at:.1f} s (monotonic): {r.reason}, healthy after {r.seconds:.1f} s"
+    lines += ["", "## Engine restarts (the kubelet's rollouts, seconds from the pass's start)", ""]
+    lines += [f"- {r.target} at {r.at:.1f} s: {r.reason}; ready after {r.seconds:.1f} s"
               for r in restarts] or ["- none"]
     lines += ["", "## Hit ratios: what each counts", "", HIT_RATIOS.format(window=f"{agent_window_s:g} s")]
     for r in records:
         lines += ["", f"## The agent in the {r.name} pass ({r.agent_url})", ""]
-        lines += _counter_lines(r) + _kv_lines(r)
-        lines += [f"- configuration at the end: {r.final_knobs.router if r.final_knobs else 'n/a'} router"]
+        lines += _counter_lines(r) + _tier_lines(r) + _kv_lines(r)
+        lines += [f"- configuration at the end: {knobs_text(r.final_knobs) if r.final_knobs else 'n/a'}"]
     with replacing(report_dir / "requests.csv") as tmp, open(tmp, "w") as f:  # every request, for a closer look
         f.write("pass,index,phase,sent_s,latency_s,prompt_tokens,cached_tokens,error\n")
         for r in records:

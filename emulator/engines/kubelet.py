@@ -5,7 +5,8 @@ It reads the namespace's Deployments and ConfigMaps through the `kubernetes` cli
 each replica's container as the kubelet would (emulator/engines/podspec.py: the argv from command
 and args, the environment from env and envFrom, ConfigMap volumes as files). Each `sync()`:
 
-- a Deployment whose pod template changed (args, env, image, annotations: any byte of it) is
+- Deployments are reconciled side by side (their pods start together, as on a node); a
+  Deployment whose pod template changed (args, env, image, annotations: any byte of it) is
   rolled, one replica at a time (maxSurge 0, maxUnavailable 1: a replica keeps its pod IP, so its
   ports are free only once the old process is gone): stop the old process, start the new command
   line, wait until its readiness probe answers, then the next replica;
@@ -31,6 +32,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -172,8 +174,15 @@ class Kubelet:
                 for ordinal in list(self.pods[name]):
                     self._stop(name, ordinal, "Deployment deleted")
                 del self.pods[name]
-            for name, obj in deployments.items():
-                self._reconcile(name, obj, configmaps)
+            for name, obj in deployments.items():  # IPs in a stable order before the pods start side by side
+                for ordinal in range(int((obj.get("spec") or {}).get("replicas", 1))):
+                    self._ip(name, ordinal)
+            if len(deployments) > 1:  # Deployments start side by side; one Deployment's replicas one by one
+                with ThreadPoolExecutor(len(deployments), thread_name_prefix="kubelet-pod") as pool:
+                    list(pool.map(lambda item: self._reconcile(item[0], item[1], configmaps), deployments.items()))
+            else:
+                for name, obj in deployments.items():
+                    self._reconcile(name, obj, configmaps)
             return self.events[before:]
 
     def run(self, stop: threading.Event, interval_s: float = 1.0) -> None:

@@ -27,7 +27,8 @@ from tests.support.real_engine import ROUTER_BINARY, skip_reason
 
 # slow: two real engine starts (25-30 s each on an idle machine, minutes under the shared load)
 pytestmark = [pytest.mark.skipif(skip_reason() is not None or ROUTER_BINARY is None,
-                                 reason=skip_reason() or "no vllm-router"), pytest.mark.slow]
+                                 reason=skip_reason() or "no vllm-router"), pytest.mark.slow,
+              pytest.mark.timeout(1200)]
 MIB = 1 << 20
 
 

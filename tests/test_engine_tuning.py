@@ -70,7 +70,10 @@ def test_tuning_steps_are_read_from_the_agents_log() -> None:
              "trial=1 cpu_gib 0.0156 -> 0.25"),
              "2026-12-07 06:40:03,000 DEBUG tierpilot.runtime.tuning_loop: tuning step: phase=0 state=measuring trial=1 ",
              "2026-12-07 06:40:09,000 INFO tierpilot.runtime.tuning_loop: tuning step: phase=0 state=rolled_back trial=1 worse"]
+    lines.insert(0, '2026-12-07 06:40:00,000 INFO tierpilot.tuner: {"event": "warm_start", "trials": 6, "candidates": '
+                    '[{"chunk_tokens": 64, "cpu_gib": 0.1875, "cpu_eviction": "lru"}]}')
     steps = tuning_steps(lines)
-    assert [m for _t, m in steps] == ["tuner: trial_started (trial 1): cpu_gib 0.0156 -> 0.25",
+    assert [m for _t, m in steps] == ["twin search (6 trials): best CPU tier 192 MiB, chunk 64 tokens, lru",
+                                      "tuner: trial_started (trial 1): cpu_gib 0.0156 -> 0.25",
                                       "tuner: rolled_back (trial 1): worse"]
-    assert steps[1][0] - steps[0][0] == 7.75
+    assert steps[2][0] - steps[1][0] == 7.75

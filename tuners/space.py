@@ -71,11 +71,14 @@ class TargetAcceptance:
     fixed: the value of every knob no target owns (`fixed_knobs` of the targets file, else the
     component default): the tuner must leave those alone.
     source: the targets file, for messages.
+    above: knob -> the value it must exceed (a numeric knob some target refuses at or below it,
+        e.g. vLLM's native CPU tier refuses 0 bytes): the dimension starts at its first step above.
     """
 
     accepts: Mapping[str, tuple[Any, ...] | None]
     fixed: Mapping[str, Any]
     source: str = "targets"
+    above: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,6 +316,8 @@ class SearchSpace:
                     raise CandidateError(f"{acc.source}: {d.name} accepts {', '.join(map(str, allowed))}, none of "
                                          f"which the search space offers ({', '.join(map(str, d.values))})")
                 d = dataclasses.replace(d, values=values)  # a coupled knob stays coupled
+            if isinstance(d, (FloatRange, IntRange)) and d.name in acc.above:
+                d = _above(d, acc.above[d.name], acc.source)
             dims.append(d)
         fixed = self.fixed.to_dict()
         fixed.update({k: v for k, v in acc.fixed.items() if k not in acc.accepts})
@@ -472,3 +477,13 @@ def _check_subset(key: str, values: tuple[Any, ...], allowed: tuple[Any, ...]) -
     if bad or not values:
         raise CandidateError(f"{key}: invalid value(s) {bad or '(empty)'}; valid choices: "
                              f"{', '.join(map(str, allowed))}")
+
+
+def _above(d: Any, bound: float, source: str) -> Any:
+    """Range `d` from its first step above `bound` (CandidateError when none is left)."""
+    low = d.low
+    while low <= bound + 1e-12:
+        low += d.step
+    if low > d.high + 1e-12:
+        raise CandidateError(f"{source}: {d.name} must be above {bound:g}, and the search space stops at {d.high:g}")
+    return dataclasses.replace(d, low=round(low, 9) if isinstance(d, FloatRange) else low)

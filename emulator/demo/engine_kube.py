@@ -44,6 +44,12 @@ class ReadyRuntime(ProcessRuntime):
         super().__init__(*args, **kw)
         self.clock = clock
         self.ready: list[tuple[str, float]] = []
+        self.closed = False  # set while the world stops: nothing starts again
+
+    def start(self, pod: str, cmd: Any) -> Any:
+        if self.closed:
+            raise EngineError(f"pod {pod}: the kubelet is stopping")
+        return super().start(pod, cmd)
 
     def wait_ready(self, handle: Any) -> float:
         seconds = super().wait_ready(handle)
@@ -129,6 +135,7 @@ class KubeWorld:
         and the API server."""
         self._stop.set()
         if self.kubelet is not None and self.runtime is not None:
+            self.runtime.closed = True
             for pods in list(self.kubelet.pods.values()):
                 for pod in list(pods.values()):
                     self.runtime.stop(pod.handle)

@@ -25,6 +25,7 @@ from contracts.knobs import Knobs
 from emulator.demo.engine_cluster import FleetDesign
 from emulator.demo.engine_kube import AgentProcess, KubeWorld
 from emulator.demo.engine_report import RunRecord
+from emulator.demo.engine_tuning import knobs_text
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import StreamSender
 from emulator.engines.paired import PairedSend
@@ -34,6 +35,7 @@ from emulator.engines.prompts import PromptBuilder, prompts
 TICK_S = 0.5
 STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ [\w.]+: tuning step: phase=(\d+) state=(\w+) "
                   r"trial=(\S+) ?(.*)$")
+WARM = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ [\w.]+: (\{"event": "warm_start".*\})$')
 QUIET = ("measuring", "baseline", "holding", "idle", "settling", "waiting")
 COUNTERS = {
     "gpu_hits": ("vllm:prefix_cache_hits_total", None),
@@ -55,9 +57,16 @@ def log_epoch(stamp: str, millis: str) -> float:
 
 
 def tuning_steps(lines: Sequence[str]) -> list[tuple[float, str]]:
-    """(epoch, `tuner: <state> (trial N): message`) for every tuning step that did something (pure)."""
+    """(epoch, `tuner: <state> (trial N): message`) for every tuning step that did something, and
+    (epoch, `twin search: ...`) for each twin search's best candidates (pure)."""
     out = []
     for line in lines:
+        w = WARM.match(line)
+        if w is not None:
+            event = json.loads(w.group(3))
+            best = "; ".join(knobs_text(Knobs(**c)) for c in event.get("candidates", [])) or "none"
+            out.append((log_epoch(w.group(1), w.group(2)), f"twin search ({event.get('trials')} trials): best {best}"))
+            continue
         m = STEP.match(line)
         if m is None or m.group(4) in QUIET:
             continue

@@ -92,10 +92,12 @@ class EngineDemoSettings:
 
 
 def engine_workload(span_s: float, seed: int, rate_rps: float) -> DemoWorkload:
-    """The demo's two phases at the tiny model's scale (prompts under 2,000 tokens): shared system
-    prompts + Zipf RAG documents, then multi-turn sessions over one shared system prompt."""
+    """The demo's two phases at the tiny model's scale (prompts under 2,000 tokens): one shared system
+    prompt + Zipf-popular RAG documents (30 of 300-900 tokens: about 18,000 tokens of documents, four
+    times an engine's KV cache, the popular ones asked for again and again), then multi-turn sessions
+    over one shared system prompt."""
     p1 = span_s * 0.6  # long enough for the baseline window and one judged trial before the shift
-    rag = Phase(p1, rate_rps=rate_rps, system_prompts=4, system_prompt_tokens=(200, 600), rag_docs=40,
+    rag = Phase(p1, rate_rps=rate_rps, system_prompts=1, system_prompt_tokens=(200, 600), rag_docs=30,
                 rag_doc_tokens=(300, 900), rag_zipf_s=1.1, rag_share=0.9, user_tokens=(20, 200),
                 output_tokens=(20, 80), name="rag")
     chats = Phase(span_s - p1, rate_rps=rate_rps, system_prompts=1, system_prompt_tokens=(300, 300), system_pool=1,

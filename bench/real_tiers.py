@@ -54,7 +54,7 @@ from emulator.engines.engine import (
     kv_bytes_per_token,
     tiny_model_dir,
 )
-from emulator.engines.fleet import free_port
+from emulator.engines.ports import free_port
 from emulator.engines.tiering import TieringConfig
 
 BLOCK = 32

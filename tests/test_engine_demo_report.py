@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from contracts.knobs import DEFAULT_KNOBS
-from emulator.demo.engine_report import RunRecord, write_engine_report
+from emulator.demo.engine_report import Restart, RunRecord, write_engine_report
 from emulator.demo.engine_run import MAX_PROMPT, EngineDemoSettings, engine_workload
 from emulator.engines.client import Completion
-from emulator.engines.process_actuator import Restart
 
 
 def _record(name: str, workload, latency, failed=()) -> RunRecord:
@@ -37,7 +36,7 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
     assert verdict.startswith("Yes: from its first change at 3 s on, tuned served 1.31x faster"), verdict
     assert "x faster" in verdict and "noise floor" in verdict
     whole = next(line for line in text.splitlines() if line.startswith("| **whole run**"))
-    assert "| same speed; 1.24x faster |" in whole and whole.endswith("| 0 / 1 / 0 | 0 / 0 |"), whole  # one apply, counted once
+    assert "| same speed; 1.25x faster |" in whole and whole.endswith("| 0 / 1 / 0 | 0 / 0 |"), whole  # one apply, counted once
     assert f"requests in both passes: {wl.frame.height - 1}" in text and "tuned 1, held 0" in text
     assert "router at 1.0 s: policy -> cache_aware; ready after 1.2 s" in text
     assert "Every move the planner priced" not in text  # no plan, no section

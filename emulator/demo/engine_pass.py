@@ -24,12 +24,11 @@ from typing import Any
 from contracts.knobs import Knobs
 from emulator.demo.engine_cluster import FleetDesign
 from emulator.demo.engine_kube import AgentProcess, KubeWorld
-from emulator.demo.engine_report import RunRecord
+from emulator.demo.engine_report import Restart, RunRecord
 from emulator.demo.engine_tuning import knobs_text
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import StreamSender
 from emulator.engines.paired import PairedSend
-from emulator.engines.process_actuator import Restart
 from emulator.engines.prompts import PromptBuilder, prompts
 
 TICK_S = 0.5

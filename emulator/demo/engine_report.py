@@ -16,7 +16,6 @@ from emulator.demo.paired_verdict import PairedVerdict, paired_verdict
 from emulator.demo.scorecard import PLAN_NOTE, plan_lines
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import Completion
-from emulator.engines.process_actuator import Restart
 from tuners.payoff import WHOLE_RUN, ActionCounts, score_phases, scorecard_lines
 
 METHOD = ("tuned = every request of the tuned pass as the client saw it (TTFT = response time of a max_tokens=1 "
@@ -45,6 +44,17 @@ HIT_RATIOS = (
     "host: the CPU tier, disk: the fs tier) over `vllm:prompt_tokens_total`, the share of prompt tokens each served;\n"
     "- **the agent's per tier**: `tierpilot_kv_hit_ratio{{tier}}` over its last window at the end of the pass, "
     "averaged over the engines.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One rollout of an engine: its Deployment, when (seconds from the pass's start), how long until
+    the new pod was ready, why."""
+
+    target: str
+    at: float
+    seconds: float
+    reason: str
 
 
 @dataclasses.dataclass
@@ -225,4 +235,4 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
     return path
 
 
-__all__ = ["HIT_RATIOS", "METHOD", "RunRecord", "write_engine_report"]
+__all__ = ["HIT_RATIOS", "METHOD", "Restart", "RunRecord", "write_engine_report"]

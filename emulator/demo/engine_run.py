@@ -48,8 +48,8 @@ from emulator.demo.engine_tuning import ENGINE_KNOBS, engine_settings, engine_se
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import StreamSender
 from emulator.engines.engine import engine_dtype, tiny_model_dir
-from emulator.engines.fleet import free_port
 from emulator.engines.paired import PairedSend
+from emulator.engines.ports import free_port
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length
 from emulator.engines.router import router_binary
 from simulator.profile import HardwareProfile, get_profile

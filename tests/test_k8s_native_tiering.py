@@ -3,6 +3,7 @@ flag, edited member by member (every other key kept as written), on the kmock em
 real `kubernetes` client (each patch applied by `kubectl patch --local`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -130,6 +131,10 @@ def test_the_tuner_searches_only_the_policies_vllm_has():
     space = SearchSpace.from_limits(tune_cpu_eviction=True).for_targets(acc)
     assert space.choices("cpu_eviction") == ("lru", "arc")
     assert {"chunk_tokens", "cpu_gib", "l2_eviction", "router"} <= {d.name for d in space.dimensions}
+    cpu = next(d for d in space.dimensions if d.name == "cpu_gib")  # vLLM refuses a CPU tier of 0 bytes
+    assert acc.above == {"cpu_gib": 0.0} and cpu.grid()[0] == space.limits.cpu_gib_step > 0
+    unbounded = SearchSpace.from_limits().for_targets(dataclasses.replace(acc, above={}))
+    assert next(d for d in unbounded.dimensions if d.name == "cpu_gib").grid()[0] == 0.0  # 0 offered without it
 
 
 def test_json_path_edits_keep_every_other_byte():

@@ -31,10 +31,14 @@ def acceptance(settings: ActuationSettings, mappings: Mapping[str, KindMapping],
                source: str = "targets") -> TargetAcceptance:
     """The knobs the targets own with the values they accept, and the fixed value of the rest."""
     accepts: dict[str, tuple[Any, ...] | None] = {}
+    above: dict[str, float] = {}
     for spec in settings.targets:
         m = mappings[spec.kind]
         for knob in _owned(spec, m):
             setting = m.setting(knob)
+            if setting.above is not None:  # in the knob's unit: the component's bound over its scale
+                bound = setting.above / (setting.scale or 1)
+                above[knob] = max(above.get(knob, bound), bound)
             values = tuple(setting.values) if setting.type == "enum" and setting.values is not None else None
             if knob not in accepts:
                 accepts[knob] = values
@@ -43,7 +47,7 @@ def acceptance(settings: ActuationSettings, mappings: Mapping[str, KindMapping],
                 accepts[knob] = values if prior is None else tuple(v for v in prior if v in values)
     defaults = DEFAULT_KNOBS.to_dict()
     fixed = {k: settings.fixed_knobs.get(k, v) for k, v in defaults.items() if k not in accepts}
-    return TargetAcceptance(accepts, fixed, source)
+    return TargetAcceptance(accepts, fixed, source, above)
 
 
 def refusals(settings: ActuationSettings, mappings: Mapping[str, KindMapping], knobs: Knobs) -> list[str]:

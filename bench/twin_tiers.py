@@ -49,7 +49,7 @@ from emulator.engines.engine import (
     kv_bytes_per_token,
     tiny_model_dir,
 )
-from emulator.engines.fleet import free_port
+from emulator.engines.ports import free_port
 from emulator.engines.tier_probe import Calibration, TierProbe, kv_cache_tokens
 from emulator.engines.tier_twin import (
     HeldOutResult,

@@ -56,6 +56,21 @@ def test_the_verdict_pairs_the_requests_both_passes_served(tmp_path) -> None:
     assert tuned.hit_ratio() == pytest.approx(0.25)
 
 
+def test_the_kubelets_engine_restarts_count_in_the_scorecard_even_before_the_agent_logs_its_trial(tmp_path) -> None:
+    wl = engine_workload(60.0, 7, 3.0)
+    tuned = _record("tuned", wl, lambda i: 0.10)
+    tuned.events = []  # the agent was still waiting for the rollout when the pass ended
+    restarts = [Restart("vllm-tuned-0", 20.0, 31.5, "new args"), Restart("vllm-tuned-1", 52.0, float("nan"), "new args"),
+                Restart("vllm-held-0", 20.0, 30.0, "new args")]
+    text = write_engine_report(tmp_path, wl, [tuned, _record("held", wl, lambda i: 0.10)], restarts, {}).read_text()
+    rows = {line.split(" |")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["| phase 1: shared prompts + RAG"].endswith("| 1 / 0 / 0 | 0 / 0 |"), rows
+    assert rows["| phase 2: multi-turn sessions"].endswith("| 1 / 0 / 0 | 0 / 0 |"), rows
+    assert rows["| **whole run**"].endswith("| 2 / 0 / 0 | 0 / 0 |"), rows  # the held fleet's restart is not the tuner's
+    assert "vllm-tuned-0 at 20.0 s: new args; ready after 31.5 s" in text
+    assert "vllm-tuned-1 at 52.0 s: new args; not ready by the end of the pass" in text
+
+
 def test_nothing_applied_reads_no_change_noise_and_lists_the_plans(tmp_path) -> None:
     wl = engine_workload(30.0, 7, 3.0)
     tuned = _record("tuned", wl, lambda i: 0.10 * (1 + 0.3 * ((i // 20) % 2)))  # slow stretches: noise

@@ -156,7 +156,8 @@ def _tier_lines(record: RunRecord) -> list[str]:
             f"- the agent's per tier: {agent}"]
 
 
-def _verdict_lines(workload: DemoWorkload, tuned: RunRecord, held: RunRecord) -> list[str]:
+def _verdict_lines(workload: DemoWorkload, tuned: RunRecord, held: RunRecord,
+                   restarts: Sequence[Restart] = ()) -> list[str]:
     """The answer, what the tuner priced when it applied nothing, the scorecard and the method."""
     phases = workload.frame["phase"].to_list()
     verdict = tuned.verdict(held)
@@ -179,6 +180,10 @@ def _verdict_lines(workload: DemoWorkload, tuned: RunRecord, held: RunRecord) ->
         change = ActionCounts(applies=int(msg.startswith(("tuner: trial_started", "tuner: rolled_back"))),
                               rollbacks=int(msg.startswith("tuner: rolled_back")))
         actions[p] = actions.get(p, ActionCounts()) + change
+    for r in restarts:  # every engine of the tuned fleet the kubelet restarted for a new template
+        if r.target.startswith(f"vllm-{tuned.name}-"):
+            p = sum(1 for start in workload.phase_starts_s[1:] if r.at >= start)
+            actions[p] = actions.get(p, ActionCounts()) + ActionCounts(restarts=1)
     scores = score_phases(workload.labels, _by_phase(held, phases, keep), _by_phase(tuned, phases, keep), {}, actions)
     lines += scorecard_lines(scores) + ["", f"Method: {METHOD}"]
     failed = [(r.name, len(r.completions) - len(r.ok())) for r in (tuned, held)]
@@ -206,7 +211,7 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
     if tuned is None or held is None or tuned.interrupted or held.interrupted:
         lines.append("Interrupted: no verdict (it needs both passes).")
     else:
-        lines += _verdict_lines(workload, tuned, held)
+        lines += _verdict_lines(workload, tuned, held, restarts)
         changes = [t for t, m in tuned.events if m.startswith(("tuner: trial_started", "tuner: rolled_back"))]
         passes = {r.name: r.completions for r in (tuned, held)}
         plot_engine_ttft(passes, workload.phase_starts_s, changes, workload.span_s, report_dir / "ttft_p95.png")
@@ -216,7 +221,8 @@ def write_engine_report(report_dir: Path, workload: DemoWorkload, records: Seque
     if tuned and tuned.plans:
         lines += ["", "### Every move the planner priced", "", PLAN_NOTE, "", *plan_lines(tuned.plans)]
     lines += ["", "## Engine restarts (the kubelet's rollouts, seconds from the pass's start)", ""]
-    lines += [f"- {r.target} at {r.at:.1f} s: {r.reason}; ready after {r.seconds:.1f} s"
+    lines += [f"- {r.target} at {r.at:.1f} s: {r.reason}; " + (f"ready after {r.seconds:.1f} s" if math.isfinite(r.seconds)
+                                                               else "not ready by the end of the pass")
               for r in restarts] or ["- none"]
     lines += ["", "## Hit ratios: what each counts", "", HIT_RATIOS.format(window=f"{agent_window_s:g} s")]
     for r in records:

@@ -339,6 +339,9 @@ class WarmStartSection(_Frozen):
                                 description="cap on the block references replayed in one plan (twin memory and "
                                             "time), whatever prompt length or rate a pod claims")
     profile: str | None = Field(None, description="twin hardware profile (default: the twin's)")
+    after_baseline: bool = Field(False, description=(
+        "search once the phase's baseline window is measured, on the workload observed until then (with the "
+        "planner on it always does); false: at the phase's start, on what the agent has seen so far"))
     seed: int = 0
 
     @model_validator(mode="after")

@@ -53,6 +53,8 @@ def test_the_demo_agent_tunes_the_engines_tier_knobs_through_kubernetes(shared_d
         knobs_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("tuning engine-demo"))
         knobs = knobs_line.split("knobs ", 1)[1].split(";", 1)[0].split(", ")
         assert "cpu_gib" in knobs and "router" not in knobs, knobs_line  # the tier knobs; the router is the deployment's
+        ctl = rt.tuning.make_controller().settings  # planner off: a live search whose twin search runs after the
+        assert ctl.live_search and ctl.plan_after_baseline  # baseline window, on the workload seen by then
         running = rt.actuator.current()
         assert running.cpu_gib == ENGINE_KNOBS.cpu_gib  # read from --kv-transfer-config in the API
         live = server.get("Deployment", NS, "vllm-tuned-0")

@@ -77,14 +77,15 @@ def drift_quiet_s(t: TunerSection) -> float:
 
 
 def controller_settings(s: AgentSettings, *, owner: str = "") -> ControllerSettings:
-    """The planner on: plan after each baseline, only the planner's candidates live; off: live search.
+    """The planner on: plan after each baseline, only the planner's candidates live; off: live search
+    (the twin search at the phase's start, or after its baseline with `warm_start.after_baseline`).
     `owner`: who runs the trials (the Lease identity; default the study name)."""
     t = s.tuner
     planner = t.planner.enabled
     return ControllerSettings(study=t.study, sampler=t.sampler, seed=t.seed, owner=owner or t.study,
                               trials_per_phase=t.trials_per_phase, warm_start_k=t.warm_start.top_k,
                               min_improvement=t.min_improvement, max_apply_retries=t.max_apply_retries,
-                              plan_after_baseline=planner, live_search=not planner,
+                              plan_after_baseline=planner or t.warm_start.after_baseline, live_search=not planner,
                               drift_quiet_s=drift_quiet_s(t) if planner else 0.0,
                               config_dependent=PLANNER_CONFIG_DEPENDENT if planner else CONFIG_DEPENDENT)
 

@@ -44,7 +44,13 @@ from emulator.demo.engine_kube import AgentProcess, KubeWorld
 from emulator.demo.engine_pace import Sample, paced_rate, scaled_profile, speed_factor
 from emulator.demo.engine_pass import EnginePass
 from emulator.demo.engine_report import write_engine_report
-from emulator.demo.engine_tuning import ENGINE_KNOBS, engine_settings, engine_settings_data, knobs_text
+from emulator.demo.engine_tuning import (
+    ENGINE_KNOBS,
+    engine_settings,
+    engine_settings_data,
+    knobs_text,
+    l2_quota_mib,
+)
 from emulator.demo.workload import DemoWorkload
 from emulator.engines.client import StreamSender
 from emulator.engines.engine import engine_dtype, tiny_model_dir
@@ -56,7 +62,6 @@ from simulator.profile import HardwareProfile, get_profile
 from simulator.synthetic import Phase, generate
 
 MAX_PROMPT = 2000  # the engines' max_model_len is 2,048
-L2_QUOTA_MIB = 16  # each fleet's shared fs tier (the emulated Curvine master's quota; tuner.limits.l2_pool_gib)
 DEMO_KV_TOKENS = 4096  # each engine's KV cache
 AGENT_JOIN_WAIT = 8.0  # the agents list the pods and connect to their KV events before the stream
 
@@ -128,7 +133,7 @@ def fleet_design(name: str, settings: EngineDemoSettings, scratch: Path) -> Flee
     l2 = scratch / f"l2-{name}"
     l2.mkdir(parents=True, exist_ok=True)
     return FleetDesign(name=name, engines=settings.engines, model=tiny_model_dir(), kv_cache_tokens=settings.kv_cache_tokens,
-                       dtype=engine_dtype(), knobs=ENGINE_KNOBS, l2_dir=l2, l2_quota_mib=L2_QUOTA_MIB, ports=ports,
+                       dtype=engine_dtype(), knobs=ENGINE_KNOBS, l2_dir=l2, l2_quota_mib=l2_quota_mib(), ports=ports,
                        cores=os.cpu_count() or 1)
 
 
@@ -236,7 +241,7 @@ def run_engine_demo(settings: EngineDemoSettings, progress: Callable[[str], None
                         f"{settings.kv_cache_tokens:,} tokens of KV cache each ({engine_dtype()}); engine i of each fleet "
                         "pinned to core i",
              "tiers at the start": f"{knobs_text(ENGINE_KNOBS)}; fs tier on the fleet's shared directory, Curvine quota "
-                                   f"{L2_QUOTA_MIB} MiB ({ENGINE_KNOBS.l2_eviction}, watermarks "
+                                   f"{l2_quota_mib()} MiB ({ENGINE_KNOBS.l2_eviction}, watermarks "
                                    f"{ENGINE_KNOBS.l2_high_watermark:g}/{ENGINE_KNOBS.l2_low_watermark:g})",
              "Kubernetes": "kmock API (emulator/cluster/kube_api.py) + the project's kubelet (emulator/engines/kubelet.py): "
                            f"{settings.engines} engine Deployments, vllm-router and the Curvine master per fleet",

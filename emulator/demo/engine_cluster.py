@@ -36,6 +36,7 @@ MODEL = "tiny-llama"
 L2_MOUNT = "/mnt/l2"
 CURVINE_KEY = "curvine-cluster.toml"
 GIB = 1 << 30
+ROUTER_HEALTH_CHECK_S = 5  # seconds between the router's health checks of its workers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,10 +134,14 @@ def curvine_objects(d: FleetDesign) -> list[dict[str, Any]]:
 
 
 def router_deployment(d: FleetDesign, workers: list[str]) -> dict[str, Any]:
-    """vllm-router, round-robin over `workers` (the engines' URLs on their pod IPs)."""
+    """vllm-router, round-robin over `workers` (the engines' URLs on their pod IPs). A health check
+    every 5 s: the router takes a worker whose requests failed (an engine restarting) out of its
+    rotation and back only at a health check, every 60 s by default, and answered 503 "no available
+    workers" for a minute after a restarted engine was ready."""
     args = ["--host", "$(POD_IP)", "--port", str(d.ports.router), "--worker-urls", *workers,
             "--policy", "round_robin", "--prometheus-host", "$(POD_IP)", "--prometheus-port", str(d.ports.router_metrics),
-            "--worker-startup-check-interval", "1", "--log-level", "warning"]
+            "--worker-startup-check-interval", "1", "--health-check-interval-secs", str(ROUTER_HEALTH_CHECK_S),
+            "--log-level", "warning"]
     container = {"name": "router", "image": ROUTER_IMAGE, "args": args,
                  "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                  "ports": [{"name": "http", "containerPort": d.ports.router}],

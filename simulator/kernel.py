@@ -101,9 +101,8 @@ def run(
     n_ids = int(flat.max()) + 1 if len(flat) else 0
     widest = int(np.diff(offsets).max()) if total else 0
     cfg, icfg = _config(twin)
-    tiers = (np.zeros((n_ids, 2 * pods + 1), np.uint8), np.zeros((n_ids, 2 * pods + 1), np.int32),
-             np.zeros((n_ids, 2 * pods + 1), np.int32), np.zeros(2 * pods + 1, np.int64),
-             np.zeros(2 * pods + 1, np.int64), np.zeros(2 * pods + 1, np.int64))
+    caps = [icfg[core.I_GPU_CAP]] * pods + [icfg[core.I_CPU_CAP]] * pods + [icfg[core.I_L2_CAP]]
+    tiers = core.new_tiers(n_ids, np.array([c + widest if c else 1 for c in caps], np.int64))
     prefix = icfg[core.I_ROUTER] == core.ROUTER_PREFIX
     mem = np.zeros((n_ids if prefix else 0, pods), np.uint8)
     heap = (np.empty(total, np.float64), np.empty(total, np.float64), np.empty(total, np.int64))

@@ -1,20 +1,18 @@
-"""The batch replay loop compiled with numba: the tiers as linked lists over dense chunk ids.
+"""The batch replay loop compiled with numba, over dense chunk ids.
 
 Same model, step for step, as `simulator.fastloop` (and so as `Twin._process`): route, look up
-GPU -> CPU -> L2, attribute the misses, update the tiers, queue the prefill. Every LRU/FIFO tier
-is an intrusive doubly linked list over the workload's dense chunk ids (0 .. n_ids - 1): column
-`t` of `mark`/`prev`/`nxt` holds tier t (pod q's GPU is t = q, its CPU t = pods + q, the shared
-L2 t = 2 pods), links are id + 1 with 0 for none, and `head`/`tail`/`size` are per tier. A hit
-moves the key to the tail; eviction pops the head (an OrderedDict's move_to_end/popitem). The
-arithmetic of the latency model is written in the same order as in `Twin._process`, so every
-float is bit for bit the same.
+GPU -> CPU -> L2, attribute the misses, update the tiers, queue the prefill. The tiers are
+`simulator.kernel_tiers` (slot-pool linked lists); the router memory is a per-pod byte column, the
+in-flight requests a binary heap of arrays. The arithmetic of the latency model is written in the
+same order as in `Twin._process`, so every float is bit for bit the same.
 
 `simulator.kernel` prepares the arrays, runs `run_range` and writes the state back to the twin.
 """
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
+
+from simulator.kernel_tiers import evict, has, new_tiers, store, tier_order, touch  # noqa: F401 (kernel.py: new_tiers, tier_order)
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -28,100 +26,6 @@ ROUTER_PREFIX, ROUTER_RR, ROUTER_SESSION = 0, 1, 2
 S_NEXT, S_LAST_POD, S_LAST_LEN, S_HEAP_N, S_STAMP = range(5)
 S_L2_EVICTED, S_L2_RUNS, S_READ_BYTES, S_READ_CHUNKS, S_WRITE_BYTES, S_WRITE_CHUNKS = range(5, 11)
 FS_NOW, FS_READ_TIME, FS_WRITE_TIME = range(3)
-
-
-@nb.njit(**_JIT)
-def _unlink(prev, nxt, head, tail, t, k):
-    p = prev[k, t]
-    n = nxt[k, t]
-    if p:
-        nxt[p - 1, t] = n
-    else:
-        head[t] = n
-    if n:
-        prev[n - 1, t] = p
-    else:
-        tail[t] = p
-
-
-@nb.njit(**_JIT)
-def _push(prev, nxt, head, tail, t, k):
-    last = tail[t]
-    prev[k, t] = last
-    nxt[k, t] = 0
-    if last:
-        nxt[last - 1, t] = k + 1
-    else:
-        head[t] = k + 1
-    tail[t] = k + 1
-
-
-@nb.njit(**_JIT)
-def _touch(tiers, t, k):
-    """A hit: move the key to the most recent end (LRU)."""
-    prev, nxt, head, tail = tiers[1], tiers[2], tiers[3], tiers[4]
-    if tail[t] != k + 1:
-        _unlink(prev, nxt, head, tail, t, k)
-        _push(prev, nxt, head, tail, t, k)
-
-
-@nb.njit(**_JIT)
-def _evict(tiers, t, over):
-    """Evict the `over` oldest keys of tier t."""
-    mark, prev, nxt, head, tail, size = tiers
-    for _ in range(over):
-        k = head[t] - 1
-        _unlink(prev, nxt, head, tail, t, k)
-        mark[k, t] = 0
-    size[t] -= over
-
-
-@nb.njit(**_JIT)
-def _bulk(tiers, keys, a, b, t, cap):
-    """Store keys[a:b], none resident: a repeated key keeps its first position, then the oldest
-    keys leave (the batch's own first keys too when the batch exceeds the tier). Returns evictions."""
-    mark, prev, nxt, head, tail, size = tiers
-    for j in range(a, b):
-        k = keys[j]
-        if not mark[k, t]:
-            mark[k, t] = 1
-            _push(prev, nxt, head, tail, t, k)
-            size[t] += 1
-    over = size[t] - cap
-    if over > 0:
-        _evict(tiers, t, over)
-        return over
-    return 0
-
-
-@nb.njit(**_JIT)
-def _store(tiers, keys, a, b, split, t, cap, lru):
-    """`Policy.insert_count(keys[a:b], fresh=b - a - split)` for LRU (lru) or FIFO: the first `split`
-    keys key by key when one of them is resident (a resident key is a hit), the rest in bulk."""
-    mark, prev, nxt, head, tail, size = tiers
-    hit = False
-    for j in range(a, a + split):
-        if mark[keys[j], t]:
-            hit = True
-            break
-    if not hit:
-        return _bulk(tiers, keys, a, b, t, cap)
-    ev = 0
-    for j in range(a, a + split):
-        k = keys[j]
-        if mark[k, t]:
-            if lru:
-                _touch(tiers, t, k)
-        else:
-            if size[t] >= cap:
-                _evict(tiers, t, 1)
-                ev += 1
-            mark[k, t] = 1
-            _push(prev, nxt, head, tail, t, k)
-            size[t] += 1
-    if a + split < b:
-        ev += _bulk(tiers, keys, a + split, b, t, cap)
-    return ev
 
 
 @nb.njit(**_JIT)
@@ -169,10 +73,9 @@ def _route_prefix(flat, o, n, known, mem, loads, ratio, slack):
 @nb.njit(**_JIT)
 def _lookup(tiers, flat, o, n, known, q, pods, gpu_on, cpu_on, l2, ckeys, lkeys):
     """(GPU prefix, CPU hits, L2 hits, first computed index); the hit keys go to ckeys/lkeys."""
-    mark = tiers[0]
     g = 0
     if gpu_on and known:
-        while g < n and mark[flat[o + g], q]:
+        while g < n and has(tiers, flat[o + g], q):
             g += 1
     nc = nl = 0
     k = g
@@ -180,10 +83,10 @@ def _lookup(tiers, flat, o, n, known, q, pods, gpu_on, cpu_on, l2, ckeys, lkeys)
         c_t, l_t = pods + q, 2 * pods
         while k < n:
             key = flat[o + k]
-            if cpu_on and mark[key, c_t]:
+            if cpu_on and has(tiers, key, c_t):
                 ckeys[nc] = key
                 nc += 1
-            elif l2 and mark[key, l_t]:
+            elif l2 and has(tiers, key, l_t):
                 lkeys[nl] = key
                 nl += 1
             else:
@@ -195,15 +98,14 @@ def _lookup(tiers, flat, o, n, known, q, pods, gpu_on, cpu_on, l2, ckeys, lkeys)
 @nb.njit(**_JIT)
 def _routing_misses(tiers, flat, a, b, q, pods, gpu_on, cpu_on, stamp, sid):
     """Distinct keys of flat[a:b] in neither of pod q's private tiers but in another pod's."""
-    mark = tiers[0]
     found = 0
     for j in range(a, b):
         key = flat[j]
-        if (gpu_on and mark[key, q]) or (cpu_on and mark[key, pods + q]) or stamp[key] == sid:
+        if (gpu_on and has(tiers, key, q)) or (cpu_on and has(tiers, key, pods + q)) or stamp[key] == sid:
             continue
         stamp[key] = sid
         for r in range(pods):
-            if r != q and ((gpu_on and mark[key, r]) or (cpu_on and mark[key, pods + r])):
+            if r != q and ((gpu_on and has(tiers, key, r)) or (cpu_on and has(tiers, key, pods + r))):
                 found += 1
                 break
     return found
@@ -251,33 +153,33 @@ def _update_tiers(tiers, flat, o, n, g, k, fresh, q, ckeys, nc, lkeys, nl, buf, 
     ncomp = n - k
     if gpu_on:
         for j in range(o, o + g):
-            _touch(tiers, q, flat[j])
+            touch(tiers, q, flat[j])
         if g < n:
-            g_ev[q] += _store(tiers, flat, o + g, o + n, n - g - fresh, q, icfg[I_GPU_CAP], True)
+            g_ev[q] += store(tiers, flat, o + g, o + n, n - g - fresh, q, icfg[I_GPU_CAP], True)
     if cpu_on:
         c_lru = icfg[I_CPU_LRU] != 0
         if nc and c_lru:
             for j in range(nc):
-                _touch(tiers, pods + q, ckeys[j])
+                touch(tiers, pods + q, ckeys[j])
         if ncomp or nl:
             buf[:nl] = lkeys[:nl]
             buf[nl:nl + ncomp] = flat[o + k:o + n]
             m = nl + ncomp
-            c_ev[q] += _store(tiers, buf, 0, m, m - fresh, pods + q, icfg[I_CPU_CAP], c_lru)
+            c_ev[q] += store(tiers, buf, 0, m, m - fresh, pods + q, icfg[I_CPU_CAP], c_lru)
     if not l2_on:
         return 0
     lt = 2 * pods
     l_lru = icfg[I_L2_LRU] != 0
     if nl and l_lru:
         for j in range(nl):
-            _touch(tiers, lt, lkeys[j])
+            touch(tiers, lt, lkeys[j])
     if ncomp:
-        ev = _store(tiers, flat, o + k, o + n, ncomp - fresh, lt, icfg[I_L2_CAP], l_lru)
-        size = tiers[5]
+        ev = store(tiers, flat, o + k, o + n, ncomp - fresh, lt, icfg[I_L2_CAP], l_lru)
+        size = tiers[6]
         if size[lt] > icfg[I_L2_HIGH]:
             over = size[lt] - icfg[I_L2_LOW]
             if over > 0:
-                _evict(tiers, lt, over)
+                evict(tiers, lt, over)
                 ev += over
         if ev:
             st[S_L2_EVICTED] += ev
@@ -367,15 +269,3 @@ def run_range(lo, hi, times, prompts, outputs, flat, offsets, colds, freshes, se
         oi[5], oi[6], oi[7], oi[8], oi[9] = computed_tokens, cold * c, capacity * c, routing * c, prompt - n * c
         of[0], of[1], of[2], of[3], of[4] = now, queue, ttft, l2_read_s, l2_write_s
         fst[FS_NOW] = now
-
-
-@nb.njit(**_JIT)
-def tier_order(tiers, t):
-    """Tier t's resident keys, oldest first."""
-    nxt, head, size = tiers[2], tiers[3], tiers[5]
-    out = np.empty(size[t], dtype=np.int64)
-    k = head[t]
-    for j in range(size[t]):
-        out[j] = k - 1
-        k = nxt[k - 1, t]
-    return out

@@ -17,11 +17,11 @@ import polars as pl
 from contracts.events import EventSink
 from contracts.knobs import Knobs
 from simulator import fastloop, kernel
-from simulator.chunking import BLOCK_TOKENS, chunk_hash_array, chunk_hash_table
+from simulator.chunking import BLOCK_TOKENS, chunk_hash_table
 from simulator.cluster import Capacities, ClusterSpec
 from simulator.counters import MissTotals
 from simulator.profile import HardwareProfile
-from simulator.records import check_workload
+from simulator.streams import StreamCache, workload_chunks  # noqa: F401 (workload_chunks: public here)
 from simulator.twin import Twin
 
 ProgressFn = Callable[[int, int], None]  # (requests done, requests total)
@@ -155,39 +155,6 @@ class ReplayResult:
         )
 
 
-def workload_chunks(
-    workload: pl.DataFrame, chunk_tokens: int, *, dense: bool = False
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """All chunk hashes of a (checked, arrival-ordered) workload frame.
-
-    Returns arrays: (flat hashes (int64 ids when dense, else uint64), offsets per request, cold chunks per request, fresh suffix
-    per request). A request's cold chunks are those whose hash appears for the first time in the
-    workload. Its fresh suffix is its cold count when those chunks are exactly the last ones of
-    the prompt (always so with chained hashes), else 0: the engine may then treat them as resident
-    nowhere and remembered by no router. `dense`: replace each hash by a small integer (0 .. number
-    of distinct hashes - 1, in order of first appearance; equal hashes get equal ids): the twin
-    only compares hashes, and small ints hash and compare faster. Not for runs whose events or
-    resident sets must show real hashes.
-    """
-    counts = workload["hash_ids"].list.len().to_numpy()
-    block_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=block_offsets[1:])
-    flat_ids = workload["hash_ids"].explode().drop_nulls().to_numpy()
-    flat, offsets = chunk_hash_array(
-        None, workload["input_length"].to_numpy(), chunk_tokens, flat_ids=flat_ids, block_offsets=block_offsets
-    )
-    if dense:
-        flat, first = _first_seen_ids(flat)
-    else:
-        first = pl.Series(flat, dtype=pl.UInt64).is_first_distinct().to_numpy()
-    cum = np.zeros(len(first) + 1, dtype=np.int64)
-    np.cumsum(first, out=cum[1:])
-    cold = cum[offsets[1:]] - cum[offsets[:-1]]
-    suffix = cum[offsets[1:]] - cum[offsets[1:] - cold] == cold
-    fresh = np.where(suffix, cold, 0)
-    return flat, offsets, cold, fresh
-
-
 def _event_blocks(workload: pl.DataFrame, chunk_tokens: int) -> tuple[list[int], list[int]] | None:
     """The 512-token block hashes of every request (flat, offsets) that the events announce for
     chunks above 512 tokens (simulator.twin_events); None at 512 tokens or less."""
@@ -216,31 +183,6 @@ def _columns_frame(ints: np.ndarray, floats: np.ndarray) -> pl.DataFrame:
     return pl.DataFrame([pl.Series(name, cols[name]).cast(dtype) for name, dtype in RESULT_SCHEMA.items()])
 
 
-def _first_seen_ids(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(Each hash replaced by the rank of its first appearance: 0, 1, 2, ... in workload order;
-    whether each position is the first appearance of its hash).
-
-    Chunks of one prompt get neighbouring ids, so they sit in neighbouring slots of the tiers'
-    sets (small ints hash to themselves): about a sixth less time in the replay loop than ids in
-    hash order.
-    """
-    first = np.zeros(len(flat), dtype=bool)
-    if not len(flat):
-        return flat.astype(np.int64), first
-    order = np.argsort(flat)
-    s = flat[order]
-    new_value = np.empty(len(s), dtype=bool)
-    new_value[0] = True
-    np.not_equal(s[1:], s[:-1], out=new_value[1:])
-    group = np.cumsum(new_value) - 1  # value rank, in sorted order
-    first_pos = np.minimum.reduceat(order, np.flatnonzero(new_value))  # where each value first appears
-    first[first_pos] = True
-    rank = np.cumsum(first) - 1  # at a first appearance: how many distinct values came before
-    out = np.empty(len(flat), dtype=np.int64)
-    out[order] = rank[first_pos][group]
-    return out, first
-
-
 def replay(
     workload: pl.DataFrame,
     cluster: ClusterSpec,
@@ -249,16 +191,18 @@ def replay(
     profile: HardwareProfile | str | None = None,
     progress: ProgressFn | None = None,
     event_sink: EventSink | None = None,
+    streams: StreamCache | None = None,
 ) -> ReplayResult:
-    """Replay a workload frame (see `simulator.workload`) on a fresh twin."""
-    frame = check_workload(workload)
+    """Replay a workload frame (see `simulator.workload`) on a fresh twin. `streams`: keeps the
+    frame's per-stream work (checked frame, columns, chunk hashes) for the next replay of the same
+    frame object, as the trials of a search do (`simulator.streams`); results are the same."""
+    streams = streams if streams is not None else StreamCache()
+    stream = streams.stream(workload)
+    frame, times, prompts, outputs, sessions = (stream.frame, stream.times, stream.prompts, stream.outputs,
+                                                stream.sessions)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
     # hash values only matter to events: without a sink the twin runs on dense ids
-    arrays = workload_chunks(frame, knobs.chunk_tokens, dense=event_sink is None)
-    times = [ms / 1000.0 for ms in frame["timestamp_ms"].to_list()]  # exactly as Twin.submit does
-    prompts = frame["input_length"].to_list()
-    outputs = frame["output_length"].to_list()
-    sessions = frame["session_id"].to_list()
+    arrays = streams.chunks(workload, knobs.chunk_tokens, dense=event_sink is None)
     total = len(times)
     step = max(total // 200, 1)
     compiled = kernel.supports(twin)

@@ -16,6 +16,7 @@ from contracts.knobs import (
 )
 from simulator.cluster import ClusterSpec
 from simulator.replay import replay
+from simulator.streams import StreamCache
 from simulator.twin import Twin
 from simulator.workload import iter_requests, load_trace, synthetic
 from tests.support.twin_helpers import PrefixIds, frame, req
@@ -83,6 +84,24 @@ def test_summary_contract_and_determinism():
             "session_id", "timestamp_ms"} <= cols
     tl = a.timeline(buckets=10)
     assert tl.height <= 11 and tl["hit_ratio"].drop_nulls().is_between(0, 1).all()
+
+
+def test_stream_cache_replays_equal_fresh_replays():
+    """Trials sharing one StreamCache (as a search's evaluator does) give every fresh replay's
+    result, whichever chunk size, router and path (compiled kernel, general engine) comes first."""
+    df = synthetic("rag", seed=3, duration_s=60)
+    cl = ClusterSpec(pods=3, cpu_tokens=8192, l2_tokens=400_000)
+    streams = StreamCache()
+    trials = [Knobs(chunk_tokens=256), Knobs(chunk_tokens=128, router="roundrobin"),
+              Knobs(chunk_tokens=256, router="kvaware", cpu_eviction="lfu"), Knobs(chunk_tokens=128)]
+    for k in trials:
+        shared, fresh = replay(df, cl, k, streams=streams), replay(df, cl, k)
+        assert shared.requests.equals(fresh.requests), k
+        assert (shared.evictions, shared.l2_counters, shared.truth) == (fresh.evictions, fresh.l2_counters, fresh.truth)
+    assert (streams.misses, streams.hits) == (2, 2)  # chunk hashes once per chunk size
+    other = df.head(df.height // 2)  # another frame starts afresh
+    assert replay(other, cl, trials[0], streams=streams).requests.equals(replay(other, cl, trials[0]).requests)
+    assert (streams.misses, streams.hits) == (3, 2)
 
 
 def test_replay_matches_incremental_submit():

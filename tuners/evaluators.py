@@ -10,6 +10,7 @@ use it with the twin.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -53,9 +54,12 @@ ReplayFn = Callable[..., Any]
 
 
 def _default_replay() -> ReplayFn:
-    from simulator.replay import replay  # the digital twin (issue 2)
+    """The twin's replay, keeping the workload's per-stream work (chunk hashes per chunk size) from
+    one trial to the next: an evaluator replays one workload with many knobs."""
+    from simulator.replay import replay  # the digital twin
+    from simulator.streams import StreamCache
 
-    return replay
+    return functools.partial(replay, streams=StreamCache())
 
 
 class EvaluationCache:
@@ -213,9 +217,16 @@ class WarmReplay:
     live cluster will see them (a cold replay of a short window over-rewards skipping L2)."""
 
     measure_from_s: float
+    streams: Any = dataclasses.field(default=None, compare=False, repr=False)  # simulator.streams.StreamCache
+
+    def __post_init__(self) -> None:
+        if self.streams is None:
+            from simulator.streams import StreamCache
+
+            object.__setattr__(self, "streams", StreamCache())
 
     def __call__(self, workload: pl.DataFrame, cluster: Any, knobs: Knobs, **kw: object) -> _TailResult:
         from simulator.replay import replay
 
-        result = replay(workload, cluster, knobs, **kw)  # type: ignore[arg-type]
+        result = replay(workload, cluster, knobs, streams=self.streams, **kw)  # type: ignore[arg-type]
         return _TailResult(result.requests.filter(pl.col("time_s") >= self.measure_from_s))

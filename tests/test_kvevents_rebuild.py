@@ -168,6 +168,25 @@ def test_rebuilt_frame_replays_the_same_chunks(chunk: int) -> None:
     assert len(set(rename.values())) == len(rename)
 
 
+def test_a_rebuilt_prompt_s_partial_last_block_gets_ids_of_its_own() -> None:
+    """to_frame: a prompt whose estimated tail reaches past its stored blocks gets 512-token ids of
+    its own for it (shared with nothing, not even an identical prompt); stored ids are untouched."""
+    from agent.kvevents.rebuild.chains import Rebuilt
+    from agent.kvevents.rebuild.layout import TAIL_HASH_BASE
+
+    chains = [[1, 2, 3, 4], [5, 6], [1, 2, 3, 4]]
+    lengths = np.array([len(c) for c in chains])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    r = Rebuilt(np.array([0.0, 0.001, 0.002]), np.zeros(3, dtype=np.int32), np.full(3, 512, dtype=np.int32),
+                lengths.astype(np.int64), np.array([h for c in chains for h in c], dtype=np.uint64), offsets, ("pod-0",))
+    frame = to_frame(r, output_tokens=9, tails=np.array([230, 0, 52]))
+    got = frame["hash_ids"].to_list()
+    assert frame["input_length"].to_list() == [2278, 1024, 2100]
+    assert got[1] == [5, 6] and got[0][:4] == [1, 2, 3, 4] == got[2][:4]  # stored blocks untouched
+    assert len(got[0]) == len(got[2]) == 5 and got[0][4] != got[2][4] >= TAIL_HASH_BASE  # shared with nothing
+    assert to_frame(r, output_tokens=9)["hash_ids"].to_list() == chains  # no tail: nothing added
+
+
 def test_native_tiering_cpu_and_storage_events_are_recorded_apart() -> None:
     """vLLM's native offloading publishes `medium "CPU"` / `"STORAGE"` stores and removals of its
     own offload blocks (another block size, other hashes) in the same batches: they are counted per

@@ -92,18 +92,6 @@ def test_the_harness_wiring_hands_the_tuner_agent_objects_only(served, monkeypat
     assert io.actuator is fleet  # the fleet is only the actuator
 
 
-def test_a_rebuilt_prompt_s_partial_last_block_gets_a_hash_of_its_own() -> None:
-    from agent.runtime.tuning.workload import TAIL_HASH_BASE, covered
-    from simulator.records import WORKLOAD_SCHEMA
-
-    frame = pl.DataFrame({"timestamp_ms": [0, 1, 2], "input_length": [2278, 1024, 2100], "output_length": [9, 9, 9],
-                          "hash_ids": [[1, 2, 3, 4], [5, 6], [1, 2, 3, 4]], "session_id": [None] * 3,
-                          "phase": [0] * 3}, schema=dict(WORKLOAD_SCHEMA))
-    got = covered(frame)["hash_ids"].to_list()
-    assert got[1] == [5, 6] and got[0][:4] == [1, 2, 3, 4] == got[2][:4]  # stored blocks untouched
-    assert len(got[0]) == len(got[2]) == 5 and got[0][4] != got[2][4] >= TAIL_HASH_BASE  # shared with nothing
-
-
 class _Built(Exception):
     """Stops run_live once it has handed the builder its inputs."""
 

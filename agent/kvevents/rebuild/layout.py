@@ -13,7 +13,9 @@ block of B tokens. 512-token id j is taken from the engine block holding token 5
 
 `input_length` is the whole blocks' tokens plus, when the counters allow it, the pod's mean
 partial last block (history.py): the partial block itself is never hashed, so which prompts have
-longer tails is invisible (at most B - 1 tokens a prompt).
+longer tails is invisible (at most B - 1 tokens a prompt). Where that tail reaches past the last
+512-token id, the prompt gets ids of its own for it (`TAIL_HASH_BASE` up: a partial block is never
+stored, so it is shared with nothing), so every prompt's ids cover its length as the twin expects.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from agent.kvevents.rebuild.chains import Rebuilt
 from agent.kvevents.rebuild.log import mix64
 from simulator.chunking import BLOCK_TOKENS
 from simulator.records import WORKLOAD_SCHEMA
+
+TAIL_HASH_BASE = 1 << 62  # ids of partial last blocks: never shared, apart from every stored block
+TAIL_IDS = 64  # at most this many tail ids a request (a tail is under one engine block)
 
 
 def block_ids(r: Rebuilt, default_block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,6 +54,25 @@ def block_ids(r: Rebuilt, default_block: int) -> tuple[np.ndarray, np.ndarray, n
     return h.view(np.int64), offsets, tokens
 
 
+def covered(ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets) with each request's 512-token ids extended to cover `lengths` tokens: the ids
+    past its stored blocks are its own (`TAIL_HASH_BASE` + request x `TAIL_IDS` + k)."""
+    have = np.diff(offsets)
+    extra = np.clip(-(-lengths // BLOCK_TOKENS) - have, 0, TAIL_IDS)
+    if not extra.any():
+        return ids, offsets
+    total = have + extra
+    out_off = np.zeros(len(total) + 1, dtype=np.int64)
+    np.cumsum(total, out=out_off[1:])
+    req = np.repeat(np.arange(len(total), dtype=np.int64), total)
+    k = np.arange(int(out_off[-1]), dtype=np.int64) - out_off[:-1][req]
+    stored = k < have[req]
+    out = np.empty(int(out_off[-1]), dtype=np.int64)
+    out[stored] = ids[offsets[:-1][req[stored]] + k[stored]]
+    out[~stored] = TAIL_HASH_BASE + req[~stored] * TAIL_IDS + (k[~stored] - have[req[~stored]])
+    return out, out_off
+
+
 def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, tails: np.ndarray | None = None
              ) -> pl.DataFrame:
     """The rebuilt requests as a workload frame (arrival order; `timestamp_ms` from their ts).
@@ -56,6 +80,8 @@ def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, tails: 
     if r.requests == 0:
         return pl.DataFrame(schema=WORKLOAD_SCHEMA)
     ids, offsets, tokens = block_ids(r, default_block)
+    lengths = tokens if tails is None else tokens + np.asarray(tails, dtype=np.int64)
+    ids, offsets = covered(ids, offsets, lengths)
     req = np.repeat(np.arange(r.requests, dtype=np.int64), np.diff(offsets))
     lists = (pl.DataFrame({"req": req, "h": ids}).group_by("req", maintain_order=True)
              .agg(pl.col("h")).sort("req"))
@@ -67,7 +93,7 @@ def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, tails: 
         hash_col = full["h"].fill_null(pl.lit([], dtype=pl.List(pl.Int64()))).alias("hash_ids")
     frame = pl.DataFrame({
         "timestamp_ms": np.floor(r.ts * 1000.0).astype(np.int64),
-        "input_length": tokens if tails is None else tokens + np.asarray(tails, dtype=np.int64),
+        "input_length": lengths,
         "output_length": np.full(r.requests, output_tokens, dtype=np.int64),
         "hash_ids": hash_col.cast(pl.List(pl.Int64())),
         "session_id": pl.Series([None] * r.requests, dtype=pl.Int64()),

@@ -42,30 +42,7 @@ class PreferRebuilt:
         return "rebuilt" if self.rebuilt.available() else self.fitted.kind
 
     def history(self, now: float, seconds: float) -> pl.DataFrame:
-        return covered(self.rebuilt(now, seconds)) if self.rebuilt.available() else self.fitted.history(now, seconds)
-
-
-TAIL_HASH_BASE = 1 << 62  # hashes of partial last blocks: never shared, apart from every stored block
-
-
-def covered(frame: pl.DataFrame) -> pl.DataFrame:
-    """Every request's block hashes cover its prompt (what the twin replays): a prompt whose
-    estimated partial last block lies beyond its stored blocks gets a hash of its own for it (a
-    partial block is never stored, so it is shared with nothing)."""
-    from simulator.chunking import BLOCK_TOKENS
-
-    if frame.height == 0:
-        return frame
-    hashes = frame["hash_ids"].to_list()
-    changed = False
-    for i, n in enumerate(frame["input_length"].to_list()):
-        need = -(-int(n) // BLOCK_TOKENS) - len(hashes[i])
-        if need > 0:
-            hashes[i] = [*hashes[i], *(TAIL_HASH_BASE + i * 64 + k for k in range(need))]
-            changed = True
-    if not changed:
-        return frame
-    return frame.with_columns(pl.Series("hash_ids", hashes, dtype=frame.schema["hash_ids"]))
+        return self.rebuilt(now, seconds) if self.rebuilt.available() else self.fitted.history(now, seconds)
 
 
 def planning_workload(settings: AgentSettings, store: Any, overlap: Any, clock: Callable[[], float],
@@ -99,4 +76,4 @@ def describe(source: WorkloadSource) -> dict[str, str]:
     return {"kind": source.kind, "note": KIND_NOTES.get(source.kind, source.kind)}
 
 
-__all__ = ["KIND_NOTES", "TAIL_HASH_BASE", "PreferRebuilt", "WorkloadSource", "covered", "describe", "planning_workload", "record_blocks"]
+__all__ = ["KIND_NOTES", "PreferRebuilt", "WorkloadSource", "describe", "planning_workload", "record_blocks"]

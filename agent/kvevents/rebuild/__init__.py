@@ -19,7 +19,8 @@ What the rebuilt workload cannot see (also in docs/kv-events.md):
 - output lengths (every request gets `output_tokens`); sessions (`session_id` is null);
 - the partial last block of each prompt (at most one block of tokens);
 - the arrival time and prompt of a request that stored nothing (fully cached): counted from the
-  counters, synthesised as a repeat of a recent prompt of the same pod (history.py);
+  counters, synthesised within the counter's scrape interval as a repeat of a prompt (or prefix)
+  the same pod served (history.py, fill.py); which pod a replay routes it to is the router's choice;
 - sharing finer than one engine block, or than 512 tokens when the block is smaller (layout.py);
 - requests whose prefix entered the GPU from the shared L2 or the CPU tier look like any other
   request (their blocks are GPU stores); which tier served them is not in the GPU stream;

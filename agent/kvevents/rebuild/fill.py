@@ -9,20 +9,23 @@ import numpy as np
 
 from agent.kvevents.rebuild.chains import Rebuilt
 from agent.kvevents.rebuild.log import mix64, ranges, sampled
+from agent.kvevents.rebuild.reuse import reach_draws
 from simulator.chunking import BLOCK_TOKENS
 
-RECENT_SOURCES = 16  # a fully cached request repeats one of its pod's this many latest prompts
-CANDIDATES = 4  # drawn among them; the one nearest the length the counters leave wins
+CANDIDATES = 16  # earlier requests of its pod a fully cached request may repeat (whole, or a prefix)
 
 
 @dataclasses.dataclass(frozen=True)
 class PodRequests:
     """One pod's counters over a window: finished requests, their prompt tokens and the tokens its
-    GPU prefix cache served (`vllm:prefix_cache_hits_total`)."""
+    GPU prefix cache served (`vllm:prefix_cache_hits_total`). `intervals`: when the requests were
+    counted, one (start, end, requests) per scrape of the counter in the window, oldest first
+    (empty: not known)."""
 
     requests: float
     prompt_tokens: float | None = None
     gpu_hit_tokens: float | None = None
+    intervals: tuple[tuple[float, float, float], ...] = ()
 
 
 def pod_of(engine: str) -> str:
@@ -89,6 +92,7 @@ def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, unti
     lens: list[np.ndarray] = []
     made: dict[str, int] = {}
     outliers: set[str] = set()
+    refs, shared = chain_refs(r)
     for pod in sorted(counted):
         c = counted[pod]
         mine = np.flatnonzero(req_pod == pod)  # arrival order
@@ -99,21 +103,17 @@ def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, unti
         missing = round(want - len(mine))
         if missing <= 0 or not len(mine):
             continue
-        ts = since + (np.arange(missing) + rng.random(missing)) * (until - since) / missing
-        # candidates: CANDIDATES of the pod's RECENT_SOURCES latest requests before each arrival
-        before = np.searchsorted(r.ts[mine], ts, side="left")
-        lo = np.maximum(before - RECENT_SOURCES, 0)
-        span = np.maximum(before - lo, 1)
-        at = np.minimum(lo[:, None] + (rng.random((missing, CANDIDATES)) * span[:, None]).astype(np.int64),
-                        len(mine) - 1)
-        cand = mine[at]
-        opts = np.concatenate([cand, cand], axis=1)
-        olen = np.concatenate([r.lengths[cand], r.lengths[cand] - r.own[cand]], axis=1)
-        olen = np.where(olen > 0, olen, r.lengths[opts])
-        choice = np.zeros(missing, dtype=np.int64)
+        ts = arrival_times(c, r.ts[mine], missing, since, until, rng)
         per = _blocks_left(r, mine, missing, c)
-        if per is not None:  # the option nearest the blocks the counters leave per request
-            choice = np.argmin(np.abs(olen - per), axis=1)
+        # candidates: CANDIDATES of the pod's earlier requests, as far back as its visible reuses reach
+        before = np.searchsorted(r.ts[mine], ts, side="left")
+        back = reach_draws(r, mine, per, rng, (missing, CANDIDATES))
+        cand = mine[np.clip(before[:, None] - back, 0, len(mine) - 1)]
+        opts = np.concatenate([cand, cand, cand], axis=1)
+        olen = np.concatenate([r.lengths[cand], r.lengths[cand] - r.own[cand], shared[cand]], axis=1)
+        olen = np.where(olen > 0, olen, r.lengths[opts])
+        weight = refs[r.offsets[:-1][opts] + np.maximum(olen, 1) - 1].astype(np.float64)
+        choice = tilted_choice(olen, per, rng, weight)
         rows = np.arange(missing)
         picks.append(opts[rows, choice])
         lens.append(olen[rows, choice])
@@ -123,6 +123,70 @@ def synthesise(r: Rebuilt, counts: Mapping[str, PodRequests], since: float, unti
         return r.take(np.zeros(r.requests, dtype=bool)), made, outliers
     cut = _select(r, np.concatenate(picks), np.concatenate(lens))
     return dataclasses.replace(cut, ts=np.concatenate(times)), made, outliers
+
+
+def chain_refs(r: Rebuilt) -> tuple[np.ndarray, np.ndarray]:
+    """Per chain position, how many requests' chains hold that block (a chain holds a block once);
+    per request, its longest prefix some other request shares (positions held more than once)."""
+    if not len(r.flat):
+        return np.zeros(0, dtype=np.int64), np.zeros(r.requests, dtype=np.int64)
+    _, inv, cnt = np.unique(r.flat, return_inverse=True, return_counts=True)
+    refs = cnt[inv]
+    shared = np.zeros(r.requests, dtype=np.int64)
+    np.add.at(shared, np.repeat(np.arange(r.requests), r.lengths), (refs > 1).astype(np.int64))
+    return refs, shared
+
+
+def tilted_choice(options: np.ndarray, mean: float | None, rng: np.random.Generator,
+                  weight: np.ndarray | None = None) -> np.ndarray:
+    """One column per row of `options` (lengths), with probability proportional to `weight` (1
+    without) times exp(theta x length), theta such that the expected mean length is `mean` (of
+    the choices with that mean, the nearest the weights: the mix of lengths is kept, not pulled to
+    the mean); theta = 0 without `mean`; the shortest or longest option when `mean` is beyond what
+    they allow."""
+    rows, cols = options.shape
+    w0 = np.ones(options.shape) if weight is None else np.maximum(weight, 1e-12)
+    if mean is None or not rows:
+        cum = np.cumsum(w0, axis=1)
+        return np.minimum((cum < rng.random(rows)[:, None] * cum[:, -1:]).sum(axis=1), cols - 1)
+    x = options.astype(np.float64)
+    scale = max(float(x.std()), 1e-9)
+    x = (x - mean) / scale
+
+    def probs(theta: float) -> np.ndarray:
+        z = theta * x + np.log(w0)
+        w = np.exp(z - z.max(axis=1, keepdims=True))
+        return w / w.sum(axis=1, keepdims=True)
+
+    lo, hi = -60.0, 60.0
+    for _ in range(60):  # the expected mean rises with theta
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if float((probs(mid) * x).sum(axis=1).mean()) < 0 else (lo, mid)
+    cum = np.cumsum(probs((lo + hi) / 2), axis=1)
+    return np.minimum((cum < rng.random(rows)[:, None] * cum[:, -1:]).sum(axis=1), cols - 1)
+
+
+def arrival_times(c: PodRequests, stored_ts: np.ndarray, missing: int, since: float, until: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    """When a pod's `missing` fully cached requests arrived (ascending): spread over the counter's
+    scrape intervals in proportion to what each counted beyond the pod's rebuilt requests stored in
+    it (`stored_ts`, sorted), evenly inside each; in proportion to their lengths when none counted
+    more; evenly over [since, until] without intervals. So they start at the counter's first sample
+    and follow its rate."""
+    iv = [(max(a, since), min(b, until), n) for a, b, n in c.intervals if min(b, until) > max(a, since)]
+    if not iv:
+        return since + (np.arange(missing) + rng.random(missing)) * (until - since) / missing
+    start, end, counted = (np.array(x, dtype=np.float64) for x in zip(*iv, strict=True))
+    stored = np.searchsorted(stored_ts, end, side="right") - np.searchsorted(stored_ts, start, side="right")
+    weight = np.maximum(counted - stored, 0.0)
+    if weight.sum() <= 0:
+        weight = end - start
+    share = weight / weight.sum() * missing
+    k = np.floor(share).astype(np.int64)
+    k[np.argsort(k - share, kind="stable")[:missing - int(k.sum())]] += 1  # largest remainders
+    at = np.repeat(np.arange(len(k)), k)
+    j = np.arange(missing) - np.repeat(np.cumsum(k) - k, k)
+    return start[at] + (j + rng.random(missing)) / k[at] * (end - start)[at]
 
 
 def _blocks_left(r: Rebuilt, mine: np.ndarray, missing: int, c: PodRequests) -> float | None:

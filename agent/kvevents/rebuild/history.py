@@ -12,13 +12,19 @@ returns the requests that arrived in [now - seconds, now] as a `WORKLOAD_SCHEMA`
 3. requests that stored nothing (every block already on the GPU) are invisible in the events. The
    counters give how many there were: per pod, finished requests in the window (`requests`)
    minus the rebuilt ones (a pod claiming more than `engine_share` times the lower median pod's
-   requests counts as the median pod). Each is synthesised at an arrival time spread evenly
-   over the window as a repeat of one of the pod's `RECENT_SOURCES` latest requests before that
-   time: of `CANDIDATES` drawn (fixed seed), the one whose length is nearest the blocks the
-   counters leave per missing request (GPU hit tokens less the rebuilt requests' cached prefixes,
-   or else prompt tokens less the rebuilt prompts). The assumption: a fully cached prompt repeats a prompt the pod
-   served recently, up to its partial last block (its GPU cache holds it by definition; which
-   prompt, and when it arrived, are not observable).
+   requests counts as the median pod). They are synthesised (fill.py, fixed seed):
+   - arrival: within the counter's scrape intervals (`PodRequests.intervals`), in proportion to
+     what each interval counted beyond the pod's rebuilt requests, so they start at the counter's
+     first sample and follow its rate (evenly over the window when the intervals are unknown);
+   - prompt: a repeat, whole or up to a prefix, of one of `CANDIDATES` earlier requests of the
+     pod, drawn as far back as the pod's visible reuses reach (reuse.py); among those options one
+     is drawn in proportion to how many rebuilt requests share its last block (a popular prefix is
+     repeated more often), tilted so that the mean length is the blocks the counters leave per
+     missing request (GPU hit tokens less the rebuilt requests' cached prefixes, or else prompt
+     tokens less the rebuilt prompts).
+   The assumption: a fully cached prompt repeats, up to its partial last block, a prompt its pod
+   served (its GPU cache holds it by definition); which one, and exactly when it arrived, are not
+   observable.
 
 `counts(since, until) -> {pod: PodRequests}` supplies the counters; `store_counts(store)` reads
 them from the agent's store (`vllm:request_success_total`, `vllm:prompt_tokens_total`,
@@ -68,11 +74,13 @@ def capped_frame(history: RebuiltHistory, w: RebuiltWindow) -> pl.DataFrame:
 def scaled(c: PodRequests, rate: float) -> PodRequests:
     def mul(v: float | None) -> float | None:
         return None if v is None else v * rate
-    return PodRequests(c.requests * rate, mul(c.prompt_tokens), mul(c.gpu_hit_tokens))
+    return PodRequests(c.requests * rate, mul(c.prompt_tokens), mul(c.gpu_hit_tokens),
+                       tuple((a, b, n * rate) for a, b, n in c.intervals))
 
 
 def store_counts(store: Any) -> Counts:
-    """The per-pod request and prompt-token increases of the agent's store over [since, until]."""
+    """The per-pod request and prompt-token increases of the agent's store over [since, until], and
+    when the requests were counted (each scrape's increase, `PodRequests.intervals`)."""
     def counts(since: float, until: float) -> dict[str, PodRequests]:
         w = store.window_between(since, until)
         rows = w.filter(pl.col("le").is_null() & pl.col("signal").is_in(list(COUNTER_FIELDS)))
@@ -80,9 +88,24 @@ def store_counts(store: Any) -> Counts:
         for pod, signal, inc in rows.select("pod", "signal", "increase").iter_rows():
             if inc is not None and math.isfinite(inc) and inc >= 0:
                 found.setdefault(pod, {})[signal] = found.get(pod, {}).get(signal, 0.0) + inc
-        return {pod: PodRequests(**{COUNTER_FIELDS[k]: v for k, v in f.items()})
+        when = request_intervals(store.frame(since=since), since, until)
+        return {pod: PodRequests(**{COUNTER_FIELDS[k]: v for k, v in f.items()}, intervals=when.get(pod, ()))
                 for pod, f in found.items() if "requests" in f}
     return counts
+
+
+def request_intervals(frame: pl.DataFrame, since: float, until: float) -> dict[str, tuple[tuple[float, float, float], ...]]:
+    """Per pod, each scrape's increase of the request counter in (since, until]: (start, end,
+    requests), the start at the scrape before (never before `since`). A series' first sample
+    (no increase yet) starts none."""
+    rows = (frame.filter(pl.col("le").is_null() & (pl.col("signal") == "requests") & (pl.col("ts") <= until)
+                         & pl.col("delta").is_not_null() & pl.col("delta").is_finite() & (pl.col("delta") >= 0)
+                         & pl.col("dt").is_not_null() & (pl.col("dt") > 0))
+            .group_by("pod", "ts").agg(pl.col("delta").sum(), pl.col("dt").max()).sort("pod", "ts"))
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for pod, ts, delta, dt in rows.iter_rows():
+        out.setdefault(str(pod), []).append((max(ts - dt, since), ts, delta))
+    return {pod: tuple(v) for pod, v in out.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,8 @@ def window_state(history: RebuiltHistory, now: float, seconds: float) -> dict[st
     arrays = {"ts": r.ts, "eng": r.eng, "bsize": r.block_size, "own": r.own, "offsets": r.offsets, "flat": r.flat}
     return {"version": STATE_VERSION, "level": level, "engines": list(r.engines),
             **{k: np.ascontiguousarray(v, dtype=_ARRAYS[k]).tobytes() for k, v in arrays.items()},
-            "counts": {p: [c.requests, c.prompt_tokens, c.gpu_hit_tokens] for p, c in counts.items()}}
+            "counts": {p: [c.requests, c.prompt_tokens, c.gpu_hit_tokens, [x for iv in c.intervals for x in iv]]
+                       for p, c in counts.items()}}
 
 
 def encode_state(state: Mapping[str, Any]) -> bytes:
@@ -83,10 +84,19 @@ def decode_state(data: bytes) -> tuple[Rebuilt, dict[str, PodRequests], int]:
         raise StateError("rebuilt state: an engine id out of range")
     counts = {}
     for pod, v in (state.get("counts") or {}).items():
-        if not (isinstance(pod, str) and isinstance(v, list) and len(v) == 3):
-            raise StateError("rebuilt state: counts must map pods to [requests, prompt tokens, GPU hit tokens]")
-        counts[pod] = PodRequests(float(v[0]), None if v[1] is None else float(v[1]), None if v[2] is None else float(v[2]))
+        if not (isinstance(pod, str) and isinstance(v, list) and len(v) in (3, 4)):
+            raise StateError("rebuilt state: counts must map pods to [requests, prompt tokens, GPU hit tokens, "
+                             "intervals]")
+        counts[pod] = PodRequests(float(v[0]), None if v[1] is None else float(v[1]), None if v[2] is None else float(v[2]),
+                                  _intervals(v[3] if len(v) == 4 else []))
     return Rebuilt(a["ts"], a["eng"], a["bsize"], a["own"], a["flat"], off, tuple(engines)), counts, level
+
+
+def _intervals(flat: Any) -> tuple[tuple[float, float, float], ...]:
+    """[start, end, requests, ...] -> PodRequests.intervals; StateError when malformed."""
+    if not isinstance(flat, list) or len(flat) % 3 or not all(isinstance(x, (int, float)) for x in flat):
+        raise StateError("rebuilt state: a pod's intervals must be a flat list of (start, end, requests) numbers")
+    return tuple((float(flat[i]), float(flat[i + 1]), float(flat[i + 2])) for i in range(0, len(flat), 3))
 
 
 def _renamed(r: Rebuilt, names: Sequence[str]) -> Rebuilt:

@@ -56,6 +56,14 @@ def test_the_agent_sees_the_requests_and_blocks_the_fleet_served(served) -> None
     assert agent.workload.kind == "rebuilt"
     frame = agent.workload.history(now, now)
     assert frame.height == pytest.approx(fleet.served, rel=0.02)
+    # the fully cached requests arrive within the scraped counter's intervals: from its first sample,
+    # even in a window reaching back before it
+    window = agent.workload.rebuilt.window(now, now + 100.0)
+    counts = agent.workload.rebuilt.counts(-100.0, now)
+    first = min(iv[0] for c in counts.values() for iv in c.intervals)
+    synth = window.requests.ts[window.requests.own == 0]  # a rebuilt request stored at least one block
+    assert len(synth) == sum(window.synthesised.values()) > 0
+    assert synth.min() >= first >= 0.0 and frame["timestamp_ms"].min() >= 0
     # the live window comes from the scraped TTFT histograms, not the served samples
     obs = agent.window_source.ttft_observations(now - 120.0, now)
     assert obs is not None and obs.samples is None and obs.buckets

@@ -268,6 +268,57 @@ def test_curve_capacity_gives_the_planner_sizes_and_publishes_the_curve(rag):
     assert short.cpu_candidates(Knobs()) == []
 
 
+class _FlatTwin:
+    """A planning twin under which every configuration is as fast: nothing pays."""
+
+    transition_s = 60.0
+
+    def steady(self, knobs: Knobs) -> np.ndarray:
+        return np.ones(50)
+
+    def switch(self, before: Knobs, after: Knobs, *, restart: bool) -> np.ndarray:
+        return np.ones(50)
+
+
+class _Kind:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+def test_the_planner_reports_the_l2_pools_curve_sizes_over_the_rebuilt_workload(rag):
+    """The L2 pool is the operator's (not a knob): each plan carries its curve's knee and useful
+    maximum with their hit ratios, next to the pool in force; not on the fitted fallback."""
+    from agent.runtime.tuning.build import WorkloadCapacity
+    from tests.support.tuner_settings import plan_settings
+    from tuners.planning.capacity_source import CurveCapacity, HeadroomCapacity
+    from tuners.planning.planner import TransitionPlanner
+    from tuners.space import DeploymentLimits
+
+    cluster = ClusterSpec(pods=2, l2_tokens=40_000)
+    curve = CurveCapacity(lambda: rag, cluster, headroom_gib=64.0, memory_ms_per_gib=0.0, step_gib=1.0)
+    pool = curve.l2_pool(Knobs())
+    l2 = tier_curves(rag, cluster, Knobs())["l2"]
+    assert pool["pool_gib"] == round(l2.current_gib, 2) > 0 and pool["useful_gib"] == round(l2.max_useful_gib, 2)
+    assert pool["useful_hit_ratio"] >= pool["hit_ratio"] and 0 < pool["knee_gib"] <= pool["useful_gib"]
+
+    def planner(kind: str) -> TransitionPlanner:
+        capacity = WorkloadCapacity(_Kind(kind), curve, HeadroomCapacity(DeploymentLimits()))
+        return TransitionPlanner(_FlatTwin, Knobs, restarts=lambda a, b: True, routers=("roundrobin",),
+                                 search=ListSearch([]), settings=plan_settings(), capacity=capacity)
+
+    rebuilt, fitted = planner("rebuilt"), planner("fitted")
+    assert rebuilt.candidates(3) == [] == fitted.candidates(3)
+    assert rebuilt.last_plan["l2_pool"] == pool and "l2_pool" not in fitted.last_plan
+
+
+class ListSearch:
+    def __init__(self, found: list[Knobs]) -> None:
+        self.found = found
+
+    def candidates(self, k: int) -> list[Knobs]:
+        return self.found[:k]
+
+
 def test_live_kv_events_give_the_cpu_curve(rag):
     import shutil
     import subprocess

@@ -1,20 +1,27 @@
-"""CPU buffer candidates from the capacity curve, for the planner (`cpu_candidates(current)`).
+"""Capacity candidates from the capacity curves, for the planner.
 
-Over the whole observed history (not a replay window), at the configuration in force: the CPU
-curve's knee, the size where the next GiB buys less mean TTFT than the memory price, and the size
-from which every reuse hits, within the operator's headroom. Each rebuild also publishes the
-curves on the tuner's metrics (`tierpilot_tier_capacity_hit_ratio`) when given them.
+Over the whole observed history (not a replay window), at the configuration in force:
+- `cpu_candidates(current)`: the CPU curve's knee, the size where the next GiB buys less mean TTFT
+  than the memory price, and the size from which every reuse hits, within the operator's headroom
+  (priced by the planner's twin);
+- `l2_pool(current)`: the shared L2 pool's sizes worth knowing (its curve's knee and the size from
+  which every reuse hits) with the hit ratio at each and at the pool in force. The pool's size is
+  the operator's (`limits.l2_pool_gib`), not a knob the tuner sets, so these are reported with
+  every plan, not priced.
+Each rebuild also publishes the curves on the tuner's metrics (`tierpilot_tier_capacity_hit_ratio`)
+when given them.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import polars as pl
 
 from contracts.knobs import Knobs
-from simulator.capacity import TierCurve, capacity_candidates, tier_curves
+from simulator.capacity import TierCurve, capacity_candidates, knee_gib, tier_curves
 from simulator.capacity.table import curve_points
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
@@ -62,6 +69,18 @@ class CurveCapacity:
                                     headroom_gib=self.headroom_gib, profile=self.profile or self.cluster.hardware,
                                     step_gib=self.step_gib)
         return [g for g in sizes if abs(g - current.cpu_gib) >= self.step_gib / 2]
+
+    def l2_pool(self, current: Knobs) -> dict[str, Any] | None:
+        """The L2 pool in force and its curve's knee and useful maximum (GiB, fleet), each with its
+        hit ratio; None before enough history or when no request looks L2 up."""
+        curves = self.refresh(current)
+        curve = curves.get("l2") if curves is not None else None
+        if curve is None or not curve.lookup_tokens:
+            return None
+        sizes = {"knee": knee_gib(curve, step_gib=self.step_gib), "useful": curve.max_useful_gib}
+        return {"pool_gib": round(curve.current_gib, 2), "hit_ratio": round(curve.hit_ratio(curve.current_gib), 4),
+                **{f"{k}_gib": round(g, 2) for k, g in sizes.items() if g is not None},
+                **{f"{k}_hit_ratio": round(curve.hit_ratio(g), 4) for k, g in sizes.items() if g is not None}}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -223,7 +223,8 @@ class TransitionPlanner:
 
     `horizon()` (optional) estimates the rest of the regime from the run (tuners.planning.horizon); without
     it `settings.horizon_s` is used. `capacity` (optional) adds CPU buffer candidates to the
-    search's. `every_value` (optional): knobs with a few values that are all priced at every plan,
+    search's, and, when it has `l2_pool(knobs)`, the L2 pool's curve sizes to the plan record (the
+    pool's size is the operator's: reported, not priced). `every_value` (optional): knobs with a few values that are all priced at every plan,
     whatever the search found (the L2 eviction policy: the search's short window cannot rank
     policies that differ only once scans have churned the pool, and a full-history twin can).
     `memory_s(knobs)` prices memory as the objective does."""
@@ -262,11 +263,13 @@ class TransitionPlanner:
         base = hot[0].knobs if hot and hot[0].accepted else now
         plan = [base] if base != now else []
         cold: list[Decision] = []
+        l2_pool = None
         deferred = self._too_young(est, twin.transition_s)
         if deferred:
             log_event("restart_deferred", reason=deferred)
         if self.search is not None and s.search_k > 0 and k > len(plan) and not deferred:
             sizes = [float(g) for g in self.capacity.cpu_candidates(base)] if self.capacity is not None else []
+            l2_pool = self.capacity.l2_pool(base) if hasattr(self.capacity, "l2_pool") else None
             if hasattr(self.search, "include"):  # seed the twin search with the capacity candidates
                 self.search.include = tuple(base.replace(cpu_gib=g) for g in sizes)
             found = [c.replace(router=base.router) for c in self.search.candidates(s.search_k)]
@@ -288,10 +291,11 @@ class TransitionPlanner:
                           **({"workload": self.workload()} if self.workload is not None else {}),
                           "horizon": est.to_dict() if est is not None else {"horizon_s": horizon_s, "basis": "configured"},
                           "plan": [p.to_dict() for p in plan], "priced": priced,
-                          **({"restarts_deferred": deferred} if deferred else {})}
+                          **({"restarts_deferred": deferred} if deferred else {}),
+                          **({"l2_pool": l2_pool} if l2_pool else {})}
         self.history.append(self.last_plan)
         log_event("plan", current=now.to_dict(), plan=[p.to_dict() for p in plan], workload=self.last_plan.get("workload"),
-                  horizon=self.last_plan["horizon"],
+                  horizon=self.last_plan["horizon"], **({"l2_pool": l2_pool} if l2_pool else {}),
                   priced=[{"knobs": now.diff(d.knobs), "decision": d.describe()} for d in self.decisions])
         return plan[:k]
 

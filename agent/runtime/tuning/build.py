@@ -155,7 +155,8 @@ def _twin_search(settings: AgentSettings, io: TuningIO, objective: ObjectiveSpec
 
 @dataclasses.dataclass
 class WorkloadCapacity:
-    """CPU buffer candidates from the capacity curve over all the planning workload retained; the
+    """CPU buffer candidates (and the L2 pool's sizes, reported) from the capacity curves over all
+    the planning workload retained; the
     fitted fallback has no reuse beyond the GPU to draw a curve from (its curve says 0 GiB), so
     while the planner runs on it the operator's headroom and half of it are priced instead."""
 
@@ -167,6 +168,11 @@ class WorkloadCapacity:
         if self.workload.kind == "fitted":
             return self.headroom.cpu_candidates(current)
         return FirstOf((self.curve, self.headroom)).cpu_candidates(current)
+
+    def l2_pool(self, current: Knobs) -> dict[str, Any] | None:
+        """The L2 curve's sizes over the planning workload (none on the fitted fallback, which has
+        no reuse to draw a curve from)."""
+        return None if self.workload.kind == "fitted" else self.curve.l2_pool(current)
 
 
 def _capacity(io: TuningIO, objective: ObjectiveSpec) -> WorkloadCapacity:

@@ -149,7 +149,9 @@ class Shapes:
         return Read(result, payload.lines, payload.duplicates, payload)
 
     def _learn(self, key: tuple[str, tuple[str, ...]], lines: list[str], wanted: frozenset[str]) -> None:
-        """Remember a valid payload's shape the second time it is seen."""
+        """Remember a valid payload's shape the second time it is seen (never with no room)."""
+        if self.max_chars <= 0:
+            return
         sighting = hash(key)
         with self._lock:
             if sighting not in self._sightings:

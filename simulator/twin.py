@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from heapq import heapify, heappop, heappush
-from itertools import filterfalse, islice, takewhile
+from heapq import heapify
+from itertools import islice, takewhile
 from typing import Any
 
 from contracts.events import AllBlocksCleared, BlockRemoved, EventSink
@@ -23,7 +23,7 @@ from simulator.policies import LRU, Policy, make_policy
 from simulator.profile import HardwareProfile, get_profile
 from simulator.records import Request, WorkloadError
 from simulator.router import Router, make_router
-from simulator.twin_events import store_traced
+from simulator.twin_step import step
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -290,201 +290,8 @@ class Twin:
         self, now: float, prompt: int, out_len: int, chunks: list[int], session: int | None, cold: int = -1,
         fresh: int = 0, blocks: list[int] | None = None,
     ) -> tuple:
-        """The hot path: one request, returned as a row (see `replay.RESULT_SCHEMA`).
-
-        `cold`: how many of the request's chunks never appeared in an earlier request, when the
-        caller precomputed it for a whole workload (batch replay); -1 = track it here.
-        `fresh`: the length of a suffix of `chunks` the caller knows to be new to the twin (distinct,
-        in no earlier request), so resident in no tier: lookups stop before it and stores skip the
-        membership checks. 0 = nothing known (always correct).
-        `blocks`: the prompt's 512-token block hashes, with an event sink and chunks above 512 tokens:
-        the events announce each chunk as its blocks (twin_events.emit_changes).
-        """
-        pods, router, c = self._pods, self._router, self._chunk
-        self._now = now
-        heap, loads = self._heap, self._loads
-        while heap and heap[0][0] <= now:
-            loads[heappop(heap)[2]] -= 1
-        est = self._estimate(chunks, prompt, now) if router.needs_estimate else None
-        n = len(chunks)
-        known = n - fresh  # nothing gets past chunks[known]: no lookup, no router memory
-        idx = router.choose(chunks, session, loads, est, known)
-        router.record(idx, chunks)
-        pod = pods[idx]
-        gpu, cpu = pod.gpu, pod.cpu
-        l2 = self._l2 if prompt >= self._l2_min else None
-        g = len(list(takewhile(gpu._resident.__contains__, chunks))) if gpu is not None else 0
-        if g == known or (cpu is None and l2 is None):
-            cpu_keys = l2_keys = _EMPTY
-            k = g
-        else:
-            _, cpu_keys, l2_keys, k = self._lookup(pod, chunks, l2, g)
-        computed = chunks[k:] if k else chunks
-        n_cpu, n_l2 = len(cpu_keys), len(l2_keys)
-        hit = k * c
-        computed_tokens = prompt - hit
-        tail = prompt - n * c
-
-        # -- ground truth: miss attribution of the computed full chunks ----------------------------
-        capacity = routing = 0
-        if not computed:
-            cold = 0
-        else:
-            if cold < 0:
-                seen = self._seen
-                seen_missed = seen.intersection(computed)
-                cold = len(computed) - len(seen_missed)
-                seen.update(computed)
-            else:  # never-seen chunks are a suffix of the prompt (chained hashes), hence of `computed`
-                seen_missed = computed[:len(computed) - cold]
-            if seen_missed:
-                if len(pods) > 1:
-                    if gpu is not None:
-                        seen_missed = filterfalse(gpu._resident.__contains__, seen_missed)
-                    if cpu is not None:
-                        seen_missed = filterfalse(cpu._resident.__contains__, seen_missed)
-                    want = set(seen_missed)
-                    if want:
-                        found: set[int] = set()
-                        for q in pods:
-                            if q is not pod:
-                                if q.gpu is not None:
-                                    found.update(filter(q.gpu._resident.__contains__, want))
-                                if q.cpu is not None:
-                                    found.update(filter(q.cpu._resident.__contains__, want))
-                        routing = len(found)
-                    capacity = len(computed) - cold - routing
-                else:
-                    capacity = len(seen_missed)
-        truth = pod.truth
-        truth.requests += 1
-        truth.prompt_tokens += prompt
-        truth.hit_tokens += hit
-        truth.cold_tokens += cold * c
-        truth.capacity_tokens += capacity * c
-        truth.routing_tokens += routing * c
-        truth.tail_tokens += tail
-        truth.seen_tokens += (n - cold) * c
-
-        # -- tier updates: promote hits upwards, write computed chunks through ---------------------
-        t = pod.totals
-        l2_pool = self._l2
-        if self._sink is not None:
-            l2_evicted = store_traced(self, pod, chunks, g, cpu_keys, l2_keys, computed, blocks)
-        else:
-            # chunks[known:] are in no tier: the tiers store them in bulk
-            native = self._native  # ClusterSpec.native_tiering: vLLM's order and store policy
-            if gpu is not None:
-                if native:  # the whole prompt, last chunk first: hits are touched, new chunks stored
-                    evicted = gpu.insert_count(chunks[::-1]) if n else 0
-                    if evicted:
-                        t.gpu_evicted_chunks += evicted
-                else:
-                    if g:
-                        gpu.touch_many(chunks[:g])
-                    if g < n:
-                        evicted = gpu.insert_count(chunks[g:] if g else chunks, fresh)
-                        if evicted:
-                            t.gpu_evicted_chunks += evicted
-            if cpu is not None:
-                if n_cpu and not native:
-                    cpu.touch_many(cpu_keys)
-                if native and n:
-                    # a connector hit: what it loaded and what follows; none: the whole prompt
-                    offered = cpu_keys + l2_keys + computed if n_cpu or n_l2 else chunks
-                    evicted = cpu.insert_count(offered[::-1])
-                elif computed or n_l2:
-                    evicted = cpu.insert_count(l2_keys + computed if n_l2 else computed, fresh)
-                else:
-                    evicted = -1
-                if evicted >= 0:
-                    t.cpu_stored_chunks += n_l2 + n - k
-                    t.store_requests += 1
-                    if evicted:
-                        t.cpu_evicted_chunks += evicted
-                        t.cpu_evict_events += 1
-            l2_evicted = 0
-            if l2_pool is not None:
-                if n_l2:
-                    l2_pool.touch_many(l2_keys)
-                if computed:
-                    l2_evicted = l2_pool.insert_count(computed, fresh)
-                    if len(l2_pool) > self._l2_high:
-                        l2_evicted += len(l2_pool.shrink_to(self._l2_low))
-        l2_write_s = 0.0
-        if l2_pool is not None and computed:
-            lt = self._l2_totals
-            if l2_evicted:
-                lt.evicted_chunks += l2_evicted
-                lt.eviction_runs += 1
-            m = len(computed)
-            nbytes = m * self._chunk_bytes
-            l2_write_s = m * self._w_chunk_s + nbytes * self._w_byte_s
-            lt.write_bytes += nbytes
-            lt.write_chunks += m
-            lt.write_time_s += l2_write_s
-            t.l2_write_bytes += nbytes
-            t.l2_write_requests += 1
-            pod.obs.l2_write_s.append(l2_write_s)
-            if cpu is None:
-                t.store_requests += 1
-
-        # -- latency -------------------------------------------------------------------------------
-        busy = (computed_tokens if computed_tokens > 0 else 1) * self._prefill_s + self._overhead_busy_s
-        if self._attention_s:
-            busy += max(computed_tokens, 1) * (hit + 0.5 * max(computed_tokens, 1)) * self._attention_s
-        extra = self._overhead_s
-        l2_read_s = 0.0
-        if n_cpu:
-            busy += n_cpu * self._cpu_chunk_s
-            if not n_l2:
-                extra += self._cpu_fixed_s
-        if n_l2:
-            l2_read_s = n_l2 * self._l2_chunk_s
-            busy += l2_read_s
-            extra += self._l2_retrieve_s
-        free_at = pod.free_at
-        start = max(now, free_at)
-        pod.free_at = start + busy
-        queue = start - now
-        ttft = queue + busy + extra
-        heappush(heap, (now + ttft + out_len * self._decode_s, start, idx))
-        if self._load_delay_s:  # the load term: a pure offset on the latency, not on the pods' schedule
-            queue += self._load_delay_s
-            ttft += self._load_delay_s
-        loads[idx] += 1
-        obs = pod.obs
-        obs.ttft_s.append(ttft)
-        obs.queue_delay_s.append(queue)
-
-        # -- counters ------------------------------------------------------------------------------
-        t.requests += 1
-        t.prompt_tokens += prompt
-        t.generation_tokens += out_len
-        t.gpu_hit_tokens += g * c
-        t.computed_tokens += computed_tokens
-        if self._connector:
-            t.ext_query_tokens += prompt - g * c
-            if n_cpu or n_l2:
-                t.retrieve_requests += 1
-                t.cpu_hit_tokens += n_cpu * c
-                t.cpu_hit_chunks += n_cpu
-                if n_l2:
-                    nbytes = n_l2 * self._chunk_bytes
-                    obs.l2_read_s.append(l2_read_s)
-                    lt = self._l2_totals
-                    lt.read_bytes += nbytes
-                    lt.read_chunks += n_l2
-                    lt.read_time_s += l2_read_s
-                    t.l2_hit_tokens += n_l2 * c
-                    t.l2_hit_chunks += n_l2
-                    t.l2_read_bytes += nbytes
-                    t.l2_read_chunks += n_l2
-                    t.l2_read_requests += 1
-            else:
-                t.zero_hit_lookups += 1
-        return (idx, now, prompt, g * c, n_cpu * c, n_l2 * c, computed_tokens, queue, ttft, l2_read_s, l2_write_s,
-                cold * c, capacity * c, routing * c, tail)
+        """One request, returned as a row (see `replay.RESULT_SCHEMA`); `simulator.twin_step.step`."""
+        return step(self, now, prompt, out_len, chunks, session, cold, fresh, blocks)
 
     # -- observability -------------------------------------------------------------------------
     def pod_counters(self, pod: int | str) -> dict[str, float]:

@@ -157,3 +157,18 @@ def test_native_tiering_offers_a_whole_prompt_to_the_cpu_tier_when_nothing_came_
             out = [twin.submit(r) for r in reqs]
             assert out[2].gpu_hit_tokens == 512
             assert (twin.resident("pod-0", "CPU") == block1) is in_cpu
+
+
+def test_the_base_fit_drops_the_attention_term_only_when_the_samples_make_it_negative():
+    from emulator.engines.tier_probe import Sample
+    from emulator.engines.tier_twin import fit_base
+
+    ns = [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 150, 650]
+    convex = [Sample("cold", n, 0, 0.02 + 1e-4 * n + 6e-8 * n * n / 2) for n in ns]
+    fit = fit_base(convex)
+    assert fit.attention_s_per_token2 == pytest.approx(6e-8, rel=1e-6) and fit.r2 == pytest.approx(1.0)
+    concave = [Sample("cold", n, 0, 0.05 + 2e-4 * n - 6e-8 * n * n / 2) for n in ns]  # a slow first request's shape
+    fit = fit_base(concave)
+    assert fit.attention_s_per_token2 == 0.0 and fit.overhead_s > 0 and fit.prefill_s_per_token > 0
+    with pytest.raises(FitError, match="at least"):
+        fit_base(concave[:5])

@@ -25,10 +25,10 @@ import polars as pl
 from contracts.knobs import Knobs
 from emulator.engines.engine import kv_bytes_per_token
 from emulator.engines.prompts import PromptBuilder, cap_prompt_length, prompts
-from emulator.engines.tier_probe import Calibration, Counters, TierProbe, delta
+from emulator.engines.tier_probe import Calibration, Counters, Sample, TierProbe, delta
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile, get_profile
-from simulator.profile_fit import ServiceFit, fit_service_latency, with_service_fit
+from simulator.profile_fit import FitError, ServiceFit, fit_service_latency, with_service_fit
 from simulator.replay import replay
 from simulator.synthetic import Phase, generate
 from simulator.tier_fit import (
@@ -73,11 +73,21 @@ class TierFits:
         return with_tier_fit(prof, self.cpu, self.fs)
 
 
+def fit_base(rows: list[Sample]) -> ServiceFit:
+    """The base model on cold and KV-hit requests; without the attention term when the samples make
+    it negative (a few requests slowed by other processes can, on a short calibration)."""
+    cols = ([s.computed_tokens for s in rows], [s.cached_tokens for s in rows], [s.ttft_s for s in rows])
+    try:
+        return fit_service_latency(*cols)
+    except FitError as exc:
+        if "attention" not in str(exc):
+            raise
+        return fit_service_latency(*cols, attention=False)
+
+
 def fit_tiers(cal: Calibration, dtype: str, chunk_tokens: int) -> TierFits:
     bpt = kv_bytes_per_token(dtype)
-    base_rows = cal.of("cold") + cal.of("gpu")
-    base = fit_service_latency([s.computed_tokens for s in base_rows], [s.cached_tokens for s in base_rows],
-                               [s.ttft_s for s in base_rows])
+    base = fit_base(cal.of("cold") + cal.of("gpu"))
     b, a = cal.before, cal.after
     load_s, load_b = delta(b, a, "vllm:kv_offload_load_time_total"), delta(b, a, "vllm:kv_offload_load_bytes_total")
     read_s = delta(b, a, "vllm:kv_offload_tiering_read_time_total", "1:fs")
@@ -203,5 +213,5 @@ def compare(run: HeldOutRun, profile: HardwareProfile, *, kv_tokens: int, cpu_to
                          e50, e95, t50, t95)
 
 
-__all__ = ["HELD_OUT", "HIT_TARGET", "TTFT_TARGET", "HeldOutResult", "HeldOutRun", "TierFits", "compare", "fit_tiers",
+__all__ = ["HELD_OUT", "HIT_TARGET", "TTFT_TARGET", "HeldOutResult", "HeldOutRun", "TierFits", "compare", "fit_base", "fit_tiers",
            "held_out_stream", "send_held_out"]

@@ -316,6 +316,9 @@ class PlannerSection(_Frozen):
         "net relative gain a router change needs (regimes flip, and a marginal switch costs the next one)"))
     tolerance: float = Field(0.005, ge=0, le=1, description="neither p95 nor mean may lose more than this")
     search_k: int = Field(3, ge=0, le=100, description="twin-search candidates priced per phase")
+    refill_s: float = Field(600.0, ge=0, le=86_400.0, description=(
+        "how long the twin follows a restart's cache refill past recent_s (switching this long before now, "
+        "at most half the planning history); what the refill adds is charged to the move (0: the window only)"))
     recent_s: float = Field(150.0, gt=0, le=86_400.0, description="recent workload the twin scores on")
     warm_s: float = Field(300.0, ge=0, le=86_400.0, description="history replayed before it to warm the caches")
     restart_downtime_s: float = Field(30.0, ge=0, le=3600.0, description="seconds a pod is down in a rollout")

@@ -356,3 +356,88 @@ def test_refractory_and_minimum_shift_keep_one_alarm_per_shift() -> None:
     assert feed(SignalDetector("reuse_ratio", drift_settings(warmup=20, threshold=15.0)), small)
     assert not feed(SignalDetector("reuse_ratio", drift_settings(warmup=20, threshold=15.0, min_rel_shift=0.25)),
                     small)
+
+
+class RefillTwin:
+    """Settled the move gains 10%; its 150-s window adds 10 s over the settled candidate; the
+    twin follows the refill for 600 s, 100 requests a minute each 0.5 s slower for the first 400 s."""
+
+    transition_s = 150.0
+
+    def __init__(self, follows: bool) -> None:
+        if follows:
+            self.refill = self._refill
+
+    def steady(self, knobs: Knobs) -> np.ndarray:
+        return np.full(100, 1.0 if knobs == KV else 0.9)
+
+    def switch(self, before: Knobs, after: Knobs, *, restart: bool) -> np.ndarray:
+        return np.full(100, 1.0)
+
+    def _refill(self, before: Knobs, after: Knobs, *, restart: bool) -> tuple[np.ndarray, np.ndarray]:
+        since = np.arange(0.0, 600.0, 0.6)
+        return since, np.where(since < 400.0, 0.5, 0.0)
+
+
+def test_a_restart_pays_for_the_refill_the_twin_follows_past_its_window() -> None:
+    """A chunk change empties a full L2: it refills as the workload revisits it, long after the
+    150-s window. Within the window the move pays over 900 s; followed for 600 s, its refill adds
+    ~333 s of TTFT (the window counted 10): the mean is worse over the horizon and the transition
+    cost says so. Over a horizon long enough for the settled gain, it pays again."""
+    (short,) = decide(RefillTwin(follows=False), KV, [BIG], restarts=restarts, margin=0.03, horizon_s=900.0)
+    assert short.accepted and short.transition_cost_s == pytest.approx(0.0)
+    (d,) = decide(RefillTwin(follows=True), KV, [BIG], restarts=restarts, margin=0.03, horizon_s=900.0)
+    assert not d.accepted and d.gain_mean < -0.005 and d.reason.startswith("mean worse over the horizon")
+    assert d.transition_cost_s == pytest.approx(400 / 0.6 * 0.5 - 10.0, rel=0.01)
+    assert d.payback_s == pytest.approx(d.transition_cost_s / d.gain_per_hour_s * 3600.0)
+    # a horizon within the refill: only the refill inside it is charged
+    (early,) = decide(RefillTwin(follows=True), KV, [BIG], restarts=restarts, margin=0.03, horizon_s=300.0)
+    assert early.transition_cost_s == pytest.approx(300 / 0.6 * 0.5 - 10.0, rel=0.01)
+    (long,) = decide(RefillTwin(follows=True), KV, [BIG], restarts=restarts, margin=0.03, horizon_s=20_000.0)
+    assert long.accepted
+    # a hot change is not followed (the router keeps every pod's cache)
+    (hot,) = decide(RefillTwin(follows=True), KV, [BIG], restarts=lambda a, b: False, margin=0.03, horizon_s=900.0)
+    assert hot.accepted
+
+
+def test_the_recent_twin_follows_a_chunk_change_refill_past_its_window() -> None:
+    """On the twin of a RAG workload, a restart to 512-token chunks from 1,024 leaves the L2
+    unreadable: after the 150-s window the planner scores on, requests are still slower than with
+    512 all along, and what they add is at least half again what the window counts. The switch point is at most half
+    way through the history (the first half warms the caches), and a history too short to
+    follow past the window follows nothing."""
+    from emulator.demo.scenarios import scenario
+    from tuners.planning.twin_oracle import RecentTwin
+
+    sc = scenario("chunk", 3, phase_s=900.0)
+    frame, cluster = sc.workload.frame, sc.cluster
+    end = float(frame["timestamp_ms"].max()) / 1000.0
+    before = sc.deployment.start
+    twin = RecentTwin(frame, cluster, measure_from_s=end - 150.0, refill_s=600.0)
+    assert twin.refill_from_s == pytest.approx(max(end - 600.0, end / 2), abs=1.0)
+    since, added = twin.refill(before, before.replace(chunk_tokens=512), restart=True)
+    assert since.min() >= 0 and since.max() > 400.0 and added.size == since.size
+    assert added[since >= 150.0].sum() > 0.5 * added[since < 150.0].sum() > 0
+    assert RecentTwin(frame, cluster, measure_from_s=end - 150.0, refill_s=100.0).refill_from_s is None
+    late = frame.filter(frame["timestamp_ms"] >= int((end - 250.0) * 1000))
+    assert RecentTwin(late, cluster, measure_from_s=end - 150.0, refill_s=600.0).refill(
+        before, before.replace(chunk_tokens=512), restart=True) is None
+
+
+def test_the_recent_twin_prices_a_history_reaching_before_time_zero_as_if_it_started_there() -> None:
+    """A rebuilt history asked for before the run began may hold requests at negative times; a
+    replay's pods are free from time 0, so they would all queue until then. The twin moves such a
+    history to start at 0: the same requests score the same however far back they lie."""
+    import polars as pl
+
+    from emulator.demo.scenarios import scenario
+    from tuners.planning.twin_oracle import RecentTwin
+
+    sc = scenario("chunk", 3, phase_s=600.0)
+    frame, cluster, knobs = sc.workload.frame, sc.cluster, sc.deployment.start
+    end = float(frame["timestamp_ms"].max()) / 1000.0
+    early = frame.with_columns(pl.col("timestamp_ms") - 400_000)
+    at_zero = RecentTwin(frame, cluster, measure_from_s=end - 150.0).steady(knobs)
+    before_zero = RecentTwin(early, cluster, measure_from_s=end - 550.0).steady(knobs)
+    assert at_zero.size == before_zero.size > 100
+    np.testing.assert_allclose(before_zero, at_zero, rtol=1e-9, atol=1e-9)

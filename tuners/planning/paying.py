@@ -70,7 +70,7 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
                  horizon: Callable[[], Any] | None = None, capacity: CapacitySource | None = None,
                  memory_s: Callable[[Knobs], float] | None = None, plan_warm_s: float | None = None,
                  every_value: Mapping[str, Sequence[object]] | None = None,
-                 workload: Callable[[], str] | None = None) -> Paying:
+                 workload: Callable[[], str] | None = None, refill_s: float = 0.0) -> Paying:
     """The planner (calibrating the twin before each plan when `latency_points` is given) and the
     counterfactual twin (carrying the latest calibration). `plan_warm_s` (default `warm_s`) of history before the last
     `recent_s` warms the planning twin's caches, so a capacity change is priced at the occupancy
@@ -78,7 +78,8 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
     has outgrown the GPU). `horizon`: the regime horizon from the run (tuners.planning.horizon); `capacity`:
     CPU buffer candidates (the capacity curve); `memory_s`: the objective's memory price;
     `every_value`: knobs whose every value is priced at every plan (`TransitionPlanner`);
-    `workload()`: what the history is (rebuilt, fitted), stamped on every plan."""
+    `workload()`: what the history is (rebuilt, fitted), stamped on every plan; `refill_s`: how long
+    the planning twin follows a restart's refill (`RecentTwin.refill`, charged by the planner)."""
     counterfactual = WindowTwin(history, twin_cluster(), warm_s=warm_s)
     state: dict[str, Any] = {"profile": None}
     fits: list[tuple[float, LatencyFit]] = []
@@ -99,7 +100,7 @@ def build_paying(*, history: History, twin_cluster: Callable[[], ClusterSpec], c
         cluster = counterfactual.cluster = twin_cluster()
         calibrate(now, cluster)
         return RecentTwin(history(now, recent_s + (plan_warm_s or warm_s)), cluster, measure_from_s=now - recent_s,
-                          downtime_s=downtime_s, profile=state["profile"])
+                          downtime_s=downtime_s, profile=state["profile"], refill_s=refill_s)
 
     planner = TransitionPlanner(planning_twin, current, restarts=restarts, routers=routers, search=search,
                                 settings=settings, horizon=horizon, capacity=capacity,

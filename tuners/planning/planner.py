@@ -14,6 +14,12 @@ the window and `steady` for the rest (`horizon_outcome`); of its net gains on TT
 mean (`net_gain`) the larger must clear a margin and neither may be below `-tolerance`, or the
 candidate is not worth its transition.
 
+A restart's caches refill only as fast as the workload revisits its working set, which can take
+far longer than the evaluation window (a chunk-size change leaves a full L2 unreadable). When the
+twin can follow the refill over a longer stretch of history (`PlanningTwin.refill`), the TTFT the
+refill adds within the horizon beyond what the window already counts is charged to the move's mean
+and to its transition cost (`refill_charge`).
+
 Knobs that reload without a restart (the router) are decided on their own first, against the
 running configuration; restart-requiring candidates from the twin search (`search`, e.g.
 `TwinWarmStart`, with the chosen router) are then priced against that, and at most the best one
@@ -66,6 +72,23 @@ class PlanningTwin(Protocol):
     def switch(self, before: Knobs, after: Knobs, *, restart: bool) -> np.ndarray:
         """TTFT (s) over the evaluation window when `after` replaces `before` at its start."""
         ...
+
+    # optional: refill(before, after, *, restart) -> (seconds since the switch, TTFT added over `after`
+    # held all along) per request, over a stretch longer than the window; None if it cannot
+
+
+def refill_charge(twin: PlanningTwin, before: Knobs, after: Knobs, *, restart: bool, transition: np.ndarray,
+                  steady: np.ndarray, horizon_s: float) -> float:
+    """TTFT seconds (summed over requests) the refill adds within the horizon beyond what the
+    evaluation window counts (the window's transition over the settled candidate); 0 when the twin
+    cannot follow the refill further."""
+    follow = getattr(twin, "refill", None)
+    got = follow(before, after, restart=restart) if follow is not None else None
+    if got is None:
+        return 0.0
+    since, added = got
+    in_window = float(transition.sum() - steady.mean() * transition.size) if transition.size and steady.size else 0.0
+    return max(float(added[since < horizon_s].sum()) - in_window, 0.0)
 
 
 def weighted_p95_mean(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
@@ -182,6 +205,12 @@ def decide(twin: PlanningTwin, current: Knobs, candidates: Sequence[Knobs], *,
             extra = max(mem(knobs) - mem(current), 0.0) / base95
             g95, s95 = g95 - extra, s95 - extra
         per_hour, cost, payback = price(stay, trans, steady, twin.transition_s, twin.transition_s)
+        refill = refill_charge(twin, current, knobs, restart=restart, transition=trans, steady=steady,
+                               horizon_s=horizon_s) if restart else 0.0
+        if refill > 0 and stay.size and twin.transition_s > 0:  # the refill past the window, on the mean
+            gmean -= refill / (stay.size / twin.transition_s * horizon_s) / float(stay.mean())
+            cost += refill
+            payback = cost / per_hour * 3600.0 if per_hour > 0 else math.inf
         ok = (math.isfinite(g95) and math.isfinite(gmean) and max(g95, gmean) >= margin
               and min(g95, gmean) >= -tolerance)
         if ok:
@@ -320,4 +349,4 @@ class TransitionPlanner:
 
 
 __all__ = ["CapacitySource", "Decision", "PlanSettings", "PlanningTwin", "TransitionPlanner", "decide", "horizon_outcome",
-           "net_gain", "price", "weighted_p95_mean"]
+           "net_gain", "price", "refill_charge", "weighted_p95_mean"]

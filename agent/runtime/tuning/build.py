@@ -218,7 +218,8 @@ def build_tuning(settings: AgentSettings, io: TuningIO) -> Tuning:
             horizon=(lambda: horizon.estimate(io.clock())) if horizon is not None else None,
             capacity=_capacity(io, objective),
             memory_s=lambda k: objective.memory_cost_s(memory_cost_gib(k, limits)),
-            plan_warm_s=p.plan_warm_s, every_value=every_value_knobs(io.space), workload=lambda: io.workload.kind)
+            plan_warm_s=p.plan_warm_s, every_value=every_value_knobs(io.space), workload=lambda: io.workload.kind,
+            refill_s=p.refill_s)
         warm = paying.planner
     if warm is not None and io.wrap_warm_start is not None:
         warm = io.wrap_warm_start(warm)

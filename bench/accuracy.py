@@ -40,7 +40,8 @@ def main() -> None:
     s = AccuracySettings(seed=args.seed, pods=args.pods, wall_s=args.wall, time_scale=args.time_scale)
     res = run_accuracy(s)
     print(f"{res.served} requests in {res.wall_s:.1f} s wall ({s.time_scale:g}x), {len(res.disturbances)} "
-          f"disturbances, {len(res.samples)} error samples")
+          f"disturbances, {len(res.samples)} error samples; the cluster's clock waited {res.held_back_s:.1f} s "
+          "for the probe")
     print("\n".join(res.lines()))
     kw = {"window_s": s.window_s, "margin_s": s.margin_s}
     rows = {r.signal: r for r in summarise(res.samples, res.disturbances, **kw)}

@@ -114,7 +114,8 @@ def test_requests_served_while_a_pod_is_down_belong_to_the_new_process() -> None
 @pytest.fixture(scope="module")
 def accuracy_run():
     # 20 cluster-seconds per wall second: the agent's 0.25 s scrape interval is 5 cluster-seconds,
-    # a twelfth of the 60 s window, even when a busy machine makes it skip a cycle now and then
+    # a twelfth of the 60 s window; on a busy machine the cluster's clock waits for the probe (the
+    # run stretches, up to 4x) rather than letting cluster time pass unobserved
     return run_accuracy(AccuracySettings(seed=11, wall_s=30.0, time_scale=20.0))
 
 

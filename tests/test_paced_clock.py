@@ -51,3 +51,21 @@ def test_sleep_lets_all_of_its_time_pass_on_the_clock():
     assert clock() == pytest.approx(4.0) and clock.held_back_s == 0.0
     with pytest.raises(ValueError):
         PacedClock(0.0)
+
+
+def test_wait_beside_the_loop_lasts_as_long_as_the_loop_lets_the_clock_run():
+    wall = FakeWall()
+    clock = PacedClock(1.0, wall=wall, real_sleep=wall.sleep)
+    late = {"naps": 0}
+
+    def nap(s: float) -> None:  # the loop's thread: late for 6 naps, then ticking after each one
+        wall.sleep(s)
+        late["naps"] += 1
+        if late["naps"] > 6:
+            clock.tick()
+
+    clock._real_sleep = nap
+    clock.wait(4.0)  # a pod's downtime, waited in a rollout thread beside the loop
+    assert clock() == pytest.approx(4.0)
+    assert late["naps"] > 6 and wall.t - 100.0 > 4.0  # the clock stood still at 1 s while the loop was late
+    assert clock.held_back_s == pytest.approx(wall.t - 100.0 - 4.0)

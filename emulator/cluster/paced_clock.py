@@ -7,8 +7,8 @@ windows close before they are judged. `PacedClock` is the driver's wall clock: i
 real one, but never more than `max_lead_s` past the loop's last `tick()`. A busy machine then
 slows the cluster down instead of skipping its control steps, and the run takes longer in wall
 time; `held_back_s` says by how much. `sleep(s)` sleeps while ticking (a rolling restart's
-downtime, spent in the loop's thread, still passes in cluster time). The real clock and sleep are
-injected.
+downtime, spent in the loop's thread, still passes in cluster time); `wait(s)` sleeps until `s`
+pass on the clock, for a thread beside the loop. The real clock and sleep are injected.
 """
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ class PacedClock:
         while (left := end - self._wall()) > 0:
             self._real_sleep(min(step, left))
             self.tick()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until `seconds` pass on this clock, without ticking it: for a thread beside the
+        loop (a rollout beside a probe), whose waits last as long as the loop lets the clock run."""
+        end = self() + seconds
+        step = self.max_lead_s / 2
+        while (left := end - self()) > 0:
+            self._real_sleep(min(step, left))
 
 
 __all__ = ["PacedClock"]

@@ -16,7 +16,7 @@ from emulator.demo.settings import DemoSettings, DemoSettingsError
                    "(needs `make engine`; see docs/demo.md).")
 @click.option("--duration", type=float, default=None,
               help="Wall-clock seconds to run; the two-phase workload is paced to fill it (>= 20) [default: 180]. "
-                   "With --engine vllm: seconds of the request stream sent to both fleets [default: 150].")
+                   "With --engine vllm: seconds of the request stream sent to both fleets [default: 210].")
 @click.option("--pods", type=int, default=4, show_default=True, help="Emulated vLLM pods (1-16).")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A Mooncake JSONL trace to use as the shifted second phase [default: built-in "

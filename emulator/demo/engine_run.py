@@ -74,7 +74,7 @@ class EngineDemoSettings:
     2,048-token sequences: the stream's working set is several times larger, so the CPU tier and the
     shared L2 serve what it evicts). agent_port: the tuned agent's /metrics."""
 
-    stream_s: float = 150.0
+    stream_s: float = 210.0
     rate_rps: float | None = None
     utilisation: float = 0.5
     seed: int = 7

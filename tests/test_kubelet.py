@@ -172,6 +172,22 @@ def test_a_configmap_change_rewrites_mounted_files_and_leaves_env_until_the_next
     assert kubelet.pods["curvine-master"][0].cmd.env["CV_LOG"] == "info"  # env is read at container start
 
 
+def test_a_pod_waits_for_the_configmap_its_volume_projects(kube, kubelet):
+    dep = vllm_deployment("curvine-master", replicas=1)
+    spec = dep["spec"]["template"]["spec"]
+    spec["containers"][0].update(volumeMounts=[{"name": "conf", "mountPath": "/etc/curvine"}])
+    spec["volumes"] = [{"name": "conf", "configMap": {"name": "curvine-config"}}]
+    kube.put(dep)  # before its ConfigMap, as a `kubectl apply` of both may land
+    assert [(e.what, e.reason) for e in kubelet.sync()] == [
+        ("waiting", "MountVolume.SetUp failed: configmap 'curvine-config' not found")]
+    assert kubelet.sync() == [] and kubelet.runtime.started == []  # still waiting, said once
+    kube.put(configmap("curvine-config", {"curvine-cluster.toml": "policy = 'lru'\n"}))
+    assert [e.what for e in kubelet.sync()] == ["started"]
+    pod = kubelet.pods["curvine-master"][0]
+    assert (kubelet.scratch / "pods" / pod.name / "volumes" / "conf" / "curvine-cluster.toml").read_text() == \
+        "policy = 'lru'\n"
+
+
 def test_an_exited_process_is_started_again_and_deleted_deployments_stop(kube, kubelet):
     kube.put(vllm_deployment(replicas=1))
     kubelet.sync()

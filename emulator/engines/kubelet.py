@@ -11,6 +11,8 @@ and args, the environment from env and envFrom, ConfigMap volumes as files). Eac
   ports are free only once the old process is gone): stop the old process, start the new command
   line, wait until its readiness probe answers, then the next replica;
 - a replica whose process exited is started again (restartPolicy Always);
+- a pod with a ConfigMap volume whose ConfigMap does not exist (and is not `optional`) waits,
+  not started (ContainerCreating, "MountVolume.SetUp failed"), until the ConfigMap appears;
 - a ConfigMap change rewrites the files of every pod that mounts it, atomically, as the kubelet
   does (a `..data` symlink swapped to a new directory). A process that re-reads its file (the
   emulated Curvine master re-reads nothing: it reads its TOML at start) sees it; one that reads at
@@ -149,6 +151,7 @@ class Kubelet:
         self.events: list[PodEvent] = []
         self._ips: dict[tuple[str, int], str] = {}
         self._cm_seen: dict[str, dict[str, str]] = {}
+        self._waiting: set[str] = set()  # pods whose ConfigMap volume is absent, not started yet
         self._stamp = 0
         self._lock = threading.Lock()
 
@@ -249,8 +252,17 @@ class Kubelet:
         except PodSpecError as exc:
             self._event("failed", pod_name, str(exc))
             return
+        volumes = (template.get("spec") or {}).get("volumes") or []
+        absent = [v["configMap"]["name"] for v in volumes if "configMap" in v and not v["configMap"].get("optional")
+                  and v["configMap"]["name"] not in configmaps]
+        if absent:  # as the kubelet: the pod waits (ContainerCreating) until the ConfigMap exists
+            if pod_name not in self._waiting:
+                self._waiting.add(pod_name)
+                self._event("waiting", pod_name, f"MountVolume.SetUp failed: configmap {absent[0]!r} not found")
+            return
+        self._waiting.discard(pod_name)
         projected = []
-        for vol in (template.get("spec") or {}).get("volumes") or []:
+        for vol in volumes:
             if "configMap" in vol:
                 cm = vol["configMap"]["name"]
                 self._project(pod_dir / "volumes" / vol["name"], configmaps.get(cm, {}))

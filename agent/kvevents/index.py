@@ -267,30 +267,34 @@ class FleetIndex:
         # per-hash work is in order, so the result is the same as event by event (vLLM emits one
         # BlockRemoved per evicted block, and a step's prefills as several BlockStored).
         runs: list[tuple[type | None, str, int, list[int]]] = []
-        key: tuple[type, str, int] | None = None
+        run: list[int] = []
+        run_kind: type | None = None  # kind of the open run, None when none is open
+        run_medium, run_size = "", 0
         stored: list[int] = []  # one vectorised sketch pass per message for all stored hashes
         for ev in events:
             kind = type(ev)
             if kind is Cleared or (ev.group is not None and ev.group != group):  # type: ignore[union-attr]
                 runs.append((kind if kind is Cleared else None, "", 0, []))  # None: another group's event
-                key = None
+                run_kind = None
                 continue
             if kind is Stored:
                 stored += ev.hashes  # type: ignore[union-attr]
-                k = (kind, ev.medium, ev.block_size)  # type: ignore[union-attr]
+                size = ev.block_size  # type: ignore[union-attr]
             else:
-                k = (kind, ev.medium, 0)  # type: ignore[union-attr]
-            if k == key:
-                runs[-1][3].extend(ev.hashes)  # type: ignore[union-attr]
+                size = 0
+            medium = ev.medium  # type: ignore[union-attr]
+            if kind is run_kind and medium == run_medium and size == run_size:
+                run += ev.hashes  # type: ignore[union-attr]
             else:
-                runs.append((*k, list(ev.hashes)))  # type: ignore[union-attr]
-                key = k
+                run = list(ev.hashes)  # type: ignore[union-attr]  # a copy: the event stays as decoded
+                runs.append((kind, medium, size, run))
+                run_kind, run_medium, run_size = kind, medium, size
         seen: Iterator[bool] = iter(self._seen_flags(stored).tolist() if stored else ())
-        for kind, medium, block_size, hashes in runs:
+        for kind, medium, size, hashes in runs:
             if kind is Removed:
                 self._removed(st, ts, medium, hashes)
             elif kind is Stored:
-                self._stored(st, ts, medium, block_size, hashes, seen)
+                self._stored(st, ts, medium, size, hashes, seen)
             elif kind is Cleared:
                 self.clear_engine(engine, ts)
             else:
@@ -310,75 +314,38 @@ class FleetIndex:
 
     def _stored(self, st: EngineState, ts: float, medium: str, block_size: int, hashes: list[int],
                 seen: Iterator[bool]) -> None:
-        # Hot path: the two-generation maps are inlined (young/old dicts as locals).
+        """A run of stores of one medium; consumes one `seen` flag per hash."""
         stats = st.stats
         tb = tier_bit(medium)
-        gpu = tb == GPU
-        size = block_size if block_size > 0 else stats.block_size
-        if gpu and block_size > 0:
-            stats.block_size = block_size
         _bump(stats.stored_blocks, medium, len(hashes))
-        if tb == STORAGE:  # the shared L2: resident for the fleet, not for this engine
+        if tb == GPU:
+            size = block_size if block_size > 0 else stats.block_size
+            if block_size > 0:
+                stats.block_size = block_size
+            self._stored_gpu(st, ts, size, hashes, seen)
+        elif tb == STORAGE:  # the shared L2: resident for the fleet, not for this engine
             for h in hashes:
                 next(seen)
                 self.storage.put(h, True)
-            return
+        else:
+            self._stored_lower(st, tb, hashes, seen)
+
+    def _stored_lower(self, st: EngineState, tb: int, hashes: list[int], seen: Iterator[bool]) -> None:
+        # A copy on a lower tier of the engine (CPU offload): residency only, never a miss.
         storage = self.storage
         promote = tb == CPU and len(storage) > 0  # a CPU store may be a read from the shared L2
-        res, hist = st.resident, st.history
+        res = st.resident
         ry, ro, half = res.young, res.old, res.half
-        hy, ho = hist.young, hist.old
         holders, bit = self.holders, st.bit
-        others = ~bit
-        cold = capacity = routing = external = l2_hits = rereported = added = 0
-        shadow = self.l2_shadow
-        sy, so, shalf, seq = shadow.young, shadow.old, shadow.half, self.l2_seq
-        cold_sink = self.cold_sink
-        cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
-        for h, was_seen in zip(hashes, seen):  # consumes one flag per hash, like next(seen)
-            held = -1  # the engines holding h, once looked up
+        added = 0
+        for h, _ in zip(hashes, seen):  # consumes one flag per hash, like next(seen)
             mask = ry.get(h)
             if mask is None:
                 mask = ro.pop(h, 0)
-            if gpu:
-                removal = hy.pop(h, None)
-                if removal is None:
-                    removal = ho.pop(h, None)
-                if removal is not None:
-                    self._observe_reuse(stats, removal, ts)
-                if mask & GPU:
-                    rereported += 1
-                elif mask:
-                    external += 1
-                    if mask & PROMOTED:
-                        l2_hits += 1
-                        mask &= ~PROMOTED
-                else:
-                    last = sy.get(h)
-                    if last is None:  # a hash is in one generation at most: popping is the put's
-                        last = so.pop(h, None)
-                    bucket = FAR if last is None else distance_bucket(seq - last)
-                    held = holders.get(h, 0)
-                    if held & others:
-                        routing += 1
-                        rout_dist[bucket] += size
-                    elif removal is not None or was_seen:
-                        capacity += 1
-                        cap_dist[bucket] += size
-                    else:
-                        cold += 1
-                        if cold_sink is not None:
-                            cold_sink.append(h)
-                    sy[h] = seq  # inlined TwoGenMap.put; a dropped generation simply ages out
-                    seq += 1
-                    if len(sy) >= shalf:
-                        shadow.old, shadow.young = sy, {}
-                        so, sy = sy, shadow.young
             if not mask & tb:
                 added += 1
             if not mask:
-                if held < 0:
-                    held = holders.get(h, 0)
+                held = holders.get(h, 0)
                 if held.bit_count() == 1:
                     self.duplicated += 1
                 holders[h] = held | bit
@@ -389,17 +356,86 @@ class FleetIndex:
                 dropped, res.old, res.young = ro, ry, {}
                 ro, ry = res.old, res.young
                 self._aged(st, dropped)
+        st.stats.resident[tb] = st.stats.resident.get(tb, 0) + added
+
+    def _stored_gpu(self, st: EngineState, ts: float, size: int, hashes: list[int],
+                    seen: Iterator[bool]) -> None:
+        # Hot path, counted in bytecodes: the two-generation maps and distance_bucket are inlined;
+        # `room` / `sroom` are half - len(young) of the residency / L2 shadow maps, kept by counting.
+        stats, res, hist, holders, bit = st.stats, st.resident, st.history, self.holders, st.bit
+        ry, ro, half, hy, ho = res.young, res.old, res.half, hist.young, hist.old
+        others = ~bit
+        cold = capacity = routing = l2_hits = rereported = 0
+        shadow = self.l2_shadow
+        sy, so, shalf, seq = shadow.young, shadow.old, shadow.half, self.l2_seq
+        room, sroom = half - len(ry), shalf - len(sy)
+        cold_sink = self.cold_sink
+        cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
+        for h, was_seen in zip(hashes, seen):  # consumes one flag per hash, like next(seen)
+            mask = ry.get(h)
+            if mask is None:
+                mask = ro.pop(h, 0)
+                room -= 1  # a new key in ry
+            if h in hy:  # a hash is in one generation at most
+                removed = True
+                self._observe_reuse(stats, hy.pop(h), ts)
+            elif h in ho:
+                removed = True
+                self._observe_reuse(stats, ho.pop(h), ts)
+            else:
+                removed = False
+            if mask & GPU:
+                rereported += 1
+            elif mask:
+                if mask & PROMOTED:
+                    l2_hits += 1
+                    mask &= ~PROMOTED
+            else:
+                last = sy.get(h)
+                if last is None:  # popping is the put's
+                    last = so.pop(h, None)
+                    sroom -= 1  # a new key in sy
+                if last is None:
+                    bucket = FAR
+                else:  # distance_bucket(seq - last)
+                    d = seq - last
+                    bucket = d if d < 4 else 4 * d.bit_length() + ((d >> (d.bit_length() - 3)) & 3) - 8
+                held = holders.get(h, 0)
+                if held & others:
+                    routing += 1
+                    rout_dist[bucket] += size
+                elif removed or was_seen:
+                    capacity += 1
+                    cap_dist[bucket] += size
+                else:
+                    cold += 1
+                    if cold_sink is not None:
+                        cold_sink.append(h)
+                sy[h] = seq  # inlined TwoGenMap.put; a dropped generation simply ages out
+                seq += 1
+                if sroom <= 0:
+                    shadow.old, shadow.young = sy, {}
+                    so, sy, sroom = sy, shadow.young, shalf
+                if held and held.bit_count() == 1:
+                    self.duplicated += 1
+                holders[h] = held | bit
+            ry[h] = mask | GPU
+            if room <= 0:
+                dropped, res.old, res.young = ro, ry, {}
+                ro, ry, room = res.old, res.young, half
+                self._aged(st, dropped)
         self.l2_seq = seq
-        stats.resident[tb] = stats.resident.get(tb, 0) + added
-        if gpu:
-            stats.rereported_blocks += rereported
-            stats.external_hit_blocks += external
-            stats.external_hit_tokens += external * size
-            stats.l2_hit_blocks += l2_hits
-            stats.l2_hit_tokens += l2_hits * size
-            for cause, n in (("cold", cold), ("capacity", capacity), ("routing", routing)):
-                stats.miss_blocks[cause] += n
-                stats.miss_tokens[cause] += n * size
+        added = len(hashes) - rereported  # each hash not on the GPU yet is added: a hit or a miss
+        external = added - cold - capacity - routing
+        stats.resident[GPU] = stats.resident.get(GPU, 0) + added
+        stats.rereported_blocks += rereported
+        stats.external_hit_blocks += external
+        stats.external_hit_tokens += external * size
+        stats.l2_hit_blocks += l2_hits
+        stats.l2_hit_tokens += l2_hits * size
+        for cause, n in (("cold", cold), ("capacity", capacity), ("routing", routing)):
+            stats.miss_blocks[cause] += n
+            stats.miss_tokens[cause] += n * size
 
     def _observe_reuse(self, stats: EngineStats, removal: object, ts: float) -> None:
         tb, removed_ts = removal  # type: ignore[misc]
@@ -455,7 +491,8 @@ class FleetIndex:
                             del holders[h]
             # inlined TwoGenMap.put: a GPU removal wins (what a re-store pays for)
             if gpu or (h not in hy and h not in ho):
-                ho.pop(h, None)
+                if h in ho:
+                    del ho[h]
                 hy[h] = removal
                 if len(hy) >= hhalf:
                     hist.old, hist.young = hy, {}

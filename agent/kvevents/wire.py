@@ -234,7 +234,9 @@ def _normalise_media(events: list[Event]) -> list[Event]:
     for ev in events:
         if type(ev) is not Cleared:
             m = ev.medium  # type: ignore[union-attr]
-            if type(m) is not str or m not in KNOWN_MEDIA:
+            if m is None:  # vLLM's default, the GPU pool: normalize_medium's answer, without the call
+                ev.medium = "GPU"  # type: ignore[union-attr]
+            elif type(m) is not str or m not in KNOWN_MEDIA:
                 ev.medium = normalize_medium(m)  # type: ignore[union-attr]
     return events
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.cluster.paced_clock import PacedClock
+from emulator.cluster.paced_clock import CpuGate, PacedClock
 
 
 class FakeWall:
@@ -69,3 +69,32 @@ def test_wait_beside_the_loop_lasts_as_long_as_the_loop_lets_the_clock_run():
     assert clock() == pytest.approx(4.0)
     assert late["naps"] > 6 and wall.t - 100.0 > 4.0  # the clock stood still at 1 s while the loop was late
     assert clock.held_back_s == pytest.approx(wall.t - 100.0 - 4.0)
+
+
+
+def test_a_plan_starved_of_cpu_holds_the_clock_and_one_with_a_core_does_not():
+    wall = FakeWall()
+    clock = PacedClock(1.0, wall=wall, real_sleep=wall.sleep)
+    cpu = {"s": 0.0, "per_wall_s": 1.0}
+    plan = {"running": False}
+    gate = CpuGate(lambda: plan["running"], clock, cpu=lambda: cpu["s"])
+
+    def nap(s: float) -> None:  # wall time passes; the process gets cpu["per_wall_s"] of it
+        wall.sleep(s)
+        cpu["s"] += s * cpu["per_wall_s"]
+
+    clock._real_sleep = nap
+    clock.sleep(3.0, gate=gate)  # no plan: the clock runs with the wall
+    assert clock() == pytest.approx(3.0)
+    plan["running"] = True
+    clock.sleep(4.0, gate=gate)  # a plan with a core of its own: nothing held back
+    assert clock() == pytest.approx(7.0) and clock.held_back_s == 0.0
+    cpu["per_wall_s"] = 0.1  # the machine gets busy while the plan runs
+    at = clock()
+    clock.sleep(20.0, gate=gate)
+    assert clock() - at <= 20.0 * 0.1 + 2 * clock.max_lead_s  # ~the plan's CPU, not the wall's 20 s
+    assert clock.held_back_s >= 16.0
+    plan["running"] = False  # the plan is in: the clock runs with the wall again
+    at = clock()
+    clock.sleep(3.0, gate=gate)
+    assert clock() - at == pytest.approx(3.0)

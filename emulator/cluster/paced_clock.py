@@ -8,7 +8,8 @@ real one, but never more than `max_lead_s` past the loop's last `tick()`. A busy
 slows the cluster down instead of skipping its control steps, and the run takes longer in wall
 time; `held_back_s` says by how much. `sleep(s)` sleeps while ticking (a rolling restart's
 downtime, spent in the loop's thread, still passes in cluster time); `wait(s)` sleeps until `s`
-pass on the clock, for a thread beside the loop. The real clock and sleep are injected.
+pass on the clock, for a thread beside the loop. `CpuGate` holds the clock while work the loop
+waits for (a plan) runs on a starved thread. The real clock and sleep are injected.
 """
 from __future__ import annotations
 
@@ -44,13 +45,15 @@ class PacedClock:
             self.held_back_s += max(elapsed - self.max_lead_s, 0.0)
             self._base = now
 
-    def sleep(self, seconds: float) -> None:
-        """Sleep `seconds` of real time, ticking, so that they all pass on this clock too."""
+    def sleep(self, seconds: float, gate: Callable[[], bool] | None = None) -> None:
+        """Sleep `seconds` of real time, ticking, so that they all pass on this clock too (only the
+        ticks `gate()` allows, when a gate is given: the time it holds back does not pass)."""
         end = self._wall() + seconds
         step = self.max_lead_s / 2
         while (left := end - self._wall()) > 0:
             self._real_sleep(min(step, left))
-            self.tick()
+            if gate is None or gate():
+                self.tick()
 
     def wait(self, seconds: float) -> None:
         """Sleep until `seconds` pass on this clock, without ticking it: for a thread beside the
@@ -61,4 +64,26 @@ class PacedClock:
             self._real_sleep(min(step, left))
 
 
-__all__ = ["PacedClock"]
+class CpuGate:
+    """While `busy()` (a plan priced on a thread beside the loop), the paced clock may run only as
+    fast as this process gets CPU: on a busy machine the cluster waits for the plan as it waits for
+    the loop, so a plan costs the cluster about the time it costs with a core of its own. Call it
+    before each tick; False means hold the clock. The process CPU clock is injected."""
+
+    def __init__(self, busy: Callable[[], bool], clock: PacedClock,
+                 cpu: Callable[[], float] = time.process_time) -> None:
+        self._busy, self._clock, self._cpu = busy, clock, cpu
+        self._mark: tuple[float, float] | None = None  # (paced, cpu) when the plan was first seen
+
+    def __call__(self) -> bool:
+        if not self._busy():
+            self._mark = None
+            return True
+        paced, cpu = self._clock(), self._cpu()
+        if self._mark is None:
+            self._mark = (paced, cpu)
+            return True
+        return paced - self._mark[0] <= cpu - self._mark[1] + self._clock.max_lead_s
+
+
+__all__ = ["CpuGate", "PacedClock"]

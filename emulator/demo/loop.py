@@ -36,7 +36,7 @@ from emulator.cluster.driver import ScaledRealtimeDriver
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
 from emulator.cluster.local_actuator import LocalActuator
-from emulator.cluster.paced_clock import PacedClock
+from emulator.cluster.paced_clock import CpuGate, PacedClock
 from emulator.cluster.pod_metrics import PodIdentity
 from emulator.cluster.timeline import DemoEvent, Disturbance, PhaseVerdict, Recorder, TimelinePoint
 from emulator.cluster.twin_adapter import TwinPortAdapter
@@ -76,7 +76,6 @@ SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the v
 VIEW_TICK_S = 0.25
 CURVE_TICK_S = 15.0  # wall seconds between rebuilds of the capacity curves (a replay of the history)
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines without the live view
-WALL_STRETCH = 4.0  # on a busy machine the paced cluster clock may stretch the run up to this many times
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
@@ -120,21 +119,24 @@ class _RecordingEvaluator:
 
 
 class _InjectingWarmStart:
-    """The twin warm start, with a known-bad configuration put first once (shows the rollback)."""
+    """The twin warm start, with a known-bad configuration put first until a trial has tried it
+    (shows the rollback; a plan discarded before its first trial, e.g. by a drift alarm, keeps it)."""
 
     def __init__(self, inner: WarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None],
-                 on_start: Callable[[], None]) -> None:
+                 on_start: Callable[[], None], tried: Callable[[Knobs], bool]) -> None:
         self.on_start = on_start
         self.inner = inner
         self.bad = bad
         self.on_candidates = on_candidates
+        self.tried = tried
 
     def candidates(self, k: int) -> list[Knobs]:
         self.on_start()
         out = self.inner.candidates(k)
+        if self.bad is not None and self.tried(self.bad):
+            self.bad = None
         if self.bad is not None:
             out = [self.bad] + [c for c in out if c != self.bad]
-            self.bad = None
         self.on_candidates(out)
         return out
 
@@ -216,11 +218,14 @@ class Demo:
             plan_executor=self.plan_executor, dry_run=s.dry_run,
             wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
             wrap_warm_start=lambda warm: _InjectingWarmStart(
-                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study)))
+                warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study,
+                lambda knobs: any(r.knobs == knobs for r in self.actuator.history))))
         self.space = tuning.space
         self.guardrails = tuning.guardrails
         self.controller = tuning.new_controller()
         self.planner = tuning.planner
+        # a plan priced beside the loop holds the cluster's clock while the machine starves it
+        self.plan_gate = CpuGate(lambda: self.controller.plans.running, self.paced)
 
     def _driver_step(self) -> None:
         """After each driver step (its thread, its lock held): flush the KV events, and mark the
@@ -387,14 +392,15 @@ class Demo:
         return self._finish(interrupted)
 
     def _loop(self) -> None:
-        give_up = self._t0 + self.s.duration_s * SPAN_SHARE * WALL_STRETCH
+        """Until the stream ends: on a busy machine the paced clock stretches the run (the report
+        says by how much); Ctrl-C stops it with a partial report."""
         sampler = threading.Thread(target=self._sample_loop, name="demo-sampler", daemon=True)
         sampler.start()
         last_progress = [self.wall()]
         try:
-            while self.driver.trace_now() < self.workload.span_s and not self.driver.finished \
-                    and self.wall() < give_up:
-                self.paced.tick()
+            while self.driver.trace_now() < self.workload.span_s and not self.driver.finished:
+                if self.plan_gate():
+                    self.paced.tick()
                 if not self.s.live_view:
                     self._progress(last_progress)
                 if self.driver.error is not None:
@@ -405,7 +411,7 @@ class Demo:
                     self._on_report(rep)
                     if self.status.startswith("learning") and rep.state != "baseline":
                         self.status = "tuning"
-                self.paced.sleep(self.tuner.step_interval_s / self.scale)
+                self.paced.sleep(self.tuner.step_interval_s / self.scale, gate=self.plan_gate)
         finally:
             self._stop.set()
             sampler.join(timeout=5)
@@ -461,7 +467,7 @@ class Demo:
                  "requests served": str(self.driver.served), "agent export": self.agent.url,
                  "dry run": str(self.s.dry_run),
                  "paced clock": (f"the cluster waited {self.paced.held_back_s:.0f} wall s in all for its control loop "
-                                 "(a busy machine slows the run rather than skipping control steps)"),
+                                 "and its plans (a busy machine slows the run rather than skipping control steps)"),
                  "tuner.apply": f"{self.tuner.apply} (restart-requiring changes allowed: the demo measures "
                                 "restart scenarios)",
                  "tuner settings": f"the chart's defaults plus {TUNER_FILE.name}: " + "; ".join(overrides_lines())}

@@ -294,12 +294,15 @@ def main() -> None:
     print(f"  memory: {sp['bytes'] / sp['kept']:.1f} bytes per recorded block reference at this block size")
     if args.memory_refs:
         m = fleet_memory(args.memory_refs)
-        per, peak = m["bytes"] / m["kept"], m["peak"] / m["kept"]
+        # a sampled recorder's memory follows its budget, not what it keeps between compactions
+        per, peak = m["bytes"] / args.memory_refs, m["peak"] / args.memory_refs
         print(f"\nmemory, a {FLEET_PODS:,}-pod stream at 16-token blocks fed {m['fed'] / 1e6:.0f} M references into "
               f"max_refs = {args.memory_refs / 1e6:.0f} M: kept {m['kept'] / 1e6:.1f} M at sample level {m['level']}; "
-              f"columns {per:.1f} bytes a reference, peak traced allocations {peak:.1f} ({m['s']:.0f} s, "
+              f"columns {m['bytes'] / m['kept']:.1f} bytes a kept reference; per reference of the budget: columns "
+              f"{per:.1f} bytes, peak traced allocations {peak:.1f} ({m['s']:.0f} s, "
               f"{m['fed'] / m['s'] / 1e6:.2f} M refs/s recorded with compactions)")
-        print(f"  an hour of {FLEET_PODS:,} pods at the default max_refs = {spec.max_refs / 1e6:.0f} M: "
+        print(f"  an hour of {FLEET_PODS:,} pods at the default max_refs = {spec.max_refs / 1e6:.0f} M (the budget's bytes "
+              f"scaled): "
               f"{spec.max_refs * per / 2**30:.2f} GiB of columns, {spec.max_refs * peak / 2**30:.2f} GiB at the traced peak "
               f"(compaction included); target < 1 GiB: {verdict(spec.max_refs * peak < 2**30)}")
     rec_refs = sum(o["refs"] for o in rows)

@@ -210,7 +210,7 @@ def main() -> None:
         cpu = statistics.median(cpus)
         print(f"steady state (full window) cycle wall time: median {wall * 1000:.0f} ms over {CYCLES} cycles "
               f"(min {min(walls) * 1000:.0f}, max {max(walls) * 1000:.0f}); target < 1000 ms -> "
-              f"{'OK' if wall < 1 else 'MISSED'}")
+              f"{'PASS' if wall < 1 else 'FAIL'}")
         print(f"CPU time per target: {cpu / N_TARGETS * 1000:.2f} ms (cycle CPU {cpu * 1000:.0f} ms, "
               f"includes fetch, parse, normalise, store and snapshot)")
 
@@ -239,7 +239,7 @@ def main() -> None:
         mb = sum(sizes) / 2**20
         print(f"parse+normalise (CPU time): {t_ours * 1000:.0f} ms for {N_TARGETS} payloads ({mb / t_ours:.1f} MiB/s); "
               f"text_string_to_metric_families alone: {t_ref * 1000:.0f} ms ({mb / t_ref:.1f} MiB/s); "
-              f"ratio {t_ref / t_ours:.2f}x; target >= 2x -> {'OK' if t_ref / t_ours >= 2 else 'MISSED'}")
+              f"ratio {t_ref / t_ours:.2f}x; target >= 2x -> {'PASS' if t_ref / t_ours >= 2 else 'FAIL'}")
 
         shapes = Shapes(mappings, agent.cycle.limits)
 
@@ -275,7 +275,7 @@ def main() -> None:
               f"{len(snap.tiers)} tier series; /metrics {len(text) / 1024:.0f} KiB")
         rss = peak_rss_mb()
         print(f"peak RSS: {rss:.0f} MB (before scraping {rss_before:.0f} MB); target < 300 MB -> "
-              f"{'OK' if rss < 300 else 'MISSED'}")
+              f"{'PASS' if rss < 300 else 'FAIL'}")
     finally:
         server.terminate()
         server.wait(10)

@@ -133,6 +133,33 @@ def test_a_tier_knob_written_by_the_agent_rolls_the_replicas_with_the_new_flags(
     assert [(v["cpu_bytes"], v["eviction"]) for v in views(kubelet)] == [(3 * GIB, "arc")] * 2
 
 
+def test_the_agent_rolls_a_fleet_split_over_deployments_one_deployment_after_the_other(kube, kubelet):
+    for name in ("vllm-a", "vllm-b"):  # one engine per Deployment, the kubelet writing their rollout status
+        kube.put(vllm_deployment(name, replicas=1))
+        kube.manual_rollout("Deployment", NS, name)
+    kubelet.sync()
+    fake = FakeTime()
+    passes: list[list[str]] = []
+
+    def sleep(seconds: float) -> None:  # the kubelet runs while the actuator waits on a rollout
+        fake.sleep(seconds)
+        stopped = [e.pod.rsplit("-", 2)[0] for e in kubelet.sync() if e.what == "stopped"]
+        passes.extend([stopped] if stopped else [])
+
+    act = actuator_for(kube, [{"kind": "vllm-tiering-args", "name": n, "container": "vllm"} for n in ("vllm-a", "vllm-b")],
+                       fake)
+    act._sleep = sleep
+    live = act.current()
+    act.mark_good(live)
+    act.apply(live.replace(cpu_gib=3.0))
+    # vllm-b was patched once vllm-a had rolled out: never both engines down at once
+    assert passes == [["vllm-a"], ["vllm-b"]]
+    assert all(v["cpu_bytes"] == 3 * GIB for name in ("vllm-a", "vllm-b")
+               for v in [engine_view(p.cmd.argv, dict(p.cmd.env)) for p in kubelet.pods[name].values()])
+    act.rollback()
+    assert passes[2:] == [["vllm-a"], ["vllm-b"]]  # a rollback too
+
+
 def test_a_knob_written_to_the_wrong_place_restarts_the_pods_but_changes_nothing_they_run(kube, kubelet):
     kube.put(vllm_deployment())
     kubelet.sync()

@@ -263,10 +263,17 @@ class KubernetesActuator:
             t.plan(obj, tokens, reason)
         written: list[Written] = []
         try:
-            for t in self.active:
+            for i, t in enumerate(self.active):
                 w = self.writer.write_target(t, knobs, dry, reason)
                 if w is not None:
                     written.append(w)
+                    if not dry and i + 1 < len(self.active):
+                        # one target's rollout at a time: a fleet split over several Deployments
+                        # keeps the others serving while one restarts (patched together, every one
+                        # of them restarts at once). A failed rollout is recovered by _wait itself
+                        self._wait(reason, written[-1:], recover=written)
+        except RolloutTimeoutError:
+            raise
         except ActuationError:
             if written and not dry:
                 self.writer.put_back(written)
@@ -286,11 +293,13 @@ class KubernetesActuator:
         written: list[Written] = []
         if records:
             knobs = next(iter(records.values())).knobs
-            for t in self.active:
+            for i, t in enumerate(self.active):
                 rec = records[t.label]
                 w = self.writer.write_target(t, None, self.settings.dry_run, "rollback to last good",
                                        rec.tokens, {r.name: rec.restart.get(r.name) for r in t.restart_refs})
                 written += [w] if w else []
+                if w and not self.settings.dry_run and i + 1 < len(self.active):
+                    self._wait("rollback", [w])  # one target's rollout at a time, as apply
             return written, knobs
         if fallback is not None:
             return self._write_all(fallback, self.settings.dry_run, "rollback to last good"), fallback
@@ -330,7 +339,8 @@ class KubernetesActuator:
             self._desired[t.label] = knobs
             self.guard.track(t.label, t.ref)
 
-    def _wait(self, operation: str, written: list[Written]) -> None:
+    def _wait(self, operation: str, written: list[Written], recover: list[Written] | None = None) -> None:
+        """Wait for each of `written`'s rollouts; a failed one recovers `recover` (default: `written`)."""
         for w in written:
             for ref in rolled(w):
                 start = self._clock()
@@ -343,7 +353,7 @@ class KubernetesActuator:
                     continue
                 result = "rollout_failed" if state.failed else "rollout_timeout"
                 self.metrics.result(w.target.label, operation, result)
-                note = self._recover(operation, written)
+                note = self._recover(operation, written if recover is None else recover)
                 raise RolloutTimeoutError(f"{ref}: rollout did not complete: {state.message}; {note}")
 
     def _recover(self, operation: str, written: list[Written]) -> str:

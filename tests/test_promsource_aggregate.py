@@ -25,6 +25,7 @@ from tests.support.prometheus import prometheus_factory  # noqa: F401
 SHARED = Path(__import__("os").environ.get("TIERPILOT_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 M = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
 WINDOW_S = 2.0  # short, so that Prometheus (scraping every second) holds a whole window soon
+SETTLED_S = 3.0  # both paths read Prometheus at an instant this far back: every scrape stamped before it is in
 
 
 def _engine_payload(nan_hits: bool = False, inf_bucket: bool = True) -> str:
@@ -84,15 +85,25 @@ def fleet(prometheus_factory):  # noqa: F811
             time.sleep(0.3)
         down = [r["metric"]["pod"] for r in prom.query("up == 0")]
         assert not down, down
-        time.sleep(WINDOW_S + 1)  # every series is older than the window: no series "born" inside it
+        time.sleep(WINDOW_S + 1 + SETTLED_S)  # every series is older than the window: none "born" inside it
         yield prom, payloads
 
 
-def _agent(url: str, aggregate: str, roles: dict | None = None) -> Agent:
+class PinnedClock:
+    """The data clock both agents read: the instant their queries ask Prometheus about."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _agent(url: str, aggregate: str, roles: dict | None = None, clock: PinnedClock | None = None) -> Agent:
     settings = load_settings(env={}, source="prometheus", store={"window_s": WINDOW_S, "retention_s": 60},
                              prometheus={"url": url, "aggregate": aggregate, "backfill": False,
                                          "roles": roles or {}})
-    return Agent(settings, StaticTargets(()))
+    return Agent(settings, StaticTargets(()), clock=clock)
 
 
 def _close(a: object, b: object) -> bool:
@@ -151,9 +162,12 @@ def test_query_shapes_follow_each_rules_aggregation():
 @pytest.mark.parametrize("roles", [None, {"vllm": 'role="vllm"', "router": 'role="router"'}])
 def test_server_side_aggregation_gives_the_agent_side_view(fleet, roles):
     prom, payloads = fleet
-    server, agent = _agent(prom.url, "server", roles), _agent(prom.url, "agent", roles)
+    # both paths ask Prometheus about the same settled instant, however late each query runs
+    at = time.time() - SETTLED_S
+    s_clock, a_clock = PinnedClock(at - 0.05), PinnedClock(at)
+    server, agent = _agent(prom.url, "server", roles, s_clock), _agent(prom.url, "agent", roles, a_clock)
     server.scrape_now()
-    time.sleep(0.05)
+    s_clock.t = at
     s_snap, a_snap = server.scrape_now(), agent.scrape_now()
     _same_view(s_snap, a_snap)
     pods = {t.pod for t in s_snap.tiers}

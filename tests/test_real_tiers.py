@@ -272,6 +272,7 @@ def test_the_curvine_quota_evicts_the_oldest_files_and_an_engine_then_misses(eng
     (written before anything else here); engine B, which never saw that prompt, then misses its
     first chunk in its own counters, and recomputes it to the same output."""
     b = engines[1]
+    assert "files" in first_prompt, "needs the first prompt of test_cpu_tier_and_fs_tier_reloads_equal_the_cold_prefill"
     assert len(first_prompt["files"]) == CHUNKS
     master = CurvineMaster(fs_root, QuotaConfig(capacity_bytes=1 << 40))
     with CurvineMasterServer(master).start(loop=False) as server:

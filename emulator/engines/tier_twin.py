@@ -100,11 +100,17 @@ def fit_tiers(cal: Calibration, dtype: str, chunk_tokens: int) -> TierFits:
         return ([s.cached_tokens for s in rows],
                 [s.ttft_s - base.predict(s.computed_tokens, s.cached_tokens) for s in rows])
 
-    hits = "vllm:kv_offload_tiering_chunk_hits_total"
     return TierFits(base, fit_transfer(*extra("cpu"), cpu_tok), fit_transfer(*extra("fs"), fs_tok), bpt,
                     load_b / load_s / 1e9 if load_s > 0 else math.inf, read_b / read_s / 1e9 if read_s > 0 else math.inf,
-                    delta(b, a, hits, "0:primary"), sum(s.cached_tokens for s in cal.of("cpu")) / chunk_tokens,
-                    delta(b, a, hits, "1:fs"), sum(s.cached_tokens for s in cal.of("fs")) / chunk_tokens)
+                    *calibration_hits(cal, chunk_tokens))
+
+
+def calibration_hits(cal: Calibration, chunk_tokens: int) -> tuple[float, float, float, float]:
+    """The engine's chunk hits in its CPU tier during the calibration and what the calibration's
+    construction makes them, then the same for its fs tier (counters only, no timing)."""
+    hits, b, a = "vllm:kv_offload_tiering_chunk_hits_total", cal.before, cal.after
+    return (delta(b, a, hits, "0:primary"), sum(s.cached_tokens for s in cal.of("cpu")) / chunk_tokens,
+            delta(b, a, hits, "1:fs"), sum(s.cached_tokens for s in cal.of("fs")) / chunk_tokens)
 
 
 def held_out_stream(n: int, *, seed: int, phase: Phase = HELD_OUT, max_prompt: int = MAX_PROMPT) -> pl.DataFrame:
@@ -213,5 +219,5 @@ def compare(run: HeldOutRun, profile: HardwareProfile, *, kv_tokens: int, cpu_to
                          e50, e95, t50, t95)
 
 
-__all__ = ["HELD_OUT", "HIT_TARGET", "TTFT_TARGET", "HeldOutResult", "HeldOutRun", "TierFits", "compare", "fit_base", "fit_tiers",
+__all__ = ["HELD_OUT", "HIT_TARGET", "TTFT_TARGET", "HeldOutResult", "HeldOutRun", "TierFits", "calibration_hits", "compare", "fit_base", "fit_tiers",
            "held_out_stream", "send_held_out"]

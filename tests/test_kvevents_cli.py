@@ -58,23 +58,38 @@ def test_settings_reject_bind_addresses_and_unknown_keys(tmp_path: Path) -> None
     assert s.endpoints[0].pod == "a" and s.limits.to_limits().shadow_l2 == 64
 
 
-def test_cli_prints_live_signals_as_json() -> None:
-    with KvEventPublisher("tcp://127.0.0.1:0", bind=True) as pub:
+def test_cli_prints_live_signals_as_json(tmp_path: Path) -> None:
+    """A PUB socket drops what no subscriber has asked for yet, and on a loaded machine the CLI may
+    connect after the stored batch went out: the engine keeps publishing (empty batches here), so a
+    late subscriber sees a sequence number past 0 and replays the engine's buffer on joining
+    (`replay_on_join`), and the report holds the batch whenever the CLI joined. The CLI watches for
+    4 s: at a load of ~20 on 2 cores its subscriber saw nothing within 1.5 s in one run of six."""
+    config = tmp_path / "kv.yaml"
+    config.write_text("replay_on_join: true\n")
+    with KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", bind=True) as pub:
+        stop = threading.Event()
+
         def feed() -> None:
             time.sleep(0.5)
             pub.publish([stored_event([1, 2], None, 16)], ts=1.0)
+            while not stop.wait(0.1):
+                pub.publish([], ts=1.0)
 
         t = threading.Thread(target=feed)
         t.start()
-        result = CliRunner().invoke(main, ["kv-events", "--endpoint", f"a={pub.endpoint}", "--model", "m",
-                                           "--interval", "1.0", "--duration", "1.5", "--json"])
-        t.join()
+        try:
+            result = CliRunner().invoke(main, ["kv-events", "--endpoint", f"a={pub.endpoint}", "--replay",
+                                               f"a={pub.replay_endpoint}", "--config", str(config), "--model", "m",
+                                               "--interval", "1.0", "--duration", "4.0", "--json"])
+        finally:
+            stop.set()
+            t.join()
     assert result.exit_code == 0, result.output
     reports = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
     assert reports, result.output
     last = reports[-1]
     assert last["engines"][0]["pod"] == "a"
-    assert last["engines"][0]["miss_tokens"] == {"cold": 32, "capacity": 0, "routing": 0}
+    assert last["engines"][0]["miss_tokens"] == {"cold": 32, "capacity": 0, "routing": 0}, result.output
 
 
 def test_cli_explains_bad_input() -> None:

@@ -4,6 +4,7 @@ for bit, and the same ParseError, on real payloads and on their values and lines
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,33 @@ def test_changed_lines_go_the_full_way(samples_dir: Path, change: str):
     assert got == full(text2, target)
     if change == "type":
         assert got[0] == "error"
+
+
+@pytest.mark.parametrize("change", ["le_not_a_number", "le_missing", "le_twice"])
+def test_malformed_histograms_seen_again_read_as_the_full_way(samples_dir: Path, change: str):
+    """A payload with a bucket the normaliser refuses (or a bucket twice) is still a shape: seen
+    three times it gives the full way's signals, anomalies and duplicates each time."""
+    text, role = texts(samples_dir)[0]
+    lines = text.split("\n")
+    at = next(i for i in sample_lines(text) if "_bucket{" in lines[i] and 'le="+Inf"' not in lines[i])
+    if change == "le_not_a_number":
+        lines[at] = re.sub(r'le="[^"]*"', 'le="abc"', lines[at])
+    elif change == "le_missing":
+        lines[at] = re.sub(r',?le="[^"]*"', "", lines[at])
+    else:
+        nxt = next(i for i in sample_lines(text) if i > at and "_bucket{" in lines[i])
+        le = re.search(r'le="[^"]*"', lines[at]).group(0)  # type: ignore[union-attr]
+        lines[nxt] = re.sub(r'le="[^"]*"', le, lines[nxt])
+    text2 = "\n".join(lines)
+    shapes, target = Shapes(MAPPINGS, NO_LIMITS), Target("http://p/metrics", role, "pod-1")
+    want = full(text2, target)
+    assert want[0] != "error"
+    if change == "le_twice":
+        assert want[3] == 1  # the same series twice: the parser keeps the first
+    else:
+        assert sum(want[1].values()) > 0, want[1]  # refused by the normaliser, not the parser
+    for _ in range(3):
+        assert by_shape(shapes, text2, target)[0] == want
 
 
 def test_duplicates_and_limits_as_the_parser_counts_them(samples_dir: Path):

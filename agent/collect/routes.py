@@ -253,11 +253,13 @@ def _hist_templates(r: HistRoute, bad: set[str]) -> list[Template]:
     buckets: dict[tuple[str, float], list[int]] = defaultdict(list)
     sums: dict[str, list[int]] = defaultdict(list)
     counts: dict[str, list[int]] = defaultdict(list)
+    # a bucket without a numeric `le` drops its model (Clean sends such a shape the full way)
+    bad = bad | {model for _, model, part, le, _ in r.entries if part == BUCKET and le is None}
     for i, model, part, le, _ in r.entries:
         if model in bad:
             continue
         if part == BUCKET:
-            assert le is not None  # a bucket without a number drops its model
+            assert le is not None
             buckets[(model, le * r.scale if le != INF else INF)].append(i)
         else:
             (sums if part == SUM else counts)[model].append(i)

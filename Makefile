@@ -89,8 +89,11 @@ demo: setup
 demo-vllm: setup
 	TIERPILOT_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(VENV)/bin/tierpilot demo --engine vllm --report-dir demo-vllm-report $(DEMO_ARGS)
 
+# Two worker processes, each taking whole test files (a file's module fixtures are built once):
+# 14 minutes instead of 23 on 2 cores. TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: setup
-	TIERPILOT_SHARED=$(SHARED) TIERPILOT_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(PY) -m pytest -q
+	TIERPILOT_SHARED=$(SHARED) TIERPILOT_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: setup
 	@for b in bench/*.py; do echo "=== $$b"; TIERPILOT_SHARED=$(SHARED) $(PY) $$b || exit 1; done

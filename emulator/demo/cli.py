@@ -54,16 +54,19 @@ def demo(engine: str, duration: float | None, pods: int, trace: Path | None, see
     defaults held vs per-phase hindsight, per phase and whole run. Ctrl-C stops cleanly and still
     writes the (partial) report.
 
-    With --engine vllm the loop runs on real vLLM CPU engines behind the real vllm-router: the same
-    request stream goes over HTTP to two identical fleets at once, one tuned (the tuner rolls the
-    real router to change its policy), one with the defaults held; report.md has the verdict.
+    With --engine vllm the loop runs on real vLLM CPU engines with vLLM's native CPU and fs tiers,
+    described as Deployments in an emulated Kubernetes API whose kubelet runs them, behind the real
+    vllm-router: the same request stream goes over HTTP to two identical fleets at once, one tuned
+    by `tierpilot run` (it patches the engines' Deployments, and the kubelet restarts them with the
+    new tier settings), one with the defaults held; report.md has the verdict against the noise
+    floor measured before the first change.
 
     \b
     Examples:
       tierpilot demo --duration 60 --report-dir demo-report
       tierpilot demo --duration 120 --no-live --pods-port 8000 &    # then scrape 127.0.0.1:8000
       tierpilot demo --inject-regression --dry-run
-      tierpilot demo --engine vllm --duration 60 --report-dir demo-vllm
+      tierpilot demo --engine vllm --report-dir demo-vllm      # about 7 minutes on an idle machine
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")

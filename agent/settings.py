@@ -215,7 +215,7 @@ class TierSettings(_Frozen):
                             "connector sees traffic, with no LMCache series and no vLLM native offload")
 
 
-# -- the whole agent: KV events, tuning, actuation (agent/runtime/assembly.py) ------------------------
+# -- the whole agent: KV events, tuning, actuation (agent/runtime/assembly/) ------------------------
 class KvEventsSection(KvEventsSettings):
     """`kv_events:` the KV-event subscriber (agent/kvevents). Endpoints come from `endpoints` and,
     with `discovery`, from `tierpilot.io/kv-events-*` annotations on the discovered vLLM pods."""

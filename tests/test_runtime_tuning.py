@@ -1,4 +1,4 @@
-"""The whole runtime (agent/runtime/assembly.py) against the Kubernetes emulator (kmock, every patch checked
+"""The whole runtime (agent/runtime/assembly/) against the Kubernetes emulator (kmock, every patch checked
 by `kubectl patch --local`) and a real HTTP vLLM endpoint, on a fake clock: the leader measures a
 baseline and applies a trial to the Deployment; dry-run proposes and counts but changes nothing;
 a standby never actuates; a started runtime runs its jobs and stops cleanly."""

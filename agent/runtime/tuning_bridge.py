@@ -1,6 +1,6 @@
 """What the tuner and the KV-event subsystem need from the agent, over the agent's own state.
 
-The same functions serve the production runtime (agent/runtime/assembly.py) and the demo:
+The same functions serve the production runtime (agent/runtime/assembly/) and the demo:
 
 - `StoreWindowSource(store)`: the tuner's `tuners.live.WindowSource` over the `WindowStore`;
   windows are exactly [since, until] in the store's clock, whatever time the caller polls.

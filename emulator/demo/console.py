@@ -2,11 +2,13 @@
 the latest tuner events, redrawn from the `Recorder` a few times a second."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -102,3 +104,30 @@ def endpoint_lines(cluster, publishers) -> list[str]:
 def progress_line(wall_s: float, duration_s: float, phase: int, label: str, served: int, status: str) -> str:
     """One progress line for runs without the live view."""
     return f"[{wall_s:5.0f} s / {duration_s:g} s] phase {phase + 1} ({label}): {served} requests served; {status}"
+
+
+@contextlib.contextmanager
+def logs_above_live_view(console: Console) -> Iterator[None]:
+    """While the live view runs, log records go through the view's console (printed above the
+    view, which redraws below them) instead of raw stderr writes that tear it apart."""
+    from rich.logging import RichHandler
+
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler.setLevel(min((h.level for h in saved), default=logging.WARNING) or logging.WARNING)
+    root.handlers = [handler]
+    try:
+        yield
+    finally:
+        root.handlers = saved
+
+
+class Renderable:
+    """A view redrawn from `fn` on every refresh of rich's Live."""
+
+    def __init__(self, fn: Callable[[], Group]) -> None:
+        self.fn = fn
+
+    def __rich__(self) -> Group:
+        return self.fn()

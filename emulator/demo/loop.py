@@ -11,13 +11,12 @@ actuator with the guardrails on. The demo records everything (`Recorder`), shows
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -43,7 +42,14 @@ from emulator.cluster.twin_adapter import TwinPortAdapter
 from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
 from emulator.demo.agent_export import parse_agent_export
 from emulator.demo.agent_stack import DemoAgent
-from emulator.demo.console import endpoint_lines, event_text, progress_line, render_view
+from emulator.demo.console import (
+    Renderable,
+    endpoint_lines,
+    event_text,
+    logs_above_live_view,
+    progress_line,
+    render_view,
+)
 from emulator.demo.deployment import (
     DEMO_TTFT_BUCKETS,
     MODEL_NAME,
@@ -56,18 +62,17 @@ from emulator.demo.probe import fetch_agent_text, parse_agent_view
 from emulator.demo.report import prediction_line, verdict_lines, write_report
 from emulator.demo.scorecard import PLAN_NOTE, action_counts, demo_scorecard, plan_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
+from emulator.demo.tuner_taps import InjectingWarmStart, RecordingEvaluator
 from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
 from simulator.twin import Twin
 from tuners.capacity_export import publish_capacity_curves
 from tuners.controller import StepReport
-from tuners.evaluators import TwinEvaluator
 from tuners.metrics import TunerMetrics
 from tuners.objective import Evaluation
 from tuners.payoff import PhaseScore, answer_line, scorecard_lines
 from tuners.planning.plan_runner import background_executor
-from tuners.planning.warmstart import WarmStart
 
 log = logging.getLogger("tierpilot.demo")
 
@@ -99,46 +104,6 @@ class DemoResult:
 
     def count(self, kind: str) -> int:
         return sum(1 for e in self.events if e.kind == kind)
-
-
-class _RecordingEvaluator:
-    """Wraps the twin evaluator of the warm start so its trials reach the optuna chart."""
-
-    def __init__(self, inner: TwinEvaluator, sink: Callable[[Evaluation], None]) -> None:
-        self.inner = inner
-        self.sink = sink
-
-    def start(self, candidate, now):
-        return self.inner.start(candidate, now)
-
-    def poll(self, now):
-        ev = self.inner.poll(now)
-        if ev is not None:
-            self.sink(ev)
-        return ev
-
-
-class _InjectingWarmStart:
-    """The twin warm start, with a known-bad configuration put first until a trial has tried it
-    (shows the rollback; a plan discarded before its first trial, e.g. by a drift alarm, keeps it)."""
-
-    def __init__(self, inner: WarmStart, bad: Knobs | None, on_candidates: Callable[[list[Knobs]], None],
-                 on_start: Callable[[], None], tried: Callable[[Knobs], bool]) -> None:
-        self.on_start = on_start
-        self.inner = inner
-        self.bad = bad
-        self.on_candidates = on_candidates
-        self.tried = tried
-
-    def candidates(self, k: int) -> list[Knobs]:
-        self.on_start()
-        out = self.inner.candidates(k)
-        if self.bad is not None and self.tried(self.bad):
-            self.bad = None
-        if self.bad is not None:
-            out = [self.bad] + [c for c in out if c != self.bad]
-        self.on_candidates(out)
-        return out
 
 
 class Demo:
@@ -216,8 +181,8 @@ class Demo:
             metrics=self.tuner_metrics, storage=optuna.storages.InMemoryStorage(), restarts=restarts_pods,
             latency_points=lambda since, until: latency_points(view, since, until, step_s),
             plan_executor=self.plan_executor, dry_run=s.dry_run,
-            wrap_evaluator=lambda ev: _RecordingEvaluator(ev, self._twin_trial),
-            wrap_warm_start=lambda warm: _InjectingWarmStart(
+            wrap_evaluator=lambda ev: RecordingEvaluator(ev, self._twin_trial),
+            wrap_warm_start=lambda warm: InjectingWarmStart(
                 warm, REGRESSION_KNOBS if s.inject_regression else None, self._warm_candidates, self._new_study,
                 lambda knobs: any(r.knobs == knobs for r in self.actuator.history))))
         self.space = tuning.space
@@ -379,7 +344,7 @@ class Demo:
             self.driver.start()
             self.status = "learning the workload"
             if self.s.live_view:
-                with Live(_Renderable(self._view), console=self.console, refresh_per_second=4, transient=False), \
+                with Live(Renderable(self._view), console=self.console, refresh_per_second=4, transient=False), \
                         logs_above_live_view(self.console):
                     self._loop()
             else:
@@ -486,31 +451,6 @@ class Demo:
                             host_memory_gib=self.twin_cluster.hardware.host_memory_gib)
         return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
                           self.driver.served, scores, errors)
-
-
-@contextlib.contextmanager
-def logs_above_live_view(console: Console) -> Iterator[None]:
-    """While the live view runs, log records go through the view's console (printed above the
-    view, which redraws below them) instead of raw stderr writes that tear it apart."""
-    from rich.logging import RichHandler
-
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
-    handler.setLevel(min((h.level for h in saved), default=logging.WARNING) or logging.WARNING)
-    root.handlers = [handler]
-    try:
-        yield
-    finally:
-        root.handlers = saved
-
-
-class _Renderable:
-    def __init__(self, fn: Callable[[], Group]) -> None:
-        self.fn = fn
-
-    def __rich__(self) -> Group:
-        return self.fn()
 
 
 def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResult:

@@ -15,7 +15,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.collect.discovery import StaticTargets, endpoint_url, pod_target
-from agent.runtime.app import Agent, snapshot_json
+from agent.runtime.app import Agent
+from agent.runtime.payloads import snapshot_json
 from agent.settings import RoleDiscovery, load_settings
 from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Target

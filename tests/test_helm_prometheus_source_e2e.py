@@ -214,7 +214,7 @@ def test_the_rendered_config_still_finds_the_kv_event_endpoints(kube, tmp_path):
 
 
 def test_an_agent_reading_the_query_api_builds_no_pod_watch():
-    """Agent() without injected targets (agent.runtime.app.targets_from_settings): with `source:
+    """Agent() without injected targets (agent.runtime.sources.targets_from_settings): with `source:
     prometheus` targets.kubernetes (kept for the KV-event endpoints) starts no scrape discovery,
     so no Kubernetes client is even loaded here."""
     settings = load_settings(env={}, source="prometheus", prometheus={"url": "http://127.0.0.1:1"},

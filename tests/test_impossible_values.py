@@ -16,7 +16,8 @@ from agent.collect.mapping import load_mappings
 from agent.collect.normalise import normalise
 from agent.collect.parse import parse
 from agent.kvevents.fleet import state_json
-from agent.runtime.app import Agent, snapshot_json
+from agent.runtime.app import Agent
+from agent.runtime.payloads import snapshot_json
 from agent.settings import load_settings
 from contracts.jsonsafe import dumps, strict_loads
 from contracts.tier_model import PodView, Snapshot, Target, TierView

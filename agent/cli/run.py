@@ -89,7 +89,7 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None, 
         click.echo(f"{config or 'the built-in defaults'}: valid (" + ", ".join(_banner_parts(settings, runtime))
                    + ")")
         return
-    from agent.runtime.app import AgentStartError
+    from agent.runtime.lifecycle import AgentStartError
 
     try:  # the banner only once the port is ours
         runtime.run_forever(on_started=lambda: click.echo(
@@ -196,7 +196,8 @@ def scrape_once(targets: tuple[str, ...], fmt: str, as_json: bool, config: Path 
       tierpilot scrape-once --from-prometheus http://prometheus:9090 --selector vllm='job="vllm"' --format json
     """
     from agent.collect.discovery import StaticTargets
-    from agent.runtime.app import Agent, snapshot_json
+    from agent.runtime.app import Agent
+    from agent.runtime.payloads import snapshot_json
 
     if as_json:
         fmt = "json"

@@ -16,14 +16,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import io
 import logging
 import math
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from typing import Any, Self
 
 import aiohttp
@@ -33,13 +30,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from agent.collect.discovery import (
-    CombinedTargets,
-    FileTargets,
     KubernetesTargets,
-    StaticTargets,
     TargetSource,
 )
-from agent.collect.jobs import ScrapeCycle
 from agent.collect.mapping import MappingSet, builtin_mapping_paths, load_mappings
 from agent.collect.scheduler import JobSpec, build_scheduler, is_running
 from agent.collect.scrape import new_session
@@ -49,68 +42,19 @@ from agent.runtime.endpoints import Endpoint, banner_lines, endpoint_table, inde
 from agent.runtime.health import Health, health_json, judge
 from agent.runtime.isolation import CollectorHealth, IsolatedCollector, collector_name
 from agent.runtime.job_stats import JobStats
+from agent.runtime.lifecycle import run_until_signalled, start_error
+from agent.runtime.payloads import snapshot_json, window_ipc
 from agent.runtime.peer_auth import REALM, PeerFetch, PeerToken
+from agent.runtime.sources import close_cycle, make_cycle, targets_from_settings
 from agent.runtime.target_watch import Blindness, TargetLog
 from agent.settings import AgentSettings
 from contracts.jsonsafe import dumps as json_dumps
-from contracts.redact import redact_text, redact_url
 from contracts.tier_model import Snapshot
 from exporters.fleet import FleetExport
 from exporters.prom import SnapshotCollector
 from exporters.selfinfo import register_self_metrics
 
 log = logging.getLogger(__name__)
-
-
-def targets_from_settings(settings: AgentSettings) -> TargetSource:
-    """Static list + optional file + optional Kubernetes discovery, as configured. With
-    `source: prometheus` the query API names the pods: no pod watch for scrape targets."""
-    sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
-    if settings.targets.file is not None:
-        sources.append(FileTargets(settings.targets.file))
-    if settings.targets.kubernetes.enabled and settings.source == "scrape":
-        from agent.collect.discovery import kubernetes_pod_api
-
-        api = kubernetes_pod_api(settings.targets.kubernetes.in_cluster)
-        sources.append(KubernetesTargets(api, settings.targets.kubernetes))
-    return CombinedTargets(sources)
-
-
-def make_cycle(settings: AgentSettings, mappings: MappingSet, store: WindowStore,
-               clock: Callable[[], float]) -> Any:
-    """The cycle `settings.source` asks for: direct scraping, or a Prometheus query API."""
-    if settings.source == "prometheus":
-        from agent.collect.prom.source import PrometheusCycle
-
-        if settings.prometheus.aggregate == "server":
-            from agent.collect.prom.aggregate import AggregatedCycle
-
-            return AggregatedCycle(settings, mappings, store, clock)
-        return PrometheusCycle(settings, mappings, store, clock)
-    return ScrapeCycle(settings, mappings, store, clock)
-
-
-async def _close_cycle(cycle: Any) -> None:
-    close = getattr(cycle, "aclose", None)
-    if close is not None:
-        await close()
-
-
-class AgentStartError(RuntimeError):
-    """The agent could not start serving (its address is taken, or not allowed); one line."""
-
-
-def start_error(exc: BaseException | None, host: str, port: int) -> AgentStartError:
-    """What went wrong at start-up, as one line that says what to change."""
-    import errno
-
-    where = f"{host or '0.0.0.0'}:{port}"
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-        return AgentStartError(f"cannot listen on {where}: the address is already in use (another agent or "
-                               f"program holds it); choose another with server.port or --port")
-    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EADDRNOTAVAIL):
-        return AgentStartError(f"cannot listen on {where}: {exc.strerror}; check server.host and server.port")
-    return AgentStartError(f"agent failed to start: {exc if exc is not None else 'timeout'}")
 
 
 class Agent:
@@ -334,7 +278,7 @@ class Agent:
                     got.append(await self._scrape())
                 finally:
                     self._session = None
-                    await _close_cycle(self.cycle)
+                    await close_cycle(self.cycle)
         # the snapshot is not the task's result: Python 3.11's asyncio.run formats a repr of its
         # main task (result included) when it restores the SIGINT handler, ~0.4 s at 2,000 pods
         asyncio.run(once())
@@ -410,7 +354,7 @@ class Agent:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
-        await _close_cycle(self.cycle)
+        await close_cycle(self.cycle)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
@@ -508,43 +452,3 @@ class Agent:
         if not is_loopback(request.remote):
             return web.Response(status=403, text="/snapshot answers loopback clients only\n")
         return web.Response(text=snapshot_json(self._exported), content_type="application/json")
-
-
-def window_ipc(frame: Any) -> bytes:
-    buf = io.BytesIO()
-    frame.write_ipc(buf)
-    return buf.getvalue()
-
-
-def snapshot_json(snap: Snapshot) -> str:
-    """The snapshot as strict JSON (a non-finite number is null); target URLs and fault details
-    with credentials redacted."""
-    def default(o: object) -> Any:
-        return str(o)
-    data = asdict(snap)
-    for st in data.get("targets", ()):
-        st["target"]["url"] = redact_url(st["target"]["url"])
-        st["detail"] = redact_text(st["detail"])
-    return json_dumps(data, default=default, indent=1)
-
-
-def run_until_signalled(start: Callable[[], None], stop: Callable[[], None],
-                        alive: Callable[[], bool], poll_s: float = 0.5,
-                        on_started: Callable[[], None] | None = None) -> None:
-    """Run `start` (then `on_started`, once it serves), block until SIGTERM or SIGINT (or until
-    `alive()` turns false, which is an error), then `stop` and restore the previous signal handlers."""
-    done = threading.Event()
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for s in previous:
-        signal.signal(s, lambda *_: done.set())
-    try:
-        start()
-        if on_started is not None:
-            on_started()
-        while not done.wait(poll_s):
-            if not alive():
-                raise RuntimeError("the agent event loop died")
-    finally:
-        stop()
-        for s, h in previous.items():
-            signal.signal(s, h)

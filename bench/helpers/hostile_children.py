@@ -29,7 +29,7 @@ status = {s.target.pod: s for s in snap.targets}
 att = status.get("attacker")
 good = sorted((t.pod, t.tier, t.lookup_tokens, t.hit_tokens) for t in snap.tiers if t.pod != "attacker")
 exported = agent.metrics_text()
-from agent.runtime.app import snapshot_json
+from agent.runtime.payloads import snapshot_json
 exported += snapshot_json(snap) + logs.getvalue()
 print(json.dumps({
     "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -42,11 +42,12 @@ from agent.collect.discovery import (
     StaticTargets,
     TargetSource,
 )
-from agent.runtime.app import Agent, run_until_signalled
+from agent.runtime.app import Agent
 from agent.runtime.assembly.errors import RuntimeConfigError
 from agent.runtime.assembly.kv_events import add_kv_events, observed_workload
 from agent.runtime.assembly.tuning import actuation_settings, add_tuning, twin_cluster_kw, twin_unmodelled
 from agent.runtime.clock import SteadyWallClock
+from agent.runtime.lifecycle import run_until_signalled
 from agent.runtime.peer_auth import PeerTokenError
 from agent.settings import AgentSettings
 from contracts.knobs import Knobs

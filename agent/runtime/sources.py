@@ -1,0 +1,55 @@
+"""Where the agent's samples come from: its targets as configured (static, a file, Kubernetes
+discovery) and the cycle `source` asks for (direct scraping or a Prometheus query API)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agent.collect.discovery import (
+    CombinedTargets,
+    FileTargets,
+    KubernetesTargets,
+    StaticTargets,
+    TargetSource,
+)
+from agent.collect.jobs import ScrapeCycle
+from agent.collect.mapping import MappingSet
+from agent.collect.store import WindowStore
+from agent.settings import AgentSettings
+
+
+def targets_from_settings(settings: AgentSettings) -> TargetSource:
+    """Static list + optional file + optional Kubernetes discovery, as configured. With
+    `source: prometheus` the query API names the pods: no pod watch for scrape targets."""
+    sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
+    if settings.targets.file is not None:
+        sources.append(FileTargets(settings.targets.file))
+    if settings.targets.kubernetes.enabled and settings.source == "scrape":
+        from agent.collect.discovery import kubernetes_pod_api
+
+        api = kubernetes_pod_api(settings.targets.kubernetes.in_cluster)
+        sources.append(KubernetesTargets(api, settings.targets.kubernetes))
+    return CombinedTargets(sources)
+
+
+def make_cycle(settings: AgentSettings, mappings: MappingSet, store: WindowStore,
+               clock: Callable[[], float]) -> Any:
+    """The cycle `settings.source` asks for: direct scraping, or a Prometheus query API."""
+    if settings.source == "prometheus":
+        from agent.collect.prom.source import PrometheusCycle
+
+        if settings.prometheus.aggregate == "server":
+            from agent.collect.prom.aggregate import AggregatedCycle
+
+            return AggregatedCycle(settings, mappings, store, clock)
+        return PrometheusCycle(settings, mappings, store, clock)
+    return ScrapeCycle(settings, mappings, store, clock)
+
+
+async def close_cycle(cycle: Any) -> None:
+    close = getattr(cycle, "aclose", None)
+    if close is not None:
+        await close()
+
+
+__all__ = ["close_cycle", "make_cycle", "targets_from_settings"]

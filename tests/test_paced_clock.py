@@ -1,10 +1,13 @@
 """The emulated cluster's paced clock: it runs with the wall clock while its control loop keeps
-up, and waits for the loop when the machine is busy (fake time, no sleeping)."""
+up, and waits for the loop when the machine is busy (fake time, no sleeping; the plan thread's CPU clock spins real threads briefly)."""
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
-from emulator.cluster.paced_clock import CpuGate, PacedClock
+from emulator.cluster.paced_clock import CpuGate, PacedClock, thread_cpu_clock
 
 
 class FakeWall:
@@ -98,3 +101,35 @@ def test_a_plan_starved_of_cpu_holds_the_clock_and_one_with_a_core_does_not():
     at = clock()
     clock.sleep(3.0, gate=gate)
     assert clock() - at == pytest.approx(3.0)
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_plan_threads_cpu_clock_counts_only_that_thread():
+    """The gate reads the plan thread's own CPU: work on other threads of the process (the loop,
+    the agent) does not let the cluster's clock run on while the plan itself makes no progress."""
+    started, release = threading.Event(), threading.Event()
+    ident: list[int] = []
+
+    def plan() -> None:
+        ident.append(threading.get_ident())
+        _spin(0.3)
+        started.set()
+        release.wait(10)
+
+    t = threading.Thread(target=plan)
+    t.start()
+    assert started.wait(10)
+    clock = thread_cpu_clock(ident[0])
+    before = clock()
+    assert before >= 0.25  # the plan's own spin
+    _spin(0.3)  # another thread of the process works; the plan waits
+    assert clock() - before < 0.1
+    release.set()
+    t.join(10)
+    process_now = time.process_time()
+    assert clock() >= process_now - 0.05  # an ended thread: the process's CPU clock

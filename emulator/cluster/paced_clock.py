@@ -66,9 +66,11 @@ class PacedClock:
 
 class CpuGate:
     """While `busy()` (a plan priced on a thread beside the loop), the paced clock may run only as
-    fast as this process gets CPU: on a busy machine the cluster waits for the plan as it waits for
+    fast as the plan gets CPU: on a busy machine the cluster waits for the plan as it waits for
     the loop, so a plan costs the cluster about the time it costs with a core of its own. Call it
-    before each tick; False means hold the clock. The process CPU clock is injected."""
+    before each tick; False means hold the clock. `cpu` is the plan thread's CPU clock
+    (`thread_cpu_clock`; the process's by default, which also counts the loop's and the agent's
+    threads, so a plan starved of the GIL by them costs the cluster more than its own CPU)."""
 
     def __init__(self, busy: Callable[[], bool], clock: PacedClock,
                  cpu: Callable[[], float] = time.process_time) -> None:
@@ -86,4 +88,20 @@ class CpuGate:
         return paced - self._mark[0] <= cpu - self._mark[1] + self._clock.max_lead_s
 
 
-__all__ = ["CpuGate", "PacedClock"]
+def thread_cpu_clock(ident: int) -> Callable[[], float]:
+    """The CPU time of thread `ident` (Linux's per-thread CPU clock); the process's CPU time where
+    the platform has none, or once the thread has ended."""
+    try:
+        clock_id = time.pthread_getcpuclockid(ident)
+    except (AttributeError, OSError):
+        return time.process_time
+
+    def read() -> float:
+        try:
+            return time.clock_gettime(clock_id)
+        except OSError:  # the thread has ended
+            return time.process_time()
+    return read
+
+
+__all__ = ["CpuGate", "PacedClock", "thread_cpu_clock"]

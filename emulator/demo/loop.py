@@ -35,7 +35,7 @@ from emulator.cluster.driver import ScaledRealtimeDriver
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
 from emulator.cluster.local_actuator import LocalActuator
-from emulator.cluster.paced_clock import CpuGate, PacedClock
+from emulator.cluster.paced_clock import CpuGate, PacedClock, thread_cpu_clock
 from emulator.cluster.pod_metrics import PodIdentity
 from emulator.cluster.timeline import DemoEvent, Disturbance, PhaseVerdict, Recorder, TimelinePoint
 from emulator.cluster.twin_adapter import TwinPortAdapter
@@ -190,7 +190,9 @@ class Demo:
         self.controller = tuning.new_controller()
         self.planner = tuning.planner
         # a plan priced beside the loop holds the cluster's clock while the machine starves it
-        self.plan_gate = CpuGate(lambda: self.controller.plans.running, self.paced)
+        plan_thread = self.plan_executor.submit(threading.get_ident).result()  # its one worker, started
+        self.plan_gate = CpuGate(lambda: self.controller.plans.running, self.paced,
+                                 cpu=thread_cpu_clock(plan_thread))
 
     def _driver_step(self) -> None:
         """After each driver step (its thread, its lock held): flush the KV events, and mark the

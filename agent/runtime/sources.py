@@ -18,17 +18,19 @@ from agent.collect.store import WindowStore
 from agent.settings import AgentSettings
 
 
-def targets_from_settings(settings: AgentSettings) -> TargetSource:
-    """Static list + optional file + optional Kubernetes discovery, as configured. With
-    `source: prometheus` the query API names the pods: no pod watch for scrape targets."""
+def targets_from_settings(settings: AgentSettings, pod_api: Any = None) -> TargetSource:
+    """Static list + optional file + optional Kubernetes discovery, as configured (through
+    `pod_api`, else an in-cluster or kubeconfig client of its own). With `source: prometheus` the
+    query API names the pods: no pod watch for scrape targets."""
     sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
     if settings.targets.file is not None:
         sources.append(FileTargets(settings.targets.file))
     if settings.targets.kubernetes.enabled and settings.source == "scrape":
-        from agent.collect.discovery import kubernetes_pod_api
+        if pod_api is None:
+            from agent.collect.discovery import kubernetes_pod_api
 
-        api = kubernetes_pod_api(settings.targets.kubernetes.in_cluster)
-        sources.append(KubernetesTargets(api, settings.targets.kubernetes))
+            pod_api = kubernetes_pod_api(settings.targets.kubernetes.in_cluster)
+        sources.append(KubernetesTargets(pod_api, settings.targets.kubernetes))
     return CombinedTargets(sources)
 
 

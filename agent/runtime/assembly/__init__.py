@@ -33,15 +33,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-from agent.collect.discovery import (
-    CombinedTargets,
-    FileTargets,
-    KubernetesPodApi,
-    KubernetesTargets,
-    PodApi,
-    StaticTargets,
-    TargetSource,
-)
+from agent.collect.discovery import KubernetesPodApi, PodApi, TargetSource
 from agent.runtime.app import Agent
 from agent.runtime.assembly.errors import RuntimeConfigError
 from agent.runtime.assembly.kv_events import add_kv_events, observed_workload
@@ -49,6 +41,7 @@ from agent.runtime.assembly.tuning import actuation_settings, add_tuning, twin_c
 from agent.runtime.clock import SteadyWallClock
 from agent.runtime.lifecycle import run_until_signalled
 from agent.runtime.peer_auth import PeerTokenError
+from agent.runtime.sources import targets_from_settings
 from agent.settings import AgentSettings
 from contracts.knobs import Knobs
 
@@ -180,7 +173,7 @@ def build_runtime(settings: AgentSettings, *, api_client: Any = None, clock: Cal
 
         pod_api = KubernetesPodApi(k8s.CoreV1Api(api_client))
     if targets is None and api_client is not None:
-        targets = _targets(settings, pod_api)
+        targets = targets_from_settings(settings, pod_api)  # a pod watch through the injected API
     try:
         agent = Agent(settings, targets, clock=clock)
     except PeerTokenError as exc:  # shard.token_file unreadable or empty: refuse to start
@@ -247,17 +240,6 @@ def _fleet_store(settings: AgentSettings, agent: Agent, peers: tuple[str, ...]) 
         return FleetStore(agent.store, peers, agent.peer_fetch, timeout_s=settings.shard.peer_timeout_s,
                           strict=True)
     return agent.store
-
-
-def _targets(settings: AgentSettings, pod_api: PodApi | None) -> TargetSource:
-    """The scrape targets; with `source: prometheus` the query API names the pods, so pods are
-    not watched (targets.kubernetes then serves only the KV-event endpoints, listed)."""
-    sources: list[TargetSource] = [StaticTargets(settings.targets.static)]
-    if settings.targets.file is not None:
-        sources.append(FileTargets(settings.targets.file))
-    if settings.targets.kubernetes.enabled and pod_api is not None and settings.source == "scrape":
-        sources.append(KubernetesTargets(pod_api, settings.targets.kubernetes))
-    return CombinedTargets(sources)
 
 
 __all__ = ["Runtime", "RuntimeConfigError", "actuation_settings", "build_runtime", "observed_workload",

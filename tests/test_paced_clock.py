@@ -131,5 +131,4 @@ def test_the_plan_threads_cpu_clock_counts_only_that_thread():
     assert clock() - before < 0.1
     release.set()
     t.join(10)
-    process_now = time.process_time()
-    assert clock() >= process_now - 0.05  # an ended thread: the process's CPU clock
+    assert clock() >= before  # an ended thread: its final CPU time, or the process's where the kernel dropped it

@@ -90,7 +90,7 @@ class CpuGate:
 
 def thread_cpu_clock(ident: int) -> Callable[[], float]:
     """The CPU time of thread `ident` (Linux's per-thread CPU clock); the process's CPU time where
-    the platform has none, or once the thread has ended."""
+    the platform has none, or where the kernel no longer knows the ended thread's clock."""
     try:
         clock_id = time.pthread_getcpuclockid(ident)
     except (AttributeError, OSError):

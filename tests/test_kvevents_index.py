@@ -197,6 +197,30 @@ def test_the_sketch_sets_the_double_hashing_bits_of_each_mixed_hash() -> None:
     assert sk.contains(hashes).all()
 
 
+@pytest.mark.parametrize("generations", [1, 2, 3])
+def test_check_and_add_answers_as_probing_every_generation_before_adding(generations: int) -> None:
+    """The one-call probe-and-fill of the young generation (older ones probed only for hashes it
+    lacks) answers exactly as probing every generation first and adding afterwards, through
+    rotations and with repeats inside a call."""
+    from agent.kvevents.sketch import _add
+
+    fast = SeenSketch(capacity=500, fp_rate=0.01, generations=generations)
+    ref = SeenSketch(capacity=500, fp_rate=0.01, generations=generations)
+    rng = np.random.default_rng(generations)
+    for _ in range(60):
+        batch = rng.integers(0, 3_000, rng.integers(1, 120), dtype=np.uint64)  # repeats across and within
+        got = fast.check_and_add(batch)
+        seen, young_had = ref._seen(batch)
+        _add(ref._gens[-1], batch, ref._mask, ref.k)
+        ref._young_count += int(batch.shape[0] - np.count_nonzero(young_had))
+        if ref._young_count >= ref.capacity:
+            ref._rotate()
+        assert np.array_equal(got, seen)
+        assert fast.rotations == ref.rotations and fast._young_count == ref._young_count
+        assert all(np.array_equal(a, b) for a, b in zip(fast._gens, ref._gens, strict=True))
+    assert fast.rotations >= 2
+
+
 def test_caps_resize_and_shrink_at_once() -> None:
     idx = FleetIndex(IndexLimits(resident_per_engine=1000, history_per_engine=1000, seen_capacity=1000))
     idx.apply("a", 1.0, [gpu(*range(1, 400))])

@@ -262,6 +262,7 @@ class FleetIndex:
         room, sroom = half - len(ry), shalf - len(sy)
         cold_sink = self.cold_sink
         cap_dist, rout_dist = stats.miss_distance["capacity"], stats.miss_distance["routing"]
+        reused: list[object] = []  # the removals of re-stored hashes, observed in order below
         for h, was_seen in zip(hashes, seen):  # consumes one flag per hash, like next(seen)
             mask = ry.get(h)
             if mask is None:
@@ -269,10 +270,10 @@ class FleetIndex:
                 room -= 1  # a new key in ry
             if h in hy:  # a hash is in one generation at most
                 removed = True
-                self._observe_reuse(stats, hy.pop(h), ts)
+                reused.append(hy.pop(h))
             elif h in ho:
                 removed = True
-                self._observe_reuse(stats, ho.pop(h), ts)
+                reused.append(ho.pop(h))
             else:
                 removed = False
             if mask & GPU:
@@ -316,6 +317,8 @@ class FleetIndex:
                 ro, ry, room = res.old, res.young, half
                 self._aged(st, dropped)
         self.l2_seq = seq
+        if reused:
+            self._observe_reuse(stats, reused, ts)
         added = len(hashes) - rereported  # each hash not on the GPU yet is added: a hit or a miss
         external = added - cold - capacity - routing
         stats.resident[GPU] = stats.resident.get(GPU, 0) + added
@@ -328,16 +331,20 @@ class FleetIndex:
             stats.miss_blocks[cause] += n
             stats.miss_tokens[cause] += n * size
 
-    def _observe_reuse(self, stats: EngineStats, removal: object, ts: float) -> None:
-        tb, removed_ts = removal  # type: ignore[misc]
-        medium = TIER_NAMES[tb]
-        dist = max(0.0, ts - removed_ts)
-        counts = stats.reuse_counts.get(medium)
-        if counts is None:
-            counts = stats.reuse_counts[medium] = [0] * (len(REUSE_BUCKETS) + 1)
-            stats.reuse_sum[medium] = 0.0
-        counts[bisect.bisect_left(REUSE_BUCKETS, dist)] += 1  # buckets are "<= bound"
-        stats.reuse_sum[medium] += dist
+    @staticmethod
+    def _observe_reuse(stats: EngineStats, removals: list[object], ts: float) -> None:
+        """Reuse distances of blocks stored again at `ts`, each (tier bit, removal time), in the
+        order they were stored."""
+        reuse_counts, reuse_sum, left = stats.reuse_counts, stats.reuse_sum, bisect.bisect_left
+        for tb, removed_ts in removals:  # type: ignore[misc]
+            medium = TIER_NAMES[tb]
+            dist = max(0.0, ts - removed_ts)
+            counts = reuse_counts.get(medium)
+            if counts is None:
+                counts = reuse_counts[medium] = [0] * (len(REUSE_BUCKETS) + 1)
+                reuse_sum[medium] = 0.0
+            counts[left(REUSE_BUCKETS, dist)] += 1  # buckets are "<= bound"
+            reuse_sum[medium] += dist
 
     def _removed(self, st: EngineState, ts: float, medium: str, hashes: list[int]) -> None:
         # Hot path: the two-generation maps and `_unhold` are inlined.

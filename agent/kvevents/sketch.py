@@ -68,6 +68,43 @@ def _add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int) -> None:
             gen[pos >> _THREE] |= np.uint8(_ONE << (pos & _SEVEN))
 
 
+@nb.njit(**_JIT)
+def _check_add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, seen: np.ndarray) -> int:
+    """seen[i] = every probe bit of hashes[i] was set in `gen` before this call; then sets them
+    all. Returns how many hashes were not there (so duplicates in one call all see the state
+    before it)."""
+    new = 0
+    for i in range(hashes.shape[0]):
+        h1, h2 = _probes(hashes[i])
+        found = True
+        for j in range(k):
+            pos = (h1 + np.uint64(j) * h2) & mask
+            if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
+                found = False
+                break
+        seen[i] = found
+        if not found:
+            new += 1
+    _add(gen, hashes, mask, k)
+    return new
+
+
+@nb.njit(**_JIT)
+def _or_had(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, seen: np.ndarray) -> None:
+    """seen[i] |= every probe bit of hashes[i] is set in `gen` (probed only where still false)."""
+    for i in range(hashes.shape[0]):
+        if seen[i]:
+            continue
+        h1, h2 = _probes(hashes[i])
+        found = True
+        for j in range(k):
+            pos = (h1 + np.uint64(j) * h2) & mask
+            if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
+                found = False
+                break
+        seen[i] = found
+
+
 class SeenSketch:
     def __init__(self, capacity: int = 8_000_000, fp_rate: float = 0.001, generations: int = 2) -> None:
         if capacity < 1:
@@ -96,9 +133,12 @@ class SeenSketch:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
         hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
-        seen, young_had = self._seen(hashes)
-        _add(self._gens[-1], hashes, self._mask, self.k)
-        self._young_count += int(hashes.shape[0] - np.count_nonzero(young_had))
+        seen = np.empty(hashes.shape[0], dtype=bool)
+        # the young generation first, probed and filled in one call; the older ones only answer
+        # for hashes the young one lacked (adding to the young one does not change them)
+        self._young_count += _check_add(self._gens[-1], hashes, self._mask, self.k, seen)
+        for gen in self._gens[:-1]:
+            _or_had(gen, hashes, self._mask, self.k, seen)
         if self._young_count >= self.capacity:
             self._rotate()
         return seen

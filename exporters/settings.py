@@ -1,7 +1,7 @@
 """The OpenTelemetry exporter's settings: the `otel:` section of the agent's configuration.
 
 They live beside the exporter that reads them, so `exporters/` needs nothing from `agent/`; the
-agent's settings (agent/settings.py) compose this section with the others."""
+agent's settings (agent/settings/loading.py: AgentSettings) compose this section with the others."""
 from __future__ import annotations
 
 from typing import Literal

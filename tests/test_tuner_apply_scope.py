@@ -64,7 +64,7 @@ def test_the_scopes() -> None:
 
 def test_a_live_install_defaults_to_hot() -> None:
     assert load_settings(env={}).tuner.apply == "hot"
-    assert guardrail_settings().apply == "hot"  # the schema's default (agent/settings.py tuner.apply)
+    assert guardrail_settings().apply == "hot"  # the schema's default (agent/settings/tuner.py tuner.apply)
 
 
 def test_hot_applies_the_router_and_proposes_the_restart_without_touching_the_target() -> None:

@@ -1,6 +1,7 @@
-"""One home per tuner default: the `tuner:` sections of agent/settings.py.
+"""One home per tuner default: the `tuner:` sections of agent/settings/tuner.py.
 
 Structural, so a new duplicate fails without anyone listing it here:
+- the `tuner:` section and every section under it are defined in that module;
 - every dataclass named `*Settings` in the `tuners` package is a converter target in
   agent/runtime/tuning/schema.py (`SOURCES`) and declares no default of its own;
 - no module of the demo, the harness, the bench scripts or the agent's runtime defines a
@@ -30,6 +31,7 @@ from emulator.demo.engine_tuning import ENGINE_TUNER_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("emulator/demo", "bench", "agent/runtime")
+HOME = "agent/settings/tuner.py"  # the one home of the tuner defaults, named in every failure below
 
 
 def _tuner_settings_classes() -> list[type]:
@@ -41,6 +43,24 @@ def _tuner_settings_classes() -> list[type]:
                     and obj.__name__.endswith("Settings")):
                 found.append(obj)
     return found
+
+
+def _section_models(model: type) -> list[type]:
+    """The `tuner:` section and every section under it, at any depth."""
+    out = [model]
+    for field in model.model_fields.values():
+        ann = field.annotation
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            out += _section_models(ann)
+    return out
+
+
+def test_the_tuner_sections_live_in_their_home() -> None:
+    home = HOME.removesuffix(".py").replace("/", ".")
+    models = _section_models(TunerSection)
+    assert len(models) >= 10  # the walk finds them
+    elsewhere = [f"{m.__name__} ({m.__module__})" for m in models if m.__module__ != home]
+    assert not elsewhere, f"tuner sections defined outside {HOME}: {elsewhere}"
 
 
 def _section_fields(model: type, section: str = "") -> set[tuple[str, str]]:
@@ -73,7 +93,7 @@ def test_every_tuner_settings_dataclass_takes_its_values_from_the_schema() -> No
     assert not missing, f"tuner settings dataclasses without a converter in agent/runtime/tuning/schema.py: {missing}"
     with_defaults = [f"{c.__name__}.{f.name}" for c in SOURCES for f in dataclasses.fields(c)
                      if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
-    assert not with_defaults, f"defaults defined outside agent/settings.py: {with_defaults}"
+    assert not with_defaults, f"defaults defined outside {HOME}: {with_defaults}"
 
 
 def test_each_converter_builds_its_dataclass_from_the_schema_defaults() -> None:
@@ -134,7 +154,7 @@ def test_no_module_shadows_a_tuner_default(folder: str) -> None:
         tree = ast.parse(path.read_text())
         for p in _constant_shadows(tree) + _literal_settings_calls(tree):
             problems.append(f"{path.relative_to(ROOT)}: {p}")
-    assert not problems, "tuner defaults defined outside agent/settings.py:\n" + "\n".join(problems)
+    assert not problems, f"tuner defaults defined outside {HOME}:\n" + "\n".join(problems)
 
 
 def test_the_shadow_scan_can_fail() -> None:

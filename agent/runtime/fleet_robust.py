@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class FleetBounds:
-    """What one pod may claim (agent.settings `tuner.fleet_bounds`; the defaults live there)."""
+    """What one pod may claim (agent.settings.tuner `tuner.fleet_bounds`; the defaults live there)."""
 
     max_ratio: float
     max_hit_gap: float

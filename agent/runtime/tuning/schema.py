@@ -1,4 +1,4 @@
-"""The tuner's settings, from the one schema (`agent.settings`, the `tuner:` sections) to the
+"""The tuner's settings, from the one schema (`agent.settings.tuner`, the `tuner:` sections) to the
 `tuners` dataclasses, which carry no defaults of their own.
 
 Each converter takes the whole `AgentSettings` (plus what the deployment decides at run time,

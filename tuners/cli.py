@@ -13,7 +13,8 @@ from contracts.output_paths import check_output_dir, check_output_file, write_ou
 from simulator.synthetic import PRESETS
 from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
 from tuners.optuna_tuner import SAMPLERS
-from tuners.space import L2_BACKENDS, DeploymentLimits, SearchSpace, TargetAcceptance
+from tuners.space import SearchSpace
+from tuners.space.limits import L2_BACKENDS, DeploymentLimits, TargetAcceptance
 
 EPILOG = """\b
 Examples:

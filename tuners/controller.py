@@ -42,7 +42,8 @@ from tuners.payoff import TtftSummary
 from tuners.planning.horizon import RegimeHorizon
 from tuners.planning.plan_runner import PlanRunner
 from tuners.planning.warmstart import WarmStart
-from tuners.space import CandidateError, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.limits import CandidateError
 from tuners.stats import scale_observations
 
 

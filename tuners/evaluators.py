@@ -21,7 +21,7 @@ import polars as pl
 from contracts.knobs import Knobs
 from tuners.base import Candidate, TrialRecord, Tuner
 from tuners.objective import Evaluation, TtftObservations
-from tuners.space import CandidateError, DeploymentLimits, memory_cost_gib
+from tuners.space.limits import CandidateError, DeploymentLimits, memory_cost_gib
 
 
 @dataclasses.dataclass(frozen=True)

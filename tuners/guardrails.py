@@ -37,7 +37,8 @@ from tuners.logline import log_event
 from tuners.metrics import TunerMetrics
 from tuners.objective import TtftObservations
 from tuners.proposals import APPLY_SCOPES, ApplyScope, Proposal, ProposalBook, held_back
-from tuners.space import CandidateError, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.limits import CandidateError
 from tuners.stats import RegressionSettings, Verdict, judge
 
 HOUR_S = 3600.0

@@ -20,7 +20,7 @@ from tuners.base import Candidate
 from tuners.evaluators import StartResult
 from tuners.guardrails import Guardrails
 from tuners.objective import Evaluation, TtftObservations
-from tuners.space import memory_cost_gib
+from tuners.space.limits import memory_cost_gib
 
 
 @runtime_checkable

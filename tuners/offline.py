@@ -18,7 +18,8 @@ from tuners.base import TrialRecord
 from tuners.evaluators import EvaluationCache, TwinEvaluator, run_trials
 from tuners.objective import Evaluation, ObjectiveSpec
 from tuners.optuna_tuner import OptunaTuner
-from tuners.space import CandidateError, DeploymentLimits, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.limits import CandidateError, DeploymentLimits
 
 DEFAULTS = Knobs()  # LMCache defaults (chunk 256, CPU 5 GiB, LRU) with round-robin routing
 

@@ -34,7 +34,8 @@ from contracts.redact import redact_url
 from tuners.base import Candidate, TrialRecord
 from tuners.logline import log_event
 from tuners.objective import Evaluation, ObjectiveSpec
-from tuners.space import CandidateError, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.limits import CandidateError
 from tuners.storage_errors import one_line
 
 log = logging.getLogger("tierpilot.tuner")

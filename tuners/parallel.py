@@ -42,7 +42,8 @@ from typing import Any, Self
 
 from tuners.base import TrialRecord
 from tuners.objective import ObjectiveSpec
-from tuners.space import CandidateError, DeploymentLimits, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.limits import CandidateError, DeploymentLimits
 
 # Imported once in the forkserver, inherited by every helper it forks. Thread-free at import
 # except numpy's BLAS pool, which re-initialises after fork; never polars (see the docstring).

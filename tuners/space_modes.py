@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tuners.space import Choice, Dimension, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.dimensions import Choice, Dimension
 
 
 def follow_deployment(space: SearchSpace, accepted: Mapping[str, tuple[Any, ...]],

@@ -27,7 +27,7 @@ from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
 from tuners.metrics import TunerMetrics
 from tuners.planning.planner import CapacitySource
-from tuners.space import DeploymentLimits
+from tuners.space.limits import DeploymentLimits
 
 
 @dataclasses.dataclass

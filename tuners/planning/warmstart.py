@@ -15,7 +15,8 @@ from tuners.evaluators import Evaluator, run_trials
 from tuners.logline import log_event
 from tuners.objective import ObjectiveSpec
 from tuners.optuna_tuner import OptunaTuner
-from tuners.space import CandidateError, SearchSpace
+from tuners.space import SearchSpace
+from tuners.space.limits import CandidateError
 
 
 @runtime_checkable

@@ -46,17 +46,21 @@ def _probes(h: np.uint64) -> tuple[np.uint64, np.uint64]:
 
 
 @nb.njit(**_JIT)
+def _has(gen: np.ndarray, h: np.uint64, mask: np.uint64, k: int) -> bool:
+    """Every probe bit of `h` is set in `gen` (bit p: bit p % 8 of byte p // 8)."""
+    h1, h2 = _probes(h)
+    for j in range(k):
+        pos = (h1 + np.uint64(j) * h2) & mask
+        if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
+            return False
+    return True
+
+
+@nb.njit(**_JIT)
 def _had(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, out: np.ndarray) -> None:
-    """out[i] = every probe bit of hashes[i] is set in `gen` (bit p: bit p % 8 of byte p // 8)."""
+    """out[i] = hashes[i] is in `gen`."""
     for i in range(hashes.shape[0]):
-        h1, h2 = _probes(hashes[i])
-        found = True
-        for j in range(k):
-            pos = (h1 + np.uint64(j) * h2) & mask
-            if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
-                found = False
-                break
-        out[i] = found
+        out[i] = _has(gen, hashes[i], mask, k)
 
 
 @nb.njit(**_JIT)
@@ -70,20 +74,12 @@ def _add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int) -> None:
 
 @nb.njit(**_JIT)
 def _check_add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, seen: np.ndarray) -> int:
-    """seen[i] = every probe bit of hashes[i] was set in `gen` before this call; then sets them
-    all. Returns how many hashes were not there (so duplicates in one call all see the state
-    before it)."""
+    """seen[i] = hashes[i] was in `gen` before this call; then adds them all. Returns how many
+    were not there (so duplicates in one call all see the state before it)."""
     new = 0
     for i in range(hashes.shape[0]):
-        h1, h2 = _probes(hashes[i])
-        found = True
-        for j in range(k):
-            pos = (h1 + np.uint64(j) * h2) & mask
-            if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
-                found = False
-                break
-        seen[i] = found
-        if not found:
+        seen[i] = _has(gen, hashes[i], mask, k)
+        if not seen[i]:
             new += 1
     _add(gen, hashes, mask, k)
     return new
@@ -91,18 +87,10 @@ def _check_add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, see
 
 @nb.njit(**_JIT)
 def _or_had(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, seen: np.ndarray) -> None:
-    """seen[i] |= every probe bit of hashes[i] is set in `gen` (probed only where still false)."""
+    """seen[i] |= hashes[i] is in `gen` (probed only where still false)."""
     for i in range(hashes.shape[0]):
-        if seen[i]:
-            continue
-        h1, h2 = _probes(hashes[i])
-        found = True
-        for j in range(k):
-            pos = (h1 + np.uint64(j) * h2) & mask
-            if not (gen[pos >> _THREE] >> (pos & _SEVEN)) & _ONE:
-                found = False
-                break
-        seen[i] = found
+        if not seen[i]:
+            seen[i] = _has(gen, hashes[i], mask, k)
 
 
 class SeenSketch:

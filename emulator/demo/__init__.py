@@ -1,2 +1,2 @@
 """`tierpilot demo`: the whole loop on the emulated cluster (`loop.py`), its agent stack, live
-console, accuracy probe, report and workload."""
+console, timeline sampler, accuracy probe, outcome and report, and workload."""

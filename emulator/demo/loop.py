@@ -6,18 +6,17 @@ on its own ZMQ PUB/ROUTER ports (`emulator.cluster.kv_publisher`); the agent scr
 stores and exports unified metrics (`emulator.demo.agent_stack` over `agent/` and `exporters/`) and
 follows the KV events (`agent.kvevents`); the tuning controller (`tuners.controller`) detects
 drift, warm-starts from the twin on the recent workload and runs live trials through the local
-actuator with the guardrails on. The demo records everything (`Recorder`), shows it live
-(rich) and writes the report, also when interrupted.
+actuator with the guardrails on. The demo records everything (`Recorder`; the timeline from
+its own thread, `emulator.demo.timeline_sampler`), shows it live (rich) and writes the report
+(`emulator.demo.outcome`), also when interrupted.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import optuna
 import polars as pl
@@ -37,10 +36,9 @@ from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publisher
 from emulator.cluster.local_actuator import LocalActuator
 from emulator.cluster.paced_clock import CpuGate, PacedClock, thread_cpu_clock
 from emulator.cluster.pod_metrics import PodIdentity
-from emulator.cluster.timeline import DemoEvent, Disturbance, PhaseVerdict, Recorder, TimelinePoint
+from emulator.cluster.timeline import DemoEvent, Disturbance, Recorder
 from emulator.cluster.twin_adapter import TwinPortAdapter
-from emulator.demo.accuracy import AccuracyMeter, pod_mean_truth, report_lines
-from emulator.demo.agent_export import parse_agent_export
+from emulator.demo.accuracy import AccuracyMeter
 from emulator.demo.agent_stack import DemoAgent
 from emulator.demo.console import (
     Renderable,
@@ -50,20 +48,13 @@ from emulator.demo.console import (
     progress_line,
     render_view,
 )
-from emulator.demo.deployment import (
-    DEMO_TTFT_BUCKETS,
-    MODEL_NAME,
-    TUNER_FILE,
-    demo_deployment,
-    overrides_lines,
-    restarts_pods,
-)
-from emulator.demo.probe import fetch_agent_text, parse_agent_view
-from emulator.demo.report import prediction_line, verdict_lines, write_report
-from emulator.demo.scorecard import PLAN_NOTE, action_counts, demo_scorecard, plan_lines
+from emulator.demo.deployment import DEMO_TTFT_BUCKETS, MODEL_NAME, demo_deployment, restarts_pods
+from emulator.demo.outcome import DemoResult, demo_outcome
+from emulator.demo.report import verdict_lines
 from emulator.demo.settings import DemoSettings, DemoSettingsError
+from emulator.demo.timeline_sampler import TimelineSampler
 from emulator.demo.tuner_taps import InjectingWarmStart, RecordingEvaluator
-from emulator.demo.workload import DemoWorkload, build_workload, phase_verdicts
+from emulator.demo.workload import DemoWorkload, build_workload
 from simulator.cluster import ClusterSpec as TwinClusterSpec
 from simulator.records import iter_requests
 from simulator.twin import Twin
@@ -71,15 +62,13 @@ from tuners.capacity_export import publish_capacity_curves
 from tuners.controller import StepReport
 from tuners.metrics import TunerMetrics
 from tuners.objective import Evaluation
-from tuners.payoff import PhaseScore, answer_line, scorecard_lines
+from tuners.payoff import answer_line, scorecard_lines
 from tuners.planning.plan_runner import background_executor
 
 log = logging.getLogger("tierpilot.demo")
 
 DEFAULT_TIME_SCALE = 20.0  # trace-seconds per wall-second
 SPAN_SHARE = 0.95  # the workload fills this share of the run; the rest is the verdict
-VIEW_TICK_S = 0.25
-CURVE_TICK_S = 15.0  # wall seconds between rebuilds of the capacity curves (a replay of the history)
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines without the live view
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
@@ -88,22 +77,6 @@ L2_BOUNDS_S = tuple(b / 1e6 for b in CURVINE_IO_US_BUCKETS)  # Curvine FUSE read
 STATE_EVENTS = {"drift": "drift", "trial_started": "apply", "rolled_back": "rollback", "improved": "keep",
                 "told": "trial", "baseline_done": "info", "failed": "error", "rejected": "error",
                 "dry_run": "trial", "stopped": "error"}
-
-
-@dataclasses.dataclass
-class DemoResult:
-    report_path: Path
-    verdicts: list[PhaseVerdict]
-    events: list[DemoEvent]
-    interrupted: bool
-    final_knobs: Knobs
-    agent_url: str
-    requests_served: int
-    scores: list[PhaseScore] = dataclasses.field(default_factory=list)  # the headline: tuned vs held vs hindsight
-    prediction_errors: list[float] = dataclasses.field(default_factory=list)  # twin p95 error per live window
-
-    def count(self, kind: str) -> int:
-        return sum(1 for e in self.events if e.kind == kind)
 
 
 class Demo:
@@ -126,10 +99,8 @@ class Demo:
         self._t0 = wall_clock()
         # the cluster's clock waits for the control loop: a busy machine slows the run, never skips steps
         self.paced = PacedClock(max_lead_s=2 * self.tuner.step_interval_s / self.scale, wall=wall_clock)
-        self._stop = threading.Event()
         self._trial_seq = 0
         self._boundary_knobs: Knobs | None = None  # what phase 1 ended with
-        self._curves_at = -math.inf  # wall time of the last capacity-curve rebuild
 
     # -- wiring --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -279,30 +250,6 @@ class Demo:
             return self.actuator.last_good() or DEFAULT_KNOBS
         return self.actuator.current()
 
-    def _sample(self) -> None:
-        now = self.driver.trace_now()
-        stats = self.recorder.window(now)
-        text = fetch_agent_text(self.agent.url, timeout_s=1.0)
-        view = parse_agent_view(text) if text is not None else None
-        like: dict[str, float] = {}
-        if text is not None:
-            export = parse_agent_export(text)
-            # the export is stamped in wall time; the truth it is compared with is in cluster time
-            at = self.agent.cluster_time_of(export.taken_at)
-            export = dataclasses.replace(export, taken_at=math.nan if at is None else at)
-            self.accuracy.observe(export)
-            if export.taken_at == export.taken_at:  # the agent's per-pod mean, over the agent's window
-                like = pod_mean_truth(self.recorder.recorded_between(export.taken_at - self.tuner.drift.window_s,
-                                                                   export.taken_at))
-        if self.wall() - self._curves_at >= CURVE_TICK_S:
-            self._curves_at = self.wall()
-            self._publish_curves(now)
-        phase = sum(1 for p in self.workload.phase_starts_s[1:] if now >= p)
-        self.recorder.add_point(TimelinePoint(self.wall() - self._t0, now, phase, stats,
-                                              view.ttft_p95_s if view else None,
-                                              view.cumulative_hit_ratio if view else None,
-                                              dict(view.tier_hit_ratios) if view else {}, like))
-
     def _publish_curves(self, now: float):
         """The capacity curves over everything served so far, at the knobs in force, on the
         agent's metrics (`tierpilot_tier_capacity_hit_ratio`); returns them (None before traffic)."""
@@ -361,7 +308,10 @@ class Demo:
     def _loop(self) -> None:
         """Until the stream ends: on a busy machine the paced clock stretches the run (the report
         says by how much); Ctrl-C stops it with a partial report."""
-        sampler = threading.Thread(target=self._sample_loop, name="demo-sampler", daemon=True)
+        sampler = TimelineSampler(recorder=self.recorder, workload=self.workload, agent=self.agent,
+                                  accuracy=self.accuracy, window_s=self.tuner.drift.window_s,
+                                  trace_now=self.driver.trace_now, wall=self.wall, t0=self._t0,
+                                  publish_curves=self._publish_curves)
         sampler.start()
         last_progress = [self.wall()]
         try:
@@ -380,18 +330,7 @@ class Demo:
                         self.status = "tuning"
                 self.paced.sleep(self.tuner.step_interval_s / self.scale, gate=self.plan_gate)
         finally:
-            self._stop.set()
-            sampler.join(timeout=5)
-
-    def _sample_loop(self) -> None:
-        """Timeline samples on their own thread, so a blocking controller step (a rollout, the
-        twin warm start) leaves no hole in the charts."""
-        while not self._stop.is_set():
-            try:
-                self._sample()
-            except Exception:
-                log.exception("timeline sample failed")
-            self._stop.wait(VIEW_TICK_S)
+            sampler.stop()
 
     def _shutdown(self) -> None:
         self.plan_executor.shutdown(wait=False, cancel_futures=True)
@@ -410,49 +349,13 @@ class Demo:
     def _finish(self, interrupted: bool) -> DemoResult:
         self.status = "writing the report"
         final = self._tuned_now()
-        tuned = [self._boundary_knobs or final, final]
-        reached = max((r.phase for r in self.recorder.served()), default=-1)
-        verdicts = phase_verdicts(self.workload, self.twin_cluster, tuned[: reached + 1])
-        self.recorder.verdicts.extend(verdicts)
-        actions = action_counts(self.workload.phase_starts_s, list(self.recorder.events),
-                                list(self.recorder.disturbances), self.s.pods)
-        errors = [e for _t, e in self.controller.prediction_errors]
-        scores: list[PhaseScore] = []
-        headline = ["Interrupted: no verdict (it needs the whole run)."]
-        if not interrupted:
-            scores, method = demo_scorecard(self.workload, self.twin_cluster, self.recorder.served(),
-                                            tuned[: reached + 1], actions)
-            headline = [answer_line(scores), "", *scorecard_lines(scores), "", f"Method: {method}"]
-        headline += ["", prediction_line(errors)]
-        plans = list(self.planner.history) if self.planner is not None else []
-        if plans:
-            headline += ["", "### Every move the planner priced", "", PLAN_NOTE, "", *plan_lines(plans)]
-        default_p95 = next((v.default_ttft_p95_s for v in verdicts if v.phase == 1), None)
-        facts = {"pods": str(self.s.pods), "seed": str(self.s.seed), "duration": f"{self.s.duration_s:g} s wall",
-                 "time scale": f"{self.scale:g} cluster-seconds per second",
-                 "workload": f"{self.workload.frame.height} requests; " + "; ".join(self.workload.labels),
-                 "requests served": str(self.driver.served), "agent export": self.agent.url,
-                 "dry run": str(self.s.dry_run),
-                 "paced clock": (f"the cluster waited {self.paced.held_back_s:.0f} wall s in all for its control loop "
-                                 "and its plans (a busy machine slows the run rather than skipping control steps)"),
-                 "tuner.apply": f"{self.tuner.apply} (restart-requiring changes allowed: the demo measures "
-                                "restart scenarios)",
-                 "tuner settings": f"the chart's defaults plus {TUNER_FILE.name}: " + "; ".join(overrides_lines())}
-        margin = (2 * 0.5 + self.s.pods * self.s.restart_downtime_s) * self.scale  # scrapes + the rollout
-        accuracy = report_lines(self.accuracy.samples, list(self.recorder.disturbances),
-                                window_s=self.tuner.drift.window_s, margin_s=margin)
-        try:
-            curves = self._publish_curves(self.driver.trace_now())
-        except Exception:  # the report goes out without its curve rather than not at all
-            log.exception("capacity curves failed")
-            curves = None
-        path = write_report(self.s.report_dir, self.recorder, title_facts=facts,
-                            phase_starts=self.workload.phase_starts_s, final_config=final.to_dict(),
-                            partial=interrupted, baseline_objective_s=default_p95, sections=accuracy,
-                            headline=headline, capacity_curves=curves,
-                            host_memory_gib=self.twin_cluster.hardware.host_memory_gib)
-        return DemoResult(path, verdicts, list(self.recorder.events), interrupted, final, self.agent.url,
-                          self.driver.served, scores, errors)
+        return demo_outcome(self.s, scale=self.scale, tuner=self.tuner, recorder=self.recorder,
+                            workload=self.workload, twin_cluster=self.twin_cluster,
+                            tuned=[self._boundary_knobs or final, final], interrupted=interrupted,
+                            prediction_errors=self.controller.prediction_errors, planner=self.planner,
+                            accuracy=self.accuracy, paced=self.paced, served=self.driver.served,
+                            agent_url=self.agent.url,
+                            capacity_curves=lambda: self._publish_curves(self.driver.trace_now()))
 
 
 def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResult:

@@ -26,6 +26,7 @@ LMCACHE_MS_BUCKETS = (1, 5, 10, 20, 40, 60, 80, 100, 250, 500, 750, 1000, 2500, 
 LMCACHE_HIT_RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 CURVINE_IO_US_BUCKETS = (10, 50, 100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6,
                          2.5e6, 5e6, 1e7)
+CURVINE_IO_S_BUCKETS = tuple(b / 1e6 for b in CURVINE_IO_US_BUCKETS)  # the same bounds in seconds
 
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")

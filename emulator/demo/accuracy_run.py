@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from agent.kvevents import EndpointSpec
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from contracts.tier_model import Target
-from emulator.cluster.catalogue import CURVINE_IO_US_BUCKETS
+from emulator.cluster.catalogue import CURVINE_IO_S_BUCKETS
 from emulator.cluster.driver import ScaledRealtimeDriver
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
@@ -45,7 +45,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # The demo's TTFT buckets (vLLM `custom_histogram_buckets`): 25 ms steps up to 1.5 s, then coarser.
 TTFT_BUCKETS = tuple(round(0.025 * i, 3) for i in range(1, 61)) + (1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0,
                                                                    20.0, 40.0, 80.0)
-L2_BOUNDS_S = tuple(b / 1e6 for b in CURVINE_IO_US_BUCKETS)
+L2_BOUNDS_S = CURVINE_IO_S_BUCKETS  # Curvine FUSE read latency buckets, seconds
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,6 @@ its own thread, `emulator.demo.timeline_sampler`), shows it live (rich) and writ
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from agent.runtime.tuning.build import TuningIO, build_tuning
 from agent.runtime.tuning_bridge import StoreWindowSource
 from contracts.knobs import DEFAULT_KNOBS, Knobs
 from contracts.tier_model import Target
-from emulator.cluster.catalogue import CURVINE_IO_US_BUCKETS
+from emulator.cluster.catalogue import CURVINE_IO_S_BUCKETS
 from emulator.cluster.driver import ScaledRealtimeDriver
 from emulator.cluster.fleet import ClusterSpec, EmulatedCluster, pod_names
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
@@ -73,7 +72,7 @@ PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines without the live 
 REGRESSION_KNOBS = Knobs(chunk_tokens=2048, cpu_gib=0.0, l2_min_prompt_tokens=4096)
 # The demo's pods run vLLM with `custom_histogram_buckets` for TTFT (25 ms steps up to 1.5 s, then
 # coarser), so quantiles from the buckets can tell a 10% change; vLLM's defaults jump 0.5 -> 0.75 -> 1.
-L2_BOUNDS_S = tuple(b / 1e6 for b in CURVINE_IO_US_BUCKETS)  # Curvine FUSE read latency buckets, seconds
+L2_BOUNDS_S = CURVINE_IO_S_BUCKETS  # Curvine FUSE read latency buckets, seconds
 STATE_EVENTS = {"drift": "drift", "trial_started": "apply", "rolled_back": "rollback", "improved": "keep",
                 "told": "trial", "baseline_done": "info", "failed": "error", "rejected": "error",
                 "dry_run": "trial", "stopped": "error"}
@@ -367,7 +366,3 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> DemoResu
         console.print(line, soft_wrap=True)  # table rows stay one line each, whatever the width
     console.print(f"report: {result.report_path}")
     return result
-
-
-def _fmt(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:.3f}"

@@ -10,6 +10,7 @@
 
 `run_forever()` does the same in the foreground and stops cleanly on SIGTERM or SIGINT.
 `scrape_now()` runs one cycle synchronously (tests, `tierpilot scrape-once`).
+What its port serves is in http_server.py (handlers) and endpoints.py (paths and guards).
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,7 +26,6 @@ from typing import Any, Self
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from agent.collect.discovery import (
@@ -38,17 +37,16 @@ from agent.collect.scheduler import JobSpec, build_scheduler, is_running
 from agent.collect.scrape import new_session
 from agent.collect.store import WindowStore
 from agent.runtime.clock import SteadyWallClock
-from agent.runtime.endpoints import Endpoint, banner_lines, endpoint_table, index_page, is_loopback
-from agent.runtime.health import Health, health_json, judge
+from agent.runtime.endpoints import Endpoint, banner_lines, endpoint_table
+from agent.runtime.health import Health, component_checks, component_info, judge
+from agent.runtime.http_server import RouteHandler, guarded, web_application, window_response
 from agent.runtime.isolation import CollectorHealth, IsolatedCollector, collector_name
 from agent.runtime.job_stats import JobStats
 from agent.runtime.lifecycle import run_until_signalled, start_error
-from agent.runtime.payloads import snapshot_json, window_ipc
-from agent.runtime.peer_auth import REALM, PeerFetch, PeerToken
-from agent.runtime.sources import close_cycle, make_cycle, targets_from_settings
+from agent.runtime.peer_auth import PeerFetch, PeerToken
+from agent.runtime.sources import close_cycle, make_cycle, shard_targets, targets_from_settings
 from agent.runtime.target_watch import Blindness, TargetLog
 from agent.settings import AgentSettings
-from contracts.jsonsafe import dumps as json_dumps
 from contracts.tier_model import Snapshot
 from exporters.fleet import FleetExport
 from exporters.prom import SnapshotCollector
@@ -81,12 +79,7 @@ class Agent:
             if sh.token_file is not None else None
         self.peer_fetch = PeerFetch(self.peer_token)
         source = targets if targets is not None else targets_from_settings(settings)
-        if settings.shard.count > 1 and settings.source == "scrape":
-            from agent.collect.shard import ShardedTargets, shard_index
-
-            source = ShardedTargets(source, shard_index(settings.shard.index, settings.shard.count),
-                                    settings.shard.count)
-        self.target_source = source
+        self.target_source = shard_targets(source, settings)
         self.mappings = mappings or load_mappings([*builtin_mapping_paths(), *settings.mappings])
         # the data clock: wall time that advances with the monotonic clock (agent/runtime/clock.py)
         clock = clock if clock is not None else SteadyWallClock(time.time, monotonic)
@@ -118,7 +111,7 @@ class Agent:
         for c in collectors:
             self.add_collector(c)
         self.jobs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
-        self.routes: dict[str, Callable[[dict[str, str]], tuple[bytes, str]]] = {"/window": self._window_ipc}
+        self.routes: dict[str, RouteHandler] = {"/window": self._window_ipc}
         self._otel_exporter = otel_exporter
         self.otel = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,25 +174,18 @@ class Agent:
         self.health_info[name] = info
 
     def info(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, fn in sorted(self.health_info.items()):
-            try:
-                out[name] = fn()
-            except Exception as exc:  # noqa: BLE001 - a broken reader must not break /healthz
-                out[name] = {"error": f"{type(exc).__name__}"}
-        return out
+        return component_info(self.health_info)
 
     def checks(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name, check in sorted(self.health_checks.items()):
-            try:
-                problem = check()
-            except Exception as exc:  # noqa: BLE001 - a broken check is itself a problem
-                problem = f"check failed: {type(exc).__name__}"
-            out[name] = problem or "ok"
-        return out
+        return component_checks(self.health_checks)
 
-    def add_route(self, path: str, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> None:
+    def health(self) -> Health:
+        """Liveness and readiness now (agent.runtime.health)."""
+        running = is_running(self._scheduler)
+        return judge(now=self.monotonic(), started_at=self._started_at, last_cycle_at=self._last_cycle_at,
+                     cycles=self.cycles, interval_s=self.settings.scrape.interval_s, scheduler_running=running)
+
+    def add_route(self, path: str, handler: RouteHandler) -> None:
         """Serve GET `path`: `handler(query parameters) -> (body, content type)`, run in a worker
         thread; a ValueError is a 400 with its message."""
         if self._runner is not None:
@@ -211,22 +197,13 @@ class Agent:
         return endpoint_table(list(self.routes), snapshot=self.settings.server.snapshot,
                               has_token=self.peer_token is not None, sharded=self.settings.shard.count > 1)
 
-    def _route(self, path: str, handler: Callable[[dict[str, str]], tuple[bytes, str]]) -> Callable[..., Any]:
+    def _route(self, path: str, handler: RouteHandler) -> Callable[..., Any]:
         guard = next(e.guard for e in self.endpoints() if e.path == path)
+        return guarded(path, guard, handler, self.peer_token)
 
-        async def serve(request: web.Request) -> web.Response:
-            if guard == "token" and not self.peer_token.accepts(request.headers.get("Authorization")):  # type: ignore[union-attr]
-                return web.Response(status=401, headers={"WWW-Authenticate": REALM},
-                                    text=f"{path} needs the replicas' bearer token (shard.token_file)\n")
-            if guard == "loopback" and not is_loopback(request.remote):
-                return web.Response(status=403, text=f"{path} answers loopback clients only without "
-                                                     "shard.token_file (set it to serve the replicas)\n")
-            try:
-                body, ctype = await asyncio.get_running_loop().run_in_executor(None, handler, dict(request.query))
-            except ValueError as exc:
-                return web.Response(status=400, text=f"{exc}\n")
-            return web.Response(body=body, headers={"Content-Type": ctype})
-        return serve
+    def _window_ipc(self, query: dict[str, str]) -> tuple[bytes, str]:
+        """GET /window: this replica's window aggregate as Arrow IPC (http_server.window_response)."""
+        return window_response(self.store, query)
 
     def add_job(self, spec: JobSpec) -> None:
         if self._scheduler is not None:
@@ -324,12 +301,7 @@ class Agent:
     async def _setup(self) -> None:
         self._cycle_lock = asyncio.Lock()
         self._session = new_session(self.settings.scrape.concurrency)
-        app = web.Application()
-        app.router.add_get("/", self._serve_index)
-        app.router.add_get("/metrics", self._serve_metrics)
-        app.router.add_get("/healthz", self._serve_health)
-        app.router.add_get("/readyz", self._serve_ready)
-        app.router.add_get("/snapshot", self._serve_snapshot)
+        app = web_application(self, exported=lambda: self._exported)
         for path, handler in self.routes.items():
             app.router.add_get(path, self._route(path, handler))
         self._runner = web.AppRunner(app, access_log=None)
@@ -393,62 +365,3 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- HTTP ----------------------------------------------------------------------------------
-    async def _serve_index(self, _request: web.Request) -> web.Response:
-        return web.Response(body=index_page(self.endpoints()), content_type="text/html")
-
-    async def _serve_metrics(self, _request: web.Request) -> web.Response:
-        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
-
-    def health(self) -> Health:
-        """Liveness and readiness now (agent.runtime.health)."""
-        running = is_running(self._scheduler)
-        return judge(now=self.monotonic(), started_at=self._started_at, last_cycle_at=self._last_cycle_at,
-                     cycles=self.cycles, interval_s=self.settings.scrape.interval_s, scheduler_running=running)
-
-    async def _serve_health(self, _request: web.Request) -> web.Response:
-        h = self.health()
-        body = health_json(h, self.checks(), self._exported)
-        body["info"] = self.info()
-        return web.json_response(body, status=200 if h.live else 503, dumps=json_dumps)
-
-    async def _serve_ready(self, _request: web.Request) -> web.Response:
-        h = self.health()
-        return web.json_response(h.as_json(), status=200 if h.ready else 503, dumps=json_dumps)
-
-    def _window_ipc(self, query: dict[str, str]) -> tuple[bytes, str]:
-        """GET /window?window_s=S (the last S seconds) or /window?since=T0&until=T1 (exactly that
-        span, wall-clock seconds): this replica's window aggregate as Arrow IPC (a sharded
-        leader's tuner concatenates the shards' windows: agent/collect/fleetstore.py)."""
-        def number(key: str) -> float:
-            try:
-                value = float(query[key])
-            except ValueError:
-                raise ValueError(f"{key} must be a number of seconds, got {query[key]!r}") from None
-            if not math.isfinite(value):
-                raise ValueError(f"{key} must be finite, got {query[key]!r}")
-            return value
-
-        ipc = "application/vnd.apache.arrow.file"
-        if "since" in query or "until" in query:
-            if "since" not in query or "until" not in query or "window_s" in query:
-                raise ValueError("give since and until together, or window_s")
-            since, until = number("since"), number("until")
-            if not until >= since:
-                raise ValueError("until must not be before since")
-            return window_ipc(self.store.window_between(since, until)), ipc
-        window_s = number("window_s") if "window_s" in query else None
-        if window_s is not None and not window_s > 0:
-            raise ValueError("window_s must be positive")
-        return window_ipc(self.store.window(window_s)), ipc
-
-    async def _serve_snapshot(self, request: web.Request) -> web.Response:
-        """Everything the agent knows, as JSON: only with `server.snapshot: true`, and only to
-        loopback clients (kubectl port-forward, `tierpilot` on the same host)."""
-        if not self.settings.server.snapshot:
-            return web.Response(status=404, text="/snapshot is off (server.snapshot: true enables it)\n")
-        if not is_loopback(request.remote):
-            return web.Response(status=403, text="/snapshot answers loopback clients only\n")
-        return web.Response(text=snapshot_json(self._exported), content_type="application/json")

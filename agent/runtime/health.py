@@ -17,6 +17,7 @@ its Service would hide the very `tierpilot_target_up 0` series that say what is 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,4 +72,27 @@ def health_json(h: Health, checks: dict[str, str], snap: Any) -> dict[str, objec
     down = Counter(st.reason or "down" for st in snap.targets if not st.up)
     out["targets"] = {"total": len(snap.targets), "up": sum(1 for st in snap.targets if st.up),
                       "down_by_reason": dict(sorted(down.items()))}
+    return out
+
+
+def component_checks(checks: Mapping[str, Callable[[], str | None]]) -> dict[str, str]:
+    """/healthz `checks`: each component check's answer by name, "ok" or its problem."""
+    out: dict[str, str] = {}
+    for name, check in sorted(checks.items()):
+        try:
+            problem = check()
+        except Exception as exc:  # noqa: BLE001 - a broken check is itself a problem
+            problem = f"check failed: {type(exc).__name__}"
+        out[name] = problem or "ok"
+    return out
+
+
+def component_info(info: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+    """/healthz `info`: each component's state by name (an error record when its reader raises)."""
+    out: dict[str, Any] = {}
+    for name, fn in sorted(info.items()):
+        try:
+            out[name] = fn()
+        except Exception as exc:  # noqa: BLE001 - a broken reader must not break /healthz
+            out[name] = {"error": f"{type(exc).__name__}"}
     return out

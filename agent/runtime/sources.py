@@ -1,5 +1,6 @@
 """Where the agent's samples come from: its targets as configured (static, a file, Kubernetes
-discovery) and the cycle `source` asks for (direct scraping or a Prometheus query API)."""
+discovery; this replica's share of them when sharded) and the cycle `source` asks for (direct
+scraping or a Prometheus query API)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,6 +35,17 @@ def targets_from_settings(settings: AgentSettings, pod_api: Any = None) -> Targe
     return CombinedTargets(sources)
 
 
+def shard_targets(source: TargetSource, settings: AgentSettings) -> TargetSource:
+    """This replica's share of `source` when scraping is sharded (`shard.count` > 1 with
+    `source: scrape`), else `source` itself."""
+    if settings.shard.count > 1 and settings.source == "scrape":
+        from agent.collect.shard import ShardedTargets, shard_index
+
+        return ShardedTargets(source, shard_index(settings.shard.index, settings.shard.count),
+                              settings.shard.count)
+    return source
+
+
 def make_cycle(settings: AgentSettings, mappings: MappingSet, store: WindowStore,
                clock: Callable[[], float]) -> Any:
     """The cycle `settings.source` asks for: direct scraping, or a Prometheus query API."""
@@ -54,4 +66,4 @@ async def close_cycle(cycle: Any) -> None:
         await close()
 
 
-__all__ = ["close_cycle", "make_cycle", "targets_from_settings"]
+__all__ = ["close_cycle", "make_cycle", "shard_targets", "targets_from_settings"]

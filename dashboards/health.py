@@ -16,7 +16,8 @@ VARIABLES = (
 SCOPE = ("namespace", "role")
 
 
-def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+def _status_stats(settings: BuildSettings) -> tuple[Panel, ...]:
+    """Top row: agent scraped, leader count, share of targets up, snapshot age."""
     t = selector(scope=SCOPE)
     ns = selector(scope=NS)
     agent = selector(eq("job", settings.alerts.agent_job), scope=NS)
@@ -49,6 +50,14 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             width=6, height=5,
             thresholds=(Threshold("green"), Threshold("red", settings.alerts.agent_stale_seconds)),
         ),
+    )
+
+
+def _scrape_rows() -> tuple[Panel, ...]:
+    """Targets up by role, scrape duration, scrape errors and scrape cycle duration."""
+    t = selector(scope=SCOPE)
+    ns = selector(scope=NS)
+    return (
         Panel(
             "Targets up by role", "timeseries", "short",
             (Query(f"sum by (role) (tierpilot_target_up{t})", "{{role}} up"),
@@ -74,6 +83,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "Wall time of the agent's last full cycle: fetch every target, parse, normalise, store.",
             min=0,
         ),
+    )
+
+
+def _kv_stream_and_leader_row() -> tuple[Panel, ...]:
+    """KV event streams per pod, and which replica held the Lease."""
+    ns = selector(scope=NS)
+    return (
         Panel(
             "KV event streams", "timeseries", "suffix: /s",
             (Query(f"sum by (pod) (rate(tierpilot_kv_events_total{ns}[{RATE}]))", "{{pod}} events"),
@@ -89,6 +105,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "Which replica held the Lease. A flapping leader means lease renewals are failing.",
             min=0, max=1, decimals=0,
         ),
+    )
+
+
+def _targets_table() -> tuple[Panel, ...]:
+    """Every discovered target and whether its last scrape succeeded."""
+    t = selector(scope=SCOPE)
+    return (
         Panel(
             "Targets", "table", "none",
             (Query(f"tierpilot_target_up{t}", instant=True, format="table"),),
@@ -97,6 +120,15 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             columns=("target", "role", "Value"),
             column_names=(("Value", "up"),),
         ),
+    )
+
+
+def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+    return (
+        *_status_stats(settings),
+        *_scrape_rows(),
+        *_kv_stream_and_leader_row(),
+        *_targets_table(),
     )
 
 

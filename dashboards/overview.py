@@ -10,6 +10,7 @@ RATE = "$__rate_interval"
 TIERS = ("gpu", "cpu", "l2")
 TOKENS = "suffix: tokens"
 MODEL_SCOPE = ("namespace", "model")  # fleet-level KV-event signals carry no pod label
+L2_SCOPE = ("namespace", "pod")  # the L2 latency panels filter on namespace and pod, not $model
 
 VARIABLES = (
     Variable("namespace", "namespace", "tierpilot_target_up"),
@@ -49,11 +50,11 @@ def _ttft_steps(settings: BuildSettings) -> tuple[Threshold, ...]:
     return (Threshold("green"), Threshold("orange", round(slo * 0.8, 6)), Threshold("red", slo))
 
 
-def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+def _headline_stats(settings: BuildSettings) -> tuple[Panel, ...]:
+    """Top row: total hit ratio, TTFT at the SLO quantile, worst L2 read latency, L2 break-even."""
     slo = settings.slo
     q = slo.ttft_quantile
     l2_q = settings.alerts.l2_latency_quantile
-    l2_scope = ("namespace", "pod")
     return (
         Panel(
             "Total hit ratio", "stat", "percentunit",
@@ -73,7 +74,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         Panel(
             f"L2 read p{float(l2_q) * 100:g} (worst pod)", "stat", "s",
             (Query("max by (source) (" + histogram_quantile("tierpilot_l2_io_latency_seconds", l2_q, eq("op", "read"),
-                                                            by="pod, source", scope=l2_scope) + ")", "{{source}}"),),
+                                                            by="pod, source", scope=L2_SCOPE) + ")", "{{source}}"),),
             "Slowest pod's L2 (shared NVMe) read latency, one value per source: curvine_fuse times each "
             "FUSE read (one chunk), lmcache_* each LMCache remote get (a whole request, many chunks), so "
             "the two are never compared. \"no L2 reads\" where the pods have no L2 tier or read nothing "
@@ -89,6 +90,12 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "wins\": no L2 tier, or recomputing is faster at every length.",
             width=6, height=5, decimals=0, no_value="L2 never wins",
         ),
+    )
+
+
+def _hit_ratio_row() -> tuple[Panel, ...]:
+    """Tier-conditional and cumulative hit ratio per tier over time."""
+    return (
         Panel(
             "Hit ratio per tier (tier-conditional)", "timeseries", "percentunit",
             (Query(hit_ratio_by_tier(), "{{tier}}"),),
@@ -102,6 +109,14 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "the total hit ratio of the cache hierarchy.",
             min=0, max=1,
         ),
+    )
+
+
+def _latency_row(settings: BuildSettings) -> tuple[Panel, ...]:
+    """TTFT quantiles against the SLO, and L2 read/write latency."""
+    slo = settings.slo
+    q = slo.ttft_quantile
+    return (
         Panel(
             "TTFT p50 / p95 / p99 against the SLO", "timeseries", "s",
             tuple(Query(histogram_quantile("tierpilot_ttft_seconds", x), f"p{float(x) * 100:g}")
@@ -113,7 +128,7 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
         ),
         Panel(
             "L2 read and write latency", "timeseries", "s",
-            (*(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op, source", scope=l2_scope),
+            (*(Query(histogram_quantile("tierpilot_l2_io_latency_seconds", x, by="op, source", scope=L2_SCOPE),
                      f"{{{{op}}}} p{float(x) * 100:g} ({{{{source}}}})") for x in ("0.5", "0.95", "0.99")),
              Query(f"max by (source) (tierpilot_kv_read_latency_seconds{selector(eq('tier', 'l2'))})",
                    "read, mean per chunk, worst pod ({{source}})")),
@@ -123,6 +138,12 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "tiering exports no read histogram: its line is the mean time per chunk read from the fs tier.",
             min=0,
         ),
+    )
+
+
+def _eviction_and_usage_row() -> tuple[Panel, ...]:
+    """Evictions and fill level per tier."""
+    return (
         Panel(
             "Evictions per tier", "timeseries", "short",
             (Query(_rate("tierpilot_kv_evicted_chunks_total", by="tier"), "{{tier}} chunks/s"),
@@ -141,6 +162,12 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "How full each tier is. A tier pinned near 100% with a rising eviction rate is thrashing.",
             min=0, max=1,
         ),
+    )
+
+
+def _lookup_and_break_even_row() -> tuple[Panel, ...]:
+    """Lookup and hit tokens per tier, and the L2 break-even prompt length per model."""
+    return (
         Panel(
             "Lookup tokens per tier", "timeseries", "suffix: tokens/s",
             (Query(_rate("tierpilot_kv_lookup_tokens_total", by="tier"), "{{tier}} lookups"),
@@ -155,6 +182,12 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "read latency and prefill throughput.",
             min=0, decimals=0,
         ),
+    )
+
+
+def _kv_event_row() -> tuple[Panel, ...]:
+    """Fleet-level signals from the vLLM KV events: misses by cause, prefix overlap, duplicates."""
+    return (
         Panel(
             "Misses by cause", "timeseries", "suffix: blocks/s",
             (Query(_rate("tierpilot_kv_misses_total", by="cause"), "{{cause}}"),),
@@ -178,6 +211,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "KV blocks resident on more than one pod's GPU or CPU: capacity the routing wastes.",
             width=8, min=0, decimals=0,
         ),
+    )
+
+
+def _pod_table(settings: BuildSettings) -> tuple[Panel, ...]:
+    """One row per pod: hit ratios, TTFT and usage."""
+    q = settings.slo.ttft_quantile
+    return (
         Panel(
             "Pods", "table", "percentunit",
             tuple(Query(expr, instant=True, format="table") for expr in _pod_table_queries(settings)),
@@ -190,6 +230,18 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
                           ("Value #F", "GPU usage"), ("Value #G", "CPU usage")),
             column_units=((f"TTFT p{float(q) * 100:g}", "s"),),
         ),
+    )
+
+
+def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+    return (
+        *_headline_stats(settings),
+        *_hit_ratio_row(),
+        *_latency_row(settings),
+        *_eviction_and_usage_row(),
+        *_lookup_and_break_even_row(),
+        *_kv_event_row(),
+        *_pod_table(settings),
     )
 
 

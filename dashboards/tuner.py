@@ -56,7 +56,8 @@ def _capacity_panel(title: str, tier: str, scope: str, what: str) -> Panel:
     )
 
 
-def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+def _status_stats() -> tuple[Panel, ...]:
+    """Top row: best objective, completed trials, tuning phase, dry run / trial in flight."""
     s = selector(scope=NS)
     return (
         Panel(
@@ -87,6 +88,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "being measured.",
             width=6, height=5, decimals=0,
         ),
+    )
+
+
+def _objective_row() -> tuple[Panel, ...]:
+    """Best objective of the current phase over time (full width)."""
+    s = selector(scope=NS)
+    return (
         Panel(
             "Objective over time", "timeseries", "s",
             (Query(f"min by (workload) (tierpilot_tuner_best_objective_seconds{s})", "best so far ({{workload}})"),),
@@ -95,6 +103,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "drift are marked as annotations.",
             width=24, draw_points=True, min=0,
         ),
+    )
+
+
+def _trial_and_actuation_row() -> tuple[Panel, ...]:
+    """Trials by state, and configuration changes per hour."""
+    s = selector(scope=NS)
+    return (
         Panel(
             "Trials by state", "timeseries", "short",
             (Query(f"sum by (state) (tierpilot_tuner_trials_total{s})", "{{state}}"),),
@@ -109,6 +124,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "reconcile undid them.",
             min=0,
         ),
+    )
+
+
+def _guardrail_and_drift_row() -> tuple[Panel, ...]:
+    """Changes held back by guardrails, and workload drift events, per hour."""
+    s = selector(scope=NS)
+    return (
         Panel(
             "Guardrail blocks per hour", "timeseries", "short",
             (Query(f"sum by (reason) (increase(tierpilot_tuner_guardrail_blocks_total{s}[1h]))", "{{reason}}"),),
@@ -121,6 +143,13 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "Workload change points by the signal that moved.",
             min=0,
         ),
+    )
+
+
+def _shadow_row() -> tuple[Panel, ...]:
+    """Shadow-mode plans and proposals, and the shadow tuner's predictions against measurements."""
+    s = selector(scope=NS)
+    return (
         Panel(
             "Shadow plans and proposals per hour", "timeseries", "short",
             (Query(f"sum by (would) (increase(tierpilot_tuner_shadow_moves_total{s}[1h]))", "shadow: would {{would}}"),
@@ -141,14 +170,38 @@ def panels(settings: BuildSettings) -> tuple[Panel, ...]:
             "Proposals pending: moves the live tuner keeps for a person.",
             draw_points=True,
         ),
+    )
+
+
+def _capacity_row() -> tuple[Panel, ...]:
+    """What-if capacity curves of the CPU buffer and the L2 pool."""
+    return (
         _capacity_panel("What if the CPU buffer were N GiB", "cpu", "per pod",
                         "LMCache's CPU buffer: the share of the tokens that missed the GPU it would serve"),
         _capacity_panel("What if the L2 pool were N GiB", "l2", "for the fleet",
                         "the shared L2 pool: the share of the tokens that missed GPU and CPU it would serve"),
+    )
+
+
+def _configuration_tables() -> tuple[Panel, ...]:
+    """The configuration in force and the one a rollback restores."""
+    return (
         _config_table("Current configuration", "tierpilot_config_info",
                       "The knob values in force now (labels of tierpilot_config_info)."),
         _config_table("Last good configuration", "tierpilot_tuner_last_good_info",
                       "The configuration a rollback restores (labels of tierpilot_tuner_last_good_info)."),
+    )
+
+
+def panels(settings: BuildSettings) -> tuple[Panel, ...]:
+    return (
+        *_status_stats(),
+        *_objective_row(),
+        *_trial_and_actuation_row(),
+        *_guardrail_and_drift_row(),
+        *_shadow_row(),
+        *_capacity_row(),
+        *_configuration_tables(),
     )
 
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from contracts.output_paths import check_output_dir, check_output_file, write_output
+from contracts.output_paths import check_output_dir, check_output_file
 from simulator.synthetic import PRESETS
-from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, Evaluation, ObjectiveSpec
+from tuners.objective import DEFAULT_MEMORY_MS_PER_GIB, METRICS, ObjectiveSpec
 from tuners.optuna_tuner import SAMPLERS
 from tuners.space import SearchSpace
 from tuners.space.limits import L2_BACKENDS, DeploymentLimits, TargetAcceptance
+from tuners.tune_report import cpu_tier_note, print_comparison, print_pareto, write_best
 
 EPILOG = """\b
 Examples:
@@ -112,73 +114,128 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
     (LMCache: chunk 256, CPU 5 GiB, LRU; round-robin routing) are tried first and printed next to
     the best configuration found. A study is resumed only with the settings it was run with.
     """
-    from simulator.cluster import ClusterSpec
-    from simulator.models import GIB
-    from tuners.offline import DEFAULTS, best_yaml, load_workload, tune_on_twin
-    from tuners.plots import write_plots
-
     _quiet_while_running(click.get_current_context())
     if (trace is None) == (preset is None):
         raise click.UsageError("give exactly one of --trace PATH or --workload NAME")
+    inputs = _search_inputs(
+        out=out, plot_dir=plot_dir, targets_file=targets_file, load_targets=load_targets,
+        workload_args={"trace": trace, "preset": preset, "seed": seed, "max_requests": max_requests,
+                       "duration_s": duration},
+        cluster_args=dict(pods=pods, gpu_tokens=gpu_tokens, l2_tokens=l2_tokens, model=model,
+                          **({"profile": profile} if profile else {})),
+        limit_args={"node_memory_headroom_gib": node_memory_gib, "cpu_gib_step": cpu_gib_step,
+                    "cpu_budget_gib": cpu_budget_gib, "l2_backend": l2_backend},
+        objective_args={"metric": metric, "multi": multi_objective, "memory_ms_per_gib": memory_ms_per_gib})
+    name = study or f"tune-{trace.stem if trace else preset}"
+    settings = _study_settings(trace, preset, seed, max_requests, duration, inputs.cluster, inputs.limits, inputs.acc)
+    if workers > 1 and storage is None:
+        raise click.UsageError("--workers > 1 shares one study between processes: give --storage "
+                               "postgresql+psycopg2://... (or sqlite:///FILE for two)")
+    name = _study_name(storage, name, settings, inputs.space, inputs.objective, new_study)
+    source = trace or preset
+    _echo_plan(inputs, source=source, study=name, storage=storage, sampler=sampler, l2_backend=l2_backend,
+               targets_file=targets_file)
+    if workers > 1:
+        if inputs.acc is not None:
+            raise click.UsageError("--targets with --workers > 1 is not supported: the workers build the "
+                                   "unrestricted space; run --targets with one worker")
+        _tune_parallel(workload_spec=inputs.workload_args, cluster_kw=inputs.cluster_args, cluster=inputs.cluster,
+                       workload=inputs.workload, limits=inputs.limits, objective=inputs.objective, storage=storage,
+                       study=name, trials=trials, workers=workers, sampler=sampler, seed=seed, out=out,
+                       settings=settings)
+        return
+    tuner, result = _run_trials(inputs, trials=trials, storage=storage, study=name, sampler=sampler, seed=seed,
+                                settings=settings, quiet=quiet)
+    _report_trials(tuner, result, inputs, headroom_gib=node_memory_gib, plot_dir=plot_dir, out=out,
+                   study=name, storage=storage, source=source, targets_file=targets_file)
+
+
+@dataclass(frozen=True)
+class _SearchInputs:
+    """What `tune` searches on, built from its options before the first trial."""
+
+    workload_args: dict[str, Any]  # load_workload's arguments (and the parallel workers')
+    cluster_args: dict[str, Any]  # ClusterSpec's arguments (and the parallel workers')
+    workload: Any  # the workload frame
+    cluster: Any  # the twin's ClusterSpec
+    limits: DeploymentLimits
+    objective: ObjectiveSpec
+    space: SearchSpace
+    acc: TargetAcceptance | None  # what the --targets file accepts
+    defaults: Any  # the defaults trial under --targets (Knobs), else None: LMCache's defaults
+
+
+def _search_inputs(*, out: Path | None, plot_dir: Path | None, targets_file: Path | None,
+                   load_targets: Callable[[Path], TargetAcceptance] | None, workload_args: dict[str, Any],
+                   cluster_args: dict[str, Any], limit_args: dict[str, Any],
+                   objective_args: dict[str, Any]) -> _SearchInputs:
+    """Check the output paths, load the workload and build the twin, the limits, the objective and
+    the search space; a bad value of any of them is one `Error:` line, before the search."""
+    from simulator.cluster import ClusterSpec
+    from simulator.models import GIB
+    from tuners.offline import load_workload
+
     try:
         if out is not None:  # before the search, not after it
             check_output_file(out, "--out")
         if plot_dir is not None:
             check_output_dir(plot_dir, "--plot-dir")
-        workload = load_workload(trace=trace, preset=preset, seed=seed, max_requests=max_requests,
-                                 duration_s=duration)
-        cluster_kw = {"profile": profile} if profile else {}
-        cluster = ClusterSpec(pods=pods, gpu_tokens=gpu_tokens, l2_tokens=l2_tokens, model=model, **cluster_kw)
+        workload = load_workload(**workload_args)
+        cluster = ClusterSpec(**cluster_args)
+        l2_tokens = cluster_args["l2_tokens"]
         bpt = cluster.model_spec.kv_bytes_per_token
         l2_gib = (l2_tokens * bpt / GIB) if l2_tokens is not None else cluster.hardware.l2_pool_gib
-        limits = DeploymentLimits(pods=pods, node_memory_headroom_gib=node_memory_gib, cpu_gib_step=cpu_gib_step,
-                                  cpu_budget_gib=cpu_budget_gib, l2_pool_gib=max(l2_gib, 1e-9),
-                                  l2_backend=l2_backend)
-        objective = ObjectiveSpec(metric=metric, multi=multi_objective, memory_ms_per_gib=memory_ms_per_gib)
-        space = SearchSpace.from_limits(limits)
-        acc = None
-        if targets_file is not None:
-            if load_targets is None:
-                raise click.UsageError("--targets needs the agent's Kubernetes module: run `tierpilot tune`")
-            acc = load_targets(targets_file)
-            space = space.for_targets(acc)
-            if not space.dimensions:
-                raise ValueError(f"{targets_file}: its targets own no knob of the search space")
-        defaults = space.validate(space.fixed.replace(**_tuned_defaults(space))) if acc else None
+        limits = DeploymentLimits(pods=cluster_args["pods"], l2_pool_gib=max(l2_gib, 1e-9), **limit_args)
+        objective = ObjectiveSpec(**objective_args)
+        space, acc, defaults = _search_space(limits, targets_file, load_targets)
     except (ValueError, OSError) as exc:  # WorkloadError, ClusterError, CandidateError are ValueErrors
         raise click.ClickException(" ".join(str(exc).split())) from None
-    name = study or f"tune-{trace.stem if trace else preset}"
-    settings = _study_settings(trace, preset, seed, max_requests, duration, cluster, limits, acc)
-    if workers > 1 and storage is None:
-        raise click.UsageError("--workers > 1 shares one study between processes: give --storage "
-                               "postgresql+psycopg2://... (or sqlite:///FILE for two)")
-    name = _study_name(storage, name, settings, space, objective, new_study)
+    return _SearchInputs(workload_args=workload_args, cluster_args=cluster_args, workload=workload, cluster=cluster,
+                         limits=limits, objective=objective, space=space, acc=acc, defaults=defaults)
+
+
+def _search_space(limits: DeploymentLimits, targets_file: Path | None,
+                  load_targets: Callable[[Path], TargetAcceptance] | None,
+                  ) -> tuple[SearchSpace, TargetAcceptance | None, Any]:
+    """The space `limits` allow, narrowed to what the --targets file accepts when given; with it,
+    what the targets accept and the defaults trial on the knobs they own."""
+    space = SearchSpace.from_limits(limits)
+    if targets_file is None:
+        return space, None, None
+    if load_targets is None:
+        raise click.UsageError("--targets needs the agent's Kubernetes module: run `tierpilot tune`")
+    acc = load_targets(targets_file)
+    space = space.for_targets(acc)
+    if not space.dimensions:
+        raise ValueError(f"{targets_file}: its targets own no knob of the search space")
+    return space, acc, space.validate(space.fixed.replace(**_tuned_defaults(space)))
+
+
+def _echo_plan(inputs: _SearchInputs, *, source: Path | str | None, study: str, storage: str | None, sampler: str,
+               l2_backend: str, targets_file: Path | None) -> None:
+    """What is about to be tuned: the workload, the study and where it is kept, the objective, the scope."""
+    objective, acc = inputs.objective, inputs.acc
     where = storage or "memory (not kept; --storage sqlite:///FILE keeps it)"
-    click.echo(f"workload: {trace or preset} ({workload.height:,} requests), {pods} pods; "
-               f"study {name!r} in {where}; sampler {sampler}; objective {', '.join(objective.names)}"
-               + (f"; {objective.memory_ms_per_gib:g} ms per GiB" if not multi_objective else ""))
+    click.echo(f"workload: {source} ({inputs.workload.height:,} requests), {inputs.cluster_args['pods']} pods; "
+               f"study {study!r} in {where}; sampler {sampler}; objective {', '.join(objective.names)}"
+               + (f"; {objective.memory_ms_per_gib:g} ms per GiB" if not objective.multi else ""))
     if acc is None:
         click.echo(f"note: no --targets: the search covers every value of the {l2_backend} backend, not only what a "
                    f"deployment accepts; check best.yaml with `tierpilot k8s check --targets F --config best.yaml`")
     if acc is not None:
-        click.echo(f"targets {targets_file}: tuning {', '.join(d.name for d in space.dimensions)}; "
+        click.echo(f"targets {targets_file}: tuning {', '.join(d.name for d in inputs.space.dimensions)}; "
                    f"fixed: {', '.join(f'{k}={v}' for k, v in acc.fixed.items()) or 'nothing'}")
 
-    if workers > 1:
-        if acc is not None:
-            raise click.UsageError("--targets with --workers > 1 is not supported: the workers build the "
-                                   "unrestricted space; run --targets with one worker")
-        spec = {"trace": trace, "preset": preset, "seed": seed, "max_requests": max_requests, "duration_s": duration}
-        _tune_parallel(workload_spec=spec,
-                       cluster_kw=dict(pods=pods, gpu_tokens=gpu_tokens, l2_tokens=l2_tokens, model=model,
-                                       **cluster_kw),
-                       cluster=cluster, workload=workload, limits=limits, objective=objective, storage=storage,
-                       study=name, trials=trials, workers=workers, sampler=sampler, seed=seed, out=out,
-                       settings=settings)
-        return
 
+def _run_trials(inputs: _SearchInputs, *, trials: int, storage: str | None, study: str, sampler: str, seed: int,
+                settings: dict[str, Any], quiet: bool) -> tuple[Any, Any]:
+    """Run the trials in this process behind a progress bar showing the best value so far;
+    returns the tuner and its OfflineResult."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from tuners.offline import tune_on_twin
+
+    metric = inputs.objective.metric
     best_seen = [math.inf]
     with Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), disable=quiet) as bar:
@@ -192,39 +249,47 @@ def tune(trace: Path | None, preset: str | None, trials: int, sampler: str, stor
             bar.update(task, advance=1, description=desc)
 
         try:
-            tuner, result = tune_on_twin(workload, cluster, limits, trials=trials, objective=objective,
-                                         space=space, storage=storage, study=name, sampler=sampler, seed=seed,
-                                         on_trial=on_trial, settings=settings, defaults=defaults)
+            return tune_on_twin(inputs.workload, inputs.cluster, inputs.limits, trials=trials,
+                                objective=inputs.objective, space=inputs.space, storage=storage, study=study,
+                                sampler=sampler, seed=seed, on_trial=on_trial, settings=settings,
+                                defaults=inputs.defaults)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
+
+
+def _report_trials(tuner: Any, result: Any, inputs: _SearchInputs, *, headroom_gib: float, plot_dir: Path | None,
+                   out: Path | None, study: str, storage: str | None, source: Path | str | None,
+                   targets_file: Path | None) -> None:
+    """After a search in this process: the best configuration against the defaults, the capacity
+    curves at it, the Pareto front (multi-objective); then --out and the --plot-dir plots."""
+    from tuners.capacity_report import print_capacity
+    from tuners.offline import DEFAULTS
+
     click.echo(f"{len(result.records)} trials run ({result.replays} replays, {result.replay_seconds:.1f} s); "
                f"study now holds {len(tuner.trials())} trials")
     if result.best is None or result.best_evaluation is None:
         raise click.ClickException("no feasible trial finished; nothing to report")
-    _print_comparison(result.best.knobs, result.best_evaluation, defaults or DEFAULTS, result.defaults, objective)
-    note = cpu_tier_note(result.best.knobs, defaults or DEFAULTS, cluster)
+    default_knobs, objective = inputs.defaults or DEFAULTS, inputs.objective
+    print_comparison(result.best.knobs, result.best_evaluation, default_knobs, result.defaults, objective)
+    note = cpu_tier_note(result.best.knobs, default_knobs, inputs.cluster)
     if note:
         click.echo(note)
-    from tuners.capacity_report import print_capacity
-
-    curve_plots = print_capacity(workload, cluster, result.best.knobs, headroom_gib=node_memory_gib,
-                                 memory_ms_per_gib=memory_ms_per_gib, plot_dir=plot_dir)
-    if multi_objective:
-        click.echo(f"\nPareto front ({len(result.pareto)} configurations):")
-        for rec in result.pareto[:15]:
-            ttft, hit, mem = rec.values or (math.nan,) * 3
-            click.echo(f"  #{rec.number:<4} {metric} {ttft:8.3f} s  hit {hit:6.3f}  memory {mem:7.1f} GiB  "
-                       f"{_knob_line(rec.knobs)}")
+    curve_plots = print_capacity(inputs.workload, inputs.cluster, result.best.knobs, headroom_gib=headroom_gib,
+                                 memory_ms_per_gib=objective.memory_ms_per_gib, plot_dir=plot_dir)
+    metric = objective.metric
+    if objective.multi:
+        print_pareto(result.pareto, metric)
     if out is not None:
-        meta = {"study": name, "storage": storage, "trial": result.best.number, "objective": metric,
-                f"{metric}_s": result.best_evaluation.metric(metric),
-                "defaults_" + f"{metric}_s": result.defaults.metric(metric),
-                "workload": str(trace or preset), "requests": workload.height, "pods": pods,
-                "memory_ms_per_gib": memory_ms_per_gib, "objective_value": result.best.value,
-                **({"targets": str(targets_file)} if targets_file else {})}
-        write_output(out, best_yaml(result.best.knobs, meta))
-        click.echo(f"wrote {out}")
+        write_best(out, result.best.knobs, {
+            "study": study, "storage": storage, "trial": result.best.number, "objective": metric,
+            f"{metric}_s": result.best_evaluation.metric(metric),
+            "defaults_" + f"{metric}_s": result.defaults.metric(metric),
+            "workload": str(source), "requests": inputs.workload.height, "pods": inputs.cluster_args["pods"],
+            "memory_ms_per_gib": objective.memory_ms_per_gib, "objective_value": result.best.value,
+            **({"targets": str(targets_file)} if targets_file else {})})
     if plot_dir is not None:
+        from tuners.plots import write_plots
+
         for path in [*write_plots(tuner.study, plot_dir, objective_names=objective.names), *curve_plots]:
             click.echo(f"wrote {path}")
 
@@ -235,7 +300,7 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
     import os
 
     from tuners.evaluators import TwinEvaluator
-    from tuners.offline import DEFAULTS, best_yaml
+    from tuners.offline import DEFAULTS
     from tuners.parallel import ClusterArgs, WorkloadSpec, parallel_tune
 
     cores = len(os.sched_getaffinity(0))
@@ -259,16 +324,15 @@ def _tune_parallel(*, workload_spec: dict, cluster_kw: dict, cluster: object, wo
         raise click.ClickException("no feasible trial finished; nothing to report")
     evaluator = TwinEvaluator(workload, cluster, limits)  # type: ignore[arg-type]
     best_ev, defaults = evaluator.evaluate(result.best.knobs), evaluator.evaluate(DEFAULTS)
-    _print_comparison(result.best.knobs, best_ev, DEFAULTS, defaults, objective)
+    print_comparison(result.best.knobs, best_ev, DEFAULTS, defaults, objective)
     note = cpu_tier_note(result.best.knobs, DEFAULTS, cluster)
     if note:
         click.echo(note)
     if out is not None:
         metric = objective.metric
-        write_output(out, best_yaml(result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
-                                                     "objective": metric, f"{metric}_s": best_ev.metric(metric),
-                                                     "workers": workers}))
-        click.echo(f"wrote {out}")
+        write_best(out, result.best.knobs, {"study": study, "storage": storage, "trial": result.best.number,
+                                            "objective": metric, f"{metric}_s": best_ev.metric(metric),
+                                            "workers": workers})
 
 
 def _tuned_defaults(space: SearchSpace) -> dict[str, Any]:
@@ -318,49 +382,3 @@ def _study_name(storage: str | None, name: str, settings: dict[str, Any], space:
         raise click.ClickException(" ".join(str(exc).split())) from None
     click.echo(f"study {name!r} was run with other settings ({'; '.join(diffs)}); starting {fresh!r}")
     return fresh
-
-
-def _knob_line(k: object) -> str:
-    d = k.to_dict()  # type: ignore[attr-defined]
-    return " ".join(f"{key}={value}" for key, value in d.items())
-
-
-def cpu_tier_note(best: Any, defaults: Any, cluster: Any) -> str | None:
-    """Why the CPU tier shows (almost) no hits when the search drops it: in the twin, as in LMCache's
-    write-through store, every chunk the GPU stores goes to the CPU buffer too, both kept by
-    recency; a CPU buffer no larger than the GPU prefix cache holds only chunks the GPU still
-    has, and the CPU is looked up only after the GPU prefix missed. None when it does not apply."""
-    if best.cpu_gib > 0 or defaults.cpu_gib <= 0 or defaults.cpu_eviction != "lru":
-        return None
-    caps = cluster.capacities(defaults)
-    if caps.cpu_tokens > caps.gpu_tokens:
-        return None
-    return (f"note: cpu_gib {defaults.cpu_gib:g} -> 0: a {defaults.cpu_gib:g} GiB CPU buffer holds "
-            f"{caps.cpu_tokens:,} tokens per pod, no more than the GPU prefix cache's {caps.gpu_tokens:,}. "
-            f"Every chunk the GPU stores is written to the CPU buffer too (LMCache write-through) and both "
-            f"evict the least recently used, so the chunks it keeps are still on the GPU and a lookup that misses the GPU misses it too: "
-            f"the CPU tier scores 0 hits and its memory buys nothing. A CPU buffer pays only beyond "
-            f"{caps.gpu_tokens * caps.kv_bytes_per_token / 2**30:,.1f} GiB (the GPU pool's size).")
-
-
-def _print_comparison(best_knobs: object, best: Evaluation, default_knobs: object, defaults: Evaluation,
-                      objective: ObjectiveSpec) -> None:
-    from contracts.console_tables import table, table_console
-
-    out = []
-    rows = [
-        ("TTFT p95 (s)", defaults.ttft_p95_s, best.ttft_p95_s, "{:.3f}"),
-        ("TTFT p50 (s)", defaults.ttft_p50_s, best.ttft_p50_s, "{:.3f}"),
-        ("hit ratio", defaults.hit_ratio, best.hit_ratio, "{:.3f}"),
-        ("CPU memory (GiB, fleet)", defaults.memory_gib, best.memory_gib, "{:.1f}"),
-    ]
-    if not objective.multi:
-        rows.append((f"objective (s, {objective.memory_ms_per_gib:g} ms/GiB)", objective.values(defaults)[0],
-                     objective.values(best)[0], "{:.3f}"))
-    for label, a, b, fmt in rows:
-        out.append((label, fmt.format(a), fmt.format(b), f"{b / a:.2f}x" if a else "-"))
-    dk, bk = default_knobs.to_dict(), best_knobs.to_dict()  # type: ignore[attr-defined]
-    for key in dk:
-        out.append((key, str(dk[key]), str(bk[key]), "" if dk[key] == bk[key] else "*"))
-    table_console().print(table("best configuration vs defaults (twin replay)", ("", "defaults", "best", "change"), out,
-                          text=("",)))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from contracts.output_paths import OutputPathError, check_output_file
 from simulator.cluster import ClusterError, ClusterSpec
 from simulator.models import GIB, ModelError, get_model, models
 from simulator.policies import POLICIES
-from simulator.profile import DEFAULT_PROFILE, ProfileError, get_profile, profile_names
+from simulator.profile import DEFAULT_PROFILE, HardwareProfile, ProfileError, get_profile, profile_names
 from simulator.records import WorkloadError
 from simulator.router import ROUTERS
 from simulator.synthetic import DEFAULT_PRESET, PRESETS
@@ -132,24 +133,57 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
       tierpilot replay --pods 1 --cpu-tokens 0 --l2-tokens 0 --chunk-tokens 512 --trace T.jsonl  # pure replay
       tierpilot replay --config best.yaml --workload sessions
     """
-    from simulator.replay import replay as run_replay
-    from simulator.synthetic import synthetic
-    from simulator.workload import load_trace
-
     if trace is not None and workload is not None:
         raise click.UsageError("give either --trace or --workload, not both")
     as_json = as_json or fmt == "json"
+    setup = _replay_setup(
+        trace=trace, workload=workload, seed=seed, duration_s=duration_s, rate_rps=rate_rps, pods=pods,
+        gpu_tokens=gpu_tokens, cpu_tokens=cpu_tokens, l2_tokens=l2_tokens, gpu_gib=gpu_gib, cpu_gib=cpu_gib,
+        l2_gib=l2_gib, model=model, profile=profile, config=config, plot_path=plot_path,
+        overrides={"chunk_tokens": int(chunk_tokens) if chunk_tokens else None, "router": router,
+                   "l2_eviction": l2_eviction, "cpu_eviction": cpu_eviction, "cpu_gib": cpu_gib,
+                   "l2_min_prompt_tokens": l2_min_prompt_tokens})
+    result = _run_with_progress(setup)
+    summary, curves, cap = _summary_with_curves(setup, result)
+    if plot_path is not None:
+        from simulator.plot import plot_replay
+
+        plot_replay(result, plot_path, curves=curves, cap_gib=cap)
+    if as_json:
+        click.echo(json_dumps(summary, sort_keys=True))
+    else:
+        _render_table(summary, _table_header(setup, result, pods))
+        _render_curves(curves, cap)
+    if plot_path is not None and not as_json:
+        click.echo(f"plot written to {plot_path}")
+
+
+@dataclass(frozen=True)
+class _ReplaySetup:
+    """What one replay runs: the workload and where it came from, the hardware and model, the twin and its knobs."""
+
+    frame: Any  # the workload frame
+    source: str  # the trace path, or the synthetic preset and seed
+    profile: HardwareProfile
+    model: str
+    knobs: Knobs
+    cluster: ClusterSpec
+
+
+def _replay_setup(*, trace: Path | None, workload: str | None, seed: int, duration_s: float | None,
+                  rate_rps: float | None, pods: int, gpu_tokens: int | None, cpu_tokens: int | None,
+                  l2_tokens: int | None, gpu_gib: float | None, cpu_gib: float | None, l2_gib: float | None,
+                  model: str | None, profile: str, config: Path | None, plot_path: Path | None,
+                  overrides: dict[str, Any]) -> _ReplaySetup:
+    """Check --plot, read the profile and --config, apply the knob flags (`overrides`; None: not
+    given), size the twin and load the workload; a bad value of any of them is one `Error:` line,
+    before any work."""
     try:
         if plot_path is not None:
             check_output_file(plot_path, "--plot")
         prof = get_profile(profile)
         model_name = model or prof.model
         knobs = Knobs.from_yaml_file(config) if config is not None else Knobs()
-        overrides: dict[str, Any] = {
-            "chunk_tokens": int(chunk_tokens) if chunk_tokens else None, "router": router,
-            "l2_eviction": l2_eviction, "cpu_eviction": cpu_eviction, "cpu_gib": cpu_gib,
-            "l2_min_prompt_tokens": l2_min_prompt_tokens,
-        }
         if cpu_gib is not None and cpu_tokens is not None:
             raise click.UsageError("give either --cpu-tokens or --cpu-gib, not both")
         knobs = knobs.replace(**{k: v for k, v in overrides.items() if v is not None})
@@ -158,16 +192,29 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
             l2_tokens=_tokens(l2_tokens, l2_gib, "l2", model_name), model=model_name, profile=prof,
         )
         cluster.capacities(knobs)  # impossible capacities fail here, before any work
-        if trace is not None:
-            frame = load_trace(trace)
-            source = str(trace)
-        else:
-            preset = workload or DEFAULT_PRESET
-            frame = synthetic(preset, seed=seed, duration_s=duration_s, rate_rps=rate_rps)
-            source = f"synthetic {preset!r} (seed {seed})"
+        frame, source = _load_workload(trace, workload, seed=seed, duration_s=duration_s, rate_rps=rate_rps)
     except (KnobError, ClusterError, ProfileError, ModelError, WorkloadError, OutputPathError) as exc:
         raise click.ClickException(str(exc)) from None
+    return _ReplaySetup(frame=frame, source=source, profile=prof, model=model_name, knobs=knobs, cluster=cluster)
 
+
+def _load_workload(trace: Path | None, workload: str | None, *, seed: int, duration_s: float | None,
+                   rate_rps: float | None) -> tuple[Any, str]:
+    """The trace's requests, or the synthetic preset's (default: DEFAULT_PRESET); and their source."""
+    from simulator.synthetic import synthetic
+    from simulator.workload import load_trace
+
+    if trace is not None:
+        return load_trace(trace), str(trace)
+    preset = workload or DEFAULT_PRESET
+    return synthetic(preset, seed=seed, duration_s=duration_s, rate_rps=rate_rps), f"synthetic {preset!r} (seed {seed})"
+
+
+def _run_with_progress(setup: _ReplaySetup) -> Any:
+    """Replay the workload on the twin; a long replay on a terminal shows a progress bar on stderr."""
+    from simulator.replay import replay as run_replay
+
+    frame = setup.frame
     progress_cb = None
     bar = None
     if frame.height >= PROGRESS_MIN_REQUESTS and sys.stderr.isatty():
@@ -183,34 +230,32 @@ def replay(trace: Path | None, workload: str | None, seed: int, duration_s: floa
 
         bar.start()
     try:
-        result = run_replay(frame, cluster, knobs, progress=progress_cb)
+        return run_replay(frame, setup.cluster, setup.knobs, progress=progress_cb)
     finally:
         if bar is not None:
             bar.stop()
-    summary = result.summary()
+
+
+def _summary_with_curves(setup: _ReplaySetup, result: Any) -> tuple[dict[str, Any], Any, dict[str, float]]:
+    """The replay's summary with its capacity curves, workload, profile and model; the curves and
+    the memory caps they are drawn against."""
     from simulator.capacity import tier_curves
     from simulator.capacity.table import curves_json
 
-    curves = tier_curves(frame, cluster, knobs, run=result)
-    cap = {"cpu": prof.host_memory_gib}
+    summary = result.summary()
+    curves = tier_curves(setup.frame, setup.cluster, setup.knobs, run=result)
+    cap = {"cpu": setup.profile.host_memory_gib}
     summary["capacity_curves"] = curves_json(curves, cap_gib=cap)
-    summary["workload"] = source
-    summary["profile"] = prof.name
-    summary["model"] = model_name
-    if plot_path is not None:
-        from simulator.plot import plot_replay
+    summary["workload"] = setup.source
+    summary["profile"] = setup.profile.name
+    summary["model"] = setup.model
+    return summary, curves, cap
 
-        plot_replay(result, plot_path, curves=curves, cap_gib=cap)
-    if as_json:
-        click.echo(json_dumps(summary, sort_keys=True))
-    else:
-        caps = result.capacities
-        header = (
-            f"[bold]{source}[/bold]: {frame.height:,} requests on {pods} pods, profile {prof.name}, "
-            f"model {model_name} ({caps.kv_bytes_per_token:,} B/token)\n"
-            f"knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.to_dict().items())
-        )
-        _render_table(summary, header)
-        _render_curves(curves, cap)
-    if plot_path is not None and not as_json:
-        click.echo(f"plot written to {plot_path}")
+
+def _table_header(setup: _ReplaySetup, result: Any, pods: int) -> str:
+    caps = result.capacities
+    return (
+        f"[bold]{setup.source}[/bold]: {setup.frame.height:,} requests on {pods} pods, profile {setup.profile.name}, "
+        f"model {setup.model} ({caps.kv_bytes_per_token:,} B/token)\n"
+        f"knobs: " + ", ".join(f"{k}={v}" for k, v in setup.knobs.to_dict().items())
+    )

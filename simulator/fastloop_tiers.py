@@ -141,11 +141,7 @@ def _store(p: LRU, keys: list[int], fresh: int, cap: int, one_hot: bool) -> int:
             p._drop(ev)
     else:
         s.difference_update(w)
-        lo += ev
-        if lo > 4096 and lo > len(log) >> 1:
-            del log[:lo]
-            lo = 0
-        p._lo = lo
+        p._advance_to(lo + ev)
     return ev
 
 
@@ -172,9 +168,5 @@ def _drop_one_hot(p: LRU, log: list[int], lo: int, ev: int, w: list[int]) -> boo
         p._drop(occ)
     else:
         s.difference_update(w)
-        lo += occ
-        if lo > 4096 and lo > len(log) >> 1:
-            del log[:lo]
-            lo = 0
-        p._lo = lo
+        p._advance_to(lo + occ)
     return True

@@ -63,6 +63,14 @@ class LRU(Policy):
             self._log += keys
             _count_elements(self._stale, keys)
 
+    def _advance_to(self, lo: int) -> None:
+        """The log is read up to `lo`; the read prefix is dropped once it is over 4,096 entries and
+        half the log, so trimming costs amortised O(1) per entry."""
+        if lo > 4096 and lo > len(self._log) >> 1:
+            del self._log[:lo]
+            lo = 0
+        self._lo = lo
+
     def _evict(self, over: int) -> list[int]:
         """Evict the `over` least recently used keys (over >= 1); returns them oldest first."""
         log, lo, stale = self._log, self._lo, self._stale
@@ -84,10 +92,7 @@ class LRU(Policy):
         else:
             lo += over
         self._resident.difference_update(victims)
-        if lo > 4096 and lo > len(log) >> 1:
-            del log[:lo]
-            lo = 0
-        self._lo = lo
+        self._advance_to(lo)
         return victims
 
     def _evict_one(self) -> int:
@@ -196,10 +201,7 @@ class LRU(Policy):
         elif over:
             s.difference_update(w)
             lo += over
-        if lo > 4096 and lo > len(log) >> 1:
-            del log[:lo]
-            lo = 0
-        self._lo = lo
+        self._advance_to(lo)
 
     def shrink_to(self, n: int) -> list[int]:
         over = len(self._resident) - n

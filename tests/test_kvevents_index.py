@@ -202,7 +202,7 @@ def test_check_and_add_answers_as_probing_every_generation_before_adding(generat
     """The one-call probe-and-fill of the young generation (older ones probed only for hashes it
     lacks) answers exactly as probing every generation first and adding afterwards, through
     rotations and with repeats inside a call."""
-    from agent.kvevents.sketch import _add
+    from agent.kvevents.sketch import _add, _or_had
 
     fast = SeenSketch(capacity=500, fp_rate=0.01, generations=generations)
     ref = SeenSketch(capacity=500, fp_rate=0.01, generations=generations)
@@ -210,7 +210,12 @@ def test_check_and_add_answers_as_probing_every_generation_before_adding(generat
     for _ in range(60):
         batch = rng.integers(0, 3_000, rng.integers(1, 120), dtype=np.uint64)  # repeats across and within
         got = fast.check_and_add(batch)
-        seen, young_had = ref._seen(batch)
+        seen = np.zeros(batch.shape[0], dtype=bool)
+        for gen in ref._gens:
+            had = np.zeros(batch.shape[0], dtype=bool)
+            _or_had(gen, batch, ref._mask, ref.k, had)  # from all False: every hash probed
+            seen |= had
+        young_had = had
         _add(ref._gens[-1], batch, ref._mask, ref.k)
         ref._young_count += int(batch.shape[0] - np.count_nonzero(young_had))
         if ref._young_count >= ref.capacity:

@@ -57,13 +57,6 @@ def _has(gen: np.ndarray, h: np.uint64, mask: np.uint64, k: int) -> bool:
 
 
 @nb.njit(**_JIT)
-def _had(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int, out: np.ndarray) -> None:
-    """out[i] = hashes[i] is in `gen`."""
-    for i in range(hashes.shape[0]):
-        out[i] = _has(gen, hashes[i], mask, k)
-
-
-@nb.njit(**_JIT)
 def _add(gen: np.ndarray, hashes: np.ndarray, mask: np.uint64, k: int) -> None:
     for i in range(hashes.shape[0]):
         h1, h2 = _probes(hashes[i])
@@ -134,16 +127,11 @@ class SeenSketch:
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         if hashes.size == 0:
             return np.zeros(0, dtype=bool)
-        return self._seen(np.ascontiguousarray(hashes, dtype=np.uint64))[0]
-
-    def _seen(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Whether every probe bit of each hash is set in any generation, and in the young one."""
+        hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
         seen = np.zeros(hashes.shape[0], dtype=bool)
-        had = np.empty(hashes.shape[0], dtype=bool)
         for gen in self._gens:
-            _had(gen, hashes, self._mask, self.k, had)
-            seen |= had
-        return seen, had
+            _or_had(gen, hashes, self._mask, self.k, seen)
+        return seen
 
     def _rotate(self) -> None:
         self._gens.append(np.zeros(self.bits // 8, dtype=np.uint8))

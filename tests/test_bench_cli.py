@@ -46,7 +46,15 @@ def test_the_soak_probe_reports_what_grows_in_a_wrapped_module(tmp_path: Path) -
     info = soak_probe.malloc_info()  # glibc's own view of this process
     assert info is not None and info["arenas"] >= 1 and info["system"] > 0 and 0 <= info["free"] <= info["system"]
     out = tmp_path / "probe.jsonl"
-    grow = "import time; keep = []\nfor _ in range(12): keep.append(bytearray(2_000_000)); time.sleep(0.1)"
+    # the module waits for the probe's baseline, grows 24 MB it keeps until exit, then waits for two
+    # more samples: on a loaded machine the probe's thread may sample late, but never out of order
+    grow = (f"import builtins, pathlib, time\nlog = pathlib.Path({str(out)!r})\n"
+            "def text(): return log.read_text() if log.exists() else ''\n"
+            "while '\"baseline\"' not in text(): time.sleep(0.02)\n"
+            "builtins.keep = []\n"
+            "for _ in range(12): builtins.keep.append(bytearray(2_000_000)); time.sleep(0.05)\n"
+            "n = text().count('\\n')\n"
+            "while text().count('\\n') < n + 2: time.sleep(0.02)")
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "helpers" / "soak_probe.py"), "--out", str(out), "--interval-s",
                           "0.2", "--baseline-s", "0.2", "--label", "probed", "-m", "timeit", "-n", "1", "-r", "1",
                           grow], capture_output=True, text=True, timeout=120, check=False)

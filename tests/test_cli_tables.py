@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -94,7 +93,7 @@ def test_kv_events_at_80_columns_has_whole_headers():
         from tests.test_kvevents_cli import stored_event
 
         def feed() -> None:
-            time.sleep(0.5)
+            pub.wait_subscribed()
             pub.publish([stored_event([1, 2], None, 16)], ts=1.0)
 
         t = threading.Thread(target=feed)

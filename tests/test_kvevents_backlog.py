@@ -151,7 +151,7 @@ def _publisher(port: int, ready: Any, done: Any, finished: Any) -> None:
         hashes = list(range((1 << 40) + i * 5_000, (1 << 40) + (i + 1) * 5_000))
         payloads.append(msgspec.msgpack.encode(f.batch(float(i), [f.stored(hashes, None, 16, token_ids=tokens)], 0)))
     ready.wait(60)
-    time.sleep(0.5)  # the slow joiner
+    pub.wait_subscribed(timeout=60)  # PUB drops what it sends before the subscription arrives
     for seq, payload in enumerate(payloads):
         pub.send_raw([b"kv@big@m", seq.to_bytes(8, "big"), payload])
     pub.flush(120)

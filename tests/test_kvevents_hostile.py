@@ -20,8 +20,6 @@ from agent.settings import AgentSettings
 from emulator.cluster.kv_publisher import KvEventPublisher
 from tests.support.prometheus import free_port_range
 
-SLOW_JOINER_S = 0.3
-
 
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
@@ -30,10 +28,12 @@ def ctx() -> Iterator[zmq.Context]:
     c.term()
 
 
-def _mgr(ctx: zmq.Context, specs: list[EndpointSpec], **kw: object) -> KvEventManager:
+def _mgr(ctx: zmq.Context, specs: list[EndpointSpec], wait: tuple[KvEventPublisher, ...],
+         **kw: object) -> KvEventManager:
     mgr = KvEventManager(KvEventsSettings(endpoints=tuple(specs), **kw), context=ctx)  # type: ignore[arg-type]
     mgr.run_once(10)
-    time.sleep(SLOW_JOINER_S)
+    for pub in wait:  # ZMQ's slow joiner: PUB drops what it sends before the subscription arrives
+        pub.wait_subscribed()
     mgr.run_once(10)
     return mgr
 
@@ -95,7 +95,7 @@ def test_flood_from_a_many_rank_pod_stays_in_its_budget(ctx: zmq.Context) -> Non
     limits = {"resident_per_pod": 4096, "history_per_pod": 4096, "fleet_resident": 6000, "fleet_history": 6000}
     specs = [EndpointSpec(pod="flood", model="m", endpoint=f"tcp://127.0.0.1:{base}", dp_size=ranks),
              EndpointSpec(pod="calm", model="m", endpoint=other.endpoint)]
-    mgr = _mgr(ctx, specs, limits=limits, reorder_hold_s=0.0)
+    mgr = _mgr(ctx, specs, (*pubs, other), limits=limits, reorder_hold_s=0.0)
     try:
         f = pubs[0].format
         for step in range(40):  # 8 ranks x 40 batches x 256 new hashes = 81,920 distinct hashes
@@ -127,7 +127,7 @@ def test_oversized_message_is_refused_and_counted_lost(ctx: zmq.Context) -> None
     with KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", bind=True,
                           context=ctx) as pub:
         spec = EndpointSpec(pod="a", model="m", endpoint=pub.endpoint, replay_endpoint=pub.replay_endpoint)
-        mgr = _mgr(ctx, [spec], max_message_bytes=64 * 1024, replay_timeout_s=0.5, reorder_hold_s=0.0)
+        mgr = _mgr(ctx, [spec], (pub,), max_message_bytes=64 * 1024, replay_timeout_s=0.5, reorder_hold_s=0.0)
         try:
             f = pub.format
             pub.publish([f.stored([1], None, 16)], ts=1.0)
@@ -137,7 +137,7 @@ def test_oversized_message_is_refused_and_counted_lost(ctx: zmq.Context) -> None
             while time.monotonic() < end and next(iter(mgr.snapshot().engines)).stream.reconnects == 0:
                 mgr.run_once(50)
             mgr.run_once(10)
-            time.sleep(1.0)  # the reopened SUB's slow join
+            pub.wait_subscribed(2)  # the reopened SUB's own subscription
             pub.publish([f.stored([2], 1, 16)], ts=3.0)
             pub.flush()
             mgr.drain(idle_ms=1000)
@@ -153,7 +153,7 @@ def test_sequence_jump_to_the_top_does_not_count_billions(ctx: zmq.Context) -> N
                           context=ctx) as pub:
         spec = EndpointSpec(pod="a", model="m", endpoint=pub.endpoint, replay_endpoint=pub.replay_endpoint,
                             topic="kv@a@m")
-        mgr = _mgr(ctx, [spec], reorder_hold_s=0.0)
+        mgr = _mgr(ctx, [spec], (pub,), reorder_hold_s=0.0)
         try:
             f = pub.format
             pub.publish([f.stored([1, 2], None, 16)], ts=1.0)

@@ -91,7 +91,8 @@ def test_rebuilt_chains_equal_the_sent_ones_over_zmq() -> None:
     mgr.enable_block_recorder(recorder)
     try:
         mgr.start()
-        time.sleep(0.3)
+        for pub in publishers.values():  # every pod's subscription in before the first batch
+            pub.wait_subscribed()
         sink = TwinEventPublisher(publishers, clock_offset=OFFSET)
         twin, sent = _served("sessions", 256, restart=True, sink=sink)
         sink.flush()

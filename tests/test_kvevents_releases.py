@@ -4,7 +4,6 @@ signed, unsigned and bytes hashes), with a late join, a gap, a restart, over rea
 and the emulator's encoding against structs declared as vLLM declares them."""
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import msgspec
@@ -19,7 +18,6 @@ from agent.kvevents.wire import END_SEQ_BYTES, decode_payload, split_replay
 from emulator.cluster.kv_publisher import KvEventPublisher
 from emulator.cluster.kv_wire_formats import RELEASES, wire_format
 
-SLOW_JOINER_S = 0.3
 CASES = [(r, f.hashes) for r, f in RELEASES.items()] + [
     ("0.11.0", "bytes"), ("0.23.0", "bytes"), ("0.25.0", "bytes"), ("0.33.0", "bytes"), ("0.23.0", "signed")]
 
@@ -142,7 +140,7 @@ def test_subscriber_contract(ctx: zmq.Context, release: str, hashes: str) -> Non
         mgr = KvEventManager(KvEventsSettings(endpoints=(spec,), replay_on_join=True), context=ctx)
         try:
             mgr.run_once(10)
-            time.sleep(SLOW_JOINER_S)
+            pub.wait_subscribed()
             pub.publish([f.stored([big], 3, 16)], ts=3.0)  # seq 2: the join replays 0 and 1
             pub.drop_next(2)
             pub.publish([f.stored([5], big, 16)], ts=4.0)  # seq 3, 4 lost on PUB, kept for replay
@@ -175,7 +173,7 @@ def test_ipv6_loopback(ctx: zmq.Context) -> None:
         mgr = KvEventManager(KvEventsSettings(endpoints=(spec,)), context=ctx)
         try:
             mgr.run_once(10)
-            time.sleep(SLOW_JOINER_S)
+            pub.wait_subscribed()
             f = pub.format
             pub.publish([f.stored([1], None, 16)], ts=1.0)
             pub.drop_next(1)  # the replay DEALER needs IPv6 as well

@@ -42,7 +42,8 @@ def test_live_estimates_match_the_twin_truth(preset: str, router: str, cluster: 
     mgr = KvEventManager(KvEventsSettings(endpoints=specs, reorder_hold_s=1.0), context=ctx)
     try:
         mgr.start()
-        time.sleep(0.3)
+        for pub in publishers.values():  # every pod's subscription in before the first batch
+            pub.wait_subscribed()
         sink = TwinEventPublisher(publishers, clock_offset=1_700_000_000.0)
         twin = Twin(ClusterSpec(pods=4, pod_names=tuple(pods), **cluster),
                     Knobs(router=router, chunk_tokens=256), event_sink=sink)

@@ -15,8 +15,6 @@ from agent.kvevents.signals import EngineId
 from emulator.cluster.kv_publisher import KvEventPublisher, cleared_event, removed_event, stored_event
 from tests.support.prometheus import free_port_range
 
-SLOW_JOINER_S = 0.3
-
 
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
@@ -30,10 +28,14 @@ def make_pub(ctx: zmq.Context, replay: bool = True, **kw: object) -> KvEventPubl
                             bind=True, context=ctx, **kw)  # type: ignore[arg-type]
 
 
-def make_mgr(ctx: zmq.Context, specs: list[EndpointSpec], **kw: object) -> KvEventManager:
+def make_mgr(ctx: zmq.Context, specs: list[EndpointSpec], wait: tuple[KvEventPublisher, ...],
+             **kw: object) -> KvEventManager:
+    """A manager subscribed to `specs`, returned once every publisher in `wait` has its subscription
+    (ZMQ's slow joiner: a batch published before that is dropped by PUB)."""
     mgr = KvEventManager(KvEventsSettings(endpoints=tuple(specs), **kw), context=ctx)  # type: ignore[arg-type]
     mgr.run_once(10)  # connect
-    time.sleep(SLOW_JOINER_S)
+    for pub in wait:
+        pub.wait_subscribed()
     mgr.run_once(10)
     return mgr
 
@@ -50,7 +52,7 @@ def engine_snap(mgr: KvEventManager, pod: str, dp: int = 0):
 @pytest.mark.parametrize("encoding", ["map", "array"])
 def test_stream_is_decoded_and_attributed(ctx: zmq.Context, encoding: str) -> None:
     with make_pub(ctx, encoding=encoding, topic="kv@a@m") as a, make_pub(ctx, encoding=encoding) as b:
-        mgr = make_mgr(ctx, [spec(a, "a", topic="kv@"), spec(b, "b")])
+        mgr = make_mgr(ctx, [spec(a, "a", topic="kv@"), spec(b, "b")], wait=(a, b))
         try:
             a.publish([stored_event([1, 2, 3], None, 16, encoding=encoding)], ts=1.0)
             a.flush()
@@ -69,7 +71,7 @@ def test_stream_is_decoded_and_attributed(ctx: zmq.Context, encoding: str) -> No
 
 def test_topic_filter_drops_other_topics(ctx: zmq.Context) -> None:
     with make_pub(ctx, topic="kv@x@other") as a:
-        mgr = make_mgr(ctx, [spec(a, "a", topic="kv@a@")])
+        mgr = make_mgr(ctx, [spec(a, "a", topic="kv@a@")], wait=(a,))
         try:
             a.publish([stored_event([1], None, 16)], ts=1.0)
             a.flush()
@@ -82,7 +84,7 @@ def test_topic_filter_drops_other_topics(ctx: zmq.Context) -> None:
 
 def test_gap_is_recovered_through_the_dealer_replay(ctx: zmq.Context) -> None:
     with make_pub(ctx) as a:
-        mgr = make_mgr(ctx, [spec(a, "a")])
+        mgr = make_mgr(ctx, [spec(a, "a")], wait=(a,))
         try:
             a.publish([stored_event([1], None, 16)], ts=1.0)
             a.drop_next(2)  # buffered for replay but lost on PUB (HWM overflow)
@@ -104,7 +106,7 @@ def test_gap_is_recovered_through_the_dealer_replay(ctx: zmq.Context) -> None:
 
 def test_gap_without_replay_or_beyond_the_buffer_is_counted_lost(ctx: zmq.Context) -> None:
     with make_pub(ctx, replay=False) as a, make_pub(ctx, buffer_steps=2) as b:
-        mgr = make_mgr(ctx, [spec(a, "a"), spec(b, "b")])
+        mgr = make_mgr(ctx, [spec(a, "a"), spec(b, "b")], wait=(a, b))
         try:
             for pub in (a, b):
                 pub.publish([stored_event([1], None, 16)], ts=1.0)
@@ -124,7 +126,7 @@ def test_gap_without_replay_or_beyond_the_buffer_is_counted_lost(ctx: zmq.Contex
 
 def test_sequence_drop_means_restart_and_clears_the_pod(ctx: zmq.Context) -> None:
     with make_pub(ctx) as a:
-        mgr = make_mgr(ctx, [spec(a, "a")])
+        mgr = make_mgr(ctx, [spec(a, "a")], wait=(a,))
         try:
             a.publish([stored_event([1, 2], None, 16)], ts=1.0)
             a.publish([stored_event([3], 2, 16)], ts=2.0)
@@ -149,7 +151,7 @@ def test_sequence_drop_means_restart_and_clears_the_pod(ctx: zmq.Context) -> Non
 
 def test_malformed_input_is_counted_and_skipped(ctx: zmq.Context) -> None:
     with make_pub(ctx) as a:
-        mgr = make_mgr(ctx, [spec(a, "a")])
+        mgr = make_mgr(ctx, [spec(a, "a")], wait=(a,))
         try:
             a.send_raw([b"", (0).to_bytes(8, "big")])  # two frames
             a.send_raw([b"", b"\x00\x01", b"x"])  # short sequence frame
@@ -181,7 +183,8 @@ def test_data_parallel_ranks_use_offset_ports(ctx: zmq.Context) -> None:
             for r in (0, 1)]
     try:
         assert [p.endpoint for p in pubs] == [f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"]
-        mgr = make_mgr(ctx, [EndpointSpec(pod="a", model="m", endpoint=f"tcp://127.0.0.1:{port}", dp_size=2)])
+        mgr = make_mgr(ctx, [EndpointSpec(pod="a", model="m", endpoint=f"tcp://127.0.0.1:{port}", dp_size=2)],
+                       wait=tuple(pubs))
         try:
             pubs[0].publish([stored_event([1], None, 16)], ts=1.0)
             pubs[1].publish([stored_event([1], None, 16)], ts=2.0)
@@ -204,7 +207,7 @@ def test_background_thread_collector_and_overlap(ctx: zmq.Context) -> None:
         registry.register(KvEventsCollector(mgr.snapshot))
         mgr.start()
         try:
-            time.sleep(SLOW_JOINER_S)
+            a.wait_subscribed()
             mgr.observe_prompt_tokens("a", "m", 0)
             a.publish([stored_event([1, 2], None, 16)], ts=1.0)
             a.publish([removed_event([2])], ts=2.0)
@@ -233,7 +236,7 @@ def test_replay_on_join_learns_the_buffered_past(ctx: zmq.Context) -> None:
     with make_pub(ctx) as a:
         a.publish([stored_event([1, 2], None, 16)], ts=1.0)  # before the agent connects
         a.flush()
-        mgr = make_mgr(ctx, [spec(a, "a")], replay_on_join=True)
+        mgr = make_mgr(ctx, [spec(a, "a")], wait=(a,), replay_on_join=True)
         try:
             a.publish([stored_event([3], 2, 16)], ts=2.0)
             a.flush()
@@ -247,14 +250,14 @@ def test_replay_on_join_learns_the_buffered_past(ctx: zmq.Context) -> None:
 
 def test_endpoints_follow_discovery(ctx: zmq.Context) -> None:
     with make_pub(ctx) as a, make_pub(ctx) as b:
-        mgr = make_mgr(ctx, [spec(a, "a")])
+        mgr = make_mgr(ctx, [spec(a, "a")], wait=(a,))
         try:
             a.publish([stored_event([1], None, 16)], ts=1.0)
             a.flush()
             mgr.drain()
             mgr.set_endpoints([spec(b, "b")])
             mgr.run_once(10)
-            time.sleep(SLOW_JOINER_S)
+            b.wait_subscribed()
             b.publish([stored_event([1], None, 16)], ts=2.0)
             b.flush()
             mgr.drain()

@@ -108,7 +108,10 @@ class KvEventPublisher:
         self._drop = 0
         self.published = 0
         self.replays_served = 0
-        self._pub = self._ctx.socket(zmq.PUB)
+        # XPUB is PUB on the wire; it also hands this thread each subscription, so callers can wait
+        # for a subscriber instead of sleeping through ZMQ's slow joiner
+        self._pub = self._ctx.socket(zmq.XPUB)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         addr = offset_endpoint(endpoint, data_parallel_rank)
@@ -120,6 +123,8 @@ class KvEventPublisher:
         else:
             self._pub.connect(addr)
             self.endpoint = addr
+        self._subscriptions = 0
+        self._subscribed = threading.Condition()
         self._replay: zmq.Socket | None = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
@@ -159,6 +164,13 @@ class KvEventPublisher:
         if not done.wait(timeout):
             raise TimeoutError("publisher did not drain its queue in time")
 
+    def wait_subscribed(self, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait until `count` subscriptions have reached this socket (a subscriber connected before
+        this returns sees every later batch)."""
+        with self._subscribed:
+            if not self._subscribed.wait_for(lambda: self._subscriptions >= count, timeout):
+                raise TimeoutError(f"{self.endpoint}: {self._subscriptions} of {count} subscriptions after {timeout:g} s")
+
     @property
     def next_seq(self) -> int:
         return self._seq
@@ -178,6 +190,8 @@ class KvEventPublisher:
     def _loop(self) -> None:
         try:
             while self._running or not self._queue.empty():
+                while self._pub.poll(0):
+                    self._note_subscription(self._pub.recv())
                 if self._replay is not None:
                     while self._replay.poll(0):
                         self._service_replay()
@@ -190,6 +204,12 @@ class KvEventPublisher:
             self._pub.close(linger=0)
             if self._replay is not None:
                 self._replay.close(linger=0)
+
+    def _note_subscription(self, frame: bytes) -> None:
+        if frame[:1] == b"\x01":  # \x01 + topic subscribes, \x00 + topic unsubscribes
+            with self._subscribed:
+                self._subscriptions += 1
+                self._subscribed.notify_all()
 
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "batch":

@@ -45,15 +45,21 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
     - the first bucket interpolates from 0 when its upper bound is positive;
     - otherwise linear interpolation inside the bucket that holds the rank.
     """
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -INF
-    if q > 1:
-        return INF
+    return histogram_quantiles((q,), buckets)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], buckets: Iterable[tuple[float, float]]) -> list[float]:
+    """`histogram_quantile` of each of `qs` over one histogram, which is sorted and made monotonic once."""
+    prepared = _prepare_buckets(buckets)
+    return [_quantile_of(q, prepared) for q in qs]
+
+
+def _prepare_buckets(buckets: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]] | None:
+    """(bounds, monotonic cumulative counts) with duplicate bounds merged, or None when no quantile
+    exists (fewer than two buckets, no +Inf bucket, no observations)."""
     pairs = sorted(buckets)
     if len(pairs) < 2 or pairs[-1][0] != INF:
-        return math.nan
+        return None
     # merge duplicate bounds (summing is what Prometheus does for equal `le` after aggregation)
     merged: list[tuple[float, float]] = []
     for le, c in pairs:
@@ -61,12 +67,24 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
             merged[-1] = (le, merged[-1][1] + c)
         else:
             merged.append((le, c))
-    bounds = [le for le, _ in merged]
     counts = _monotonic([c for _, c in merged])
     total = counts[-1]
     if total <= 0 or math.isnan(total):
+        return None
+    return [le for le, _ in merged], counts
+
+
+def _quantile_of(q: float, prepared: tuple[list[float], list[float]] | None) -> float:
+    if math.isnan(q):
         return math.nan
-    rank = q * total
+    if q < 0:
+        return -INF
+    if q > 1:
+        return INF
+    if prepared is None:
+        return math.nan
+    bounds, counts = prepared
+    rank = q * counts[-1]
     b = 0
     while b < len(counts) - 1 and counts[b] < rank:
         b += 1

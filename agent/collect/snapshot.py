@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
 
-from agent.collect.counter_math import histogram_quantile
+from agent.collect.counter_math import histogram_quantile, histogram_quantiles
 from agent.collect.tiers import (
     cumulative_hit_ratios,
     derive_tiers,
@@ -109,14 +109,8 @@ def merge_model_less(groups: dict[tuple[str, str], SeriesGroup]) -> dict[tuple[s
     return out
 
 
-def _quantiles(buckets: Iterable[tuple[float, float]], qs: Iterable[float] = QUANTILES) -> dict[float, float]:
-    pairs = list(buckets)
-    out = {}
-    for q in qs:
-        v = histogram_quantile(q, pairs)
-        if not math.isnan(v):
-            out[q] = v
-    return out
+def _quantiles(buckets: Iterable[tuple[float, float]], qs: Sequence[float] = QUANTILES) -> dict[float, float]:
+    return {q: v for q, v in zip(qs, histogram_quantiles(qs, buckets), strict=True) if not math.isnan(v)}
 
 
 def build_snapshot(

@@ -41,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from helpers.core_share import CoreShare  # bench/ is on the path from here
 
 from emulator.engines.client import StreamSender
 from emulator.engines.engine import (
@@ -64,7 +67,6 @@ from emulator.engines.tier_twin import (
 )
 from emulator.engines.tiering import TieringConfig
 from simulator.models import get_model
-from tests.support.core_share import CoreShare
 
 CHUNK = 64
 

@@ -1,11 +1,14 @@
-"""tests/support/core_share.py: the share of a core other processes took, from a /proc tree."""
+"""bench/helpers/core_share.py: the share of a core other processes took, from a /proc tree."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.core_share import CoreShare, core_ticks, group_ticks
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from helpers.core_share import CoreShare, core_ticks, group_ticks
 
 
 def _proc(root: Path, cpu0: tuple[int, ...], procs: dict[int, tuple[int, int, int]]) -> None:

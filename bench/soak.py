@@ -197,7 +197,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=20.0, help="wall minutes to run (default: 20)")
     ap.add_argument("--time-scale", type=float, default=30.0, help="cluster-seconds per wall-second (default: 30)")
@@ -223,93 +223,108 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--minutes, --time-scale and --sample-s must be positive")
     if args.csv is not None and not args.csv.parent.is_dir():
         ap.error(f"--csv: no such directory {args.csv.parent}")
-    duration_s = args.minutes * 60.0
-    warmup_s = (args.warmup_min * 60.0 if args.warmup_min is not None
-                else max(duration_s / 4, 2 * args.retention_s))
+    return args
 
-    probe_s = args.sample_s * 3
-    probes: dict[str, Path] = {}
-    if args.diagnose is not None:
-        args.diagnose.mkdir(parents=True, exist_ok=True)
-        probes = {name: args.diagnose / f"{name}.jsonl" for name in ("agent", "cluster")}
-        for path in probes.values():
-            path.unlink(missing_ok=True)
+
+def probe_files(diagnose: Path | None) -> dict[str, Path]:
+    """With --diagnose: the probe's output file per process (agent, cluster), emptied; else none."""
+    if diagnose is None:
+        return {}
+    diagnose.mkdir(parents=True, exist_ok=True)
+    probes = {name: diagnose / f"{name}.jsonl" for name in ("agent", "cluster")}
+    for path in probes.values():
+        path.unlink(missing_ok=True)
+    return probes
+
+
+def start_cluster(args: argparse.Namespace, span_s: float,
+                  probe: tuple[str, float, float] | None) -> tuple[Any, Any, Any]:
+    """The emulated cluster's process, started: (process, its info queue, its stop event)."""
     ctx = mp.get_context("spawn")
     info, stop = ctx.Queue(), ctx.Event()
-    span_s = (duration_s + 120.0) * args.time_scale
-    cluster_probe = (str(probes["cluster"]), probe_s, warmup_s) if probes else None
     cluster = ctx.Process(target=cluster_main, name="soak-cluster",
-                          args=(args.pods, span_s, args.time_scale, args.seed, info, stop, cluster_probe))
+                          args=(args.pods, span_s, args.time_scale, args.seed, info, stop, probe))
     cluster.start()
     print(f"soak: building the emulated cluster ({args.pods} pods, {span_s / 3600:.1f} cluster-hours of "
           f"workload at {args.time_scale:g}x) in pid {cluster.pid} ...", flush=True)
-    agent: subprocess.Popen | None = None
+    return cluster, info, stop
+
+
+def start_agent(args: argparse.Namespace, world: dict, port: int, tmp: Path, probes: dict[str, Path],
+                probe_s: float, warmup_s: float) -> subprocess.Popen:
+    """`tierpilot run` in its own process on `port`, configured for the cluster `world`, logging to
+    tmp/agent.log (inside the soak probe with --diagnose)."""
+    cfg = tmp / "agent.yaml"
+    cfg.write_text(json.dumps(agent_config(world, port, args.scrape_s, args.retention_s,
+                                           min(args.retention_s, 60.0), not args.no_kv,
+                                           SOAK_KV_LIMITS if args.kv_limits == "soak" else None)))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.update(kv.split("=", 1) for kv in args.env)
+    command = [sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)]
+    if probes:
+        command[1:1] = [str(PROBE), "--out", str(probes["agent"]), "--interval-s",
+                        str(probe_s), "--baseline-s", str(warmup_s), "--label", "agent"]
+    return subprocess.Popen(command, env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "agent.log", "w"))
+
+
+def wait_for_agent(agent: subprocess.Popen, url: str, log: Path) -> None:
+    """Until the agent answers GET /metrics (a minute at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            get_metrics(url, 2.0)
+            break
+        except OSError:
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the agent did not start: " + log.read_text()[-2000:])
+            time.sleep(0.2)
+
+
+def take_samples(agent: subprocess.Popen, cluster_pid: int, url: str, duration_s: float,
+                 sample_s: float) -> list[dict]:
+    """A sample every `sample_s` seconds for `duration_s`, each printed as a line."""
     samples: list[dict] = []
-    tmp = tempfile.TemporaryDirectory(prefix="tierpilot-soak-")
-    try:
-        world = info.get(timeout=600)
-        port = free_port()
-        cfg = Path(tmp.name) / "agent.yaml"
-        cfg.write_text(json.dumps(agent_config(world, port, args.scrape_s, args.retention_s,
-                                               min(args.retention_s, 60.0), not args.no_kv,
-                                               SOAK_KV_LIMITS if args.kv_limits == "soak" else None)))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.update(kv.split("=", 1) for kv in args.env)
-        command = [sys.executable, "-m", "agent.cli", "run", "-c", str(cfg)]
-        if probes:
-            command[1:1] = [str(PROBE), "--out", str(probes["agent"]), "--interval-s",
-                            str(probe_s), "--baseline-s", str(warmup_s), "--label", "agent"]
-        agent = subprocess.Popen(command, env=env, cwd=ROOT,
-                                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp.name) / "agent.log", "w"))  # noqa: SIM115
-        url = f"http://127.0.0.1:{port}/metrics"
-        print(f"soak: {world['requests']:,} requests; agent pid {agent.pid} on {url}; scrape {args.scrape_s:g} s, "
-              f"retention {args.retention_s:g} s; KV limits {args.kv_limits}; {args.minutes:g} min, fit after "
-              f"{warmup_s / 60:.1f} min",
-              flush=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get_metrics(url, 2.0)
-                break
-            except OSError:
-                if agent.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the agent did not start: " + (Path(tmp.name) / "agent.log").read_text()[-2000:])
-                time.sleep(0.2)
-        t0 = time.monotonic()
-        print(f"{'min':>6} {'rss MiB':>8} {'cluster MiB':>11} {'fds':>4} {'metrics ms':>10} {'rows':>8} {'body kB':>8}")
-        while (t := time.monotonic() - t0) < duration_s:
-            if agent.poll() is not None:
-                raise RuntimeError(f"the agent exited with {agent.returncode}")
-            try:
-                took, rows, size = get_metrics(url)
-            except OSError as exc:
-                took, rows, size = float("nan"), None, 0
-                print(f"  /metrics failed: {exc}", flush=True)
-            s = {"t": t, "rss": proc_status(agent.pid), "cluster_rss": proc_status(cluster.pid or 0),
-                 "fds": open_fds(agent.pid), "metrics_ms": took * 1000, "rows": rows, "body": size}
-            samples.append(s)
-            print(f"{t / 60:6.1f} {s['rss'] / 2**20:8.1f} {s['cluster_rss'] / 2**20:11.1f} {s['fds']:4d} "
-                  f"{s['metrics_ms']:10.1f} {rows if rows is not None else '-':>8} {size / 1000:8.1f}", flush=True)
-            time.sleep(max(0.0, args.sample_s - (time.monotonic() - t0 - t)))
-    finally:
-        if agent is not None and agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                agent.wait(15)
-            if agent.poll() is None:
-                agent.kill()
-        stop.set()
-        cluster.join(30)
-        if cluster.is_alive():
-            cluster.kill()
-        tmp.cleanup()
-    if args.csv is not None:
-        keys = list(samples[0]) if samples else []
-        args.csv.write_text(",".join(keys) + "\n" + "".join(",".join(str(s[k]) for k in keys) + "\n" for s in samples))
-    if len(samples) < 3:
-        print("too few samples for a fit")
-        return 1
-    r = summarise(samples, warmup_s)
+    t0 = time.monotonic()
+    print(f"{'min':>6} {'rss MiB':>8} {'cluster MiB':>11} {'fds':>4} {'metrics ms':>10} {'rows':>8} {'body kB':>8}")
+    while (t := time.monotonic() - t0) < duration_s:
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited with {agent.returncode}")
+        try:
+            took, rows, size = get_metrics(url)
+        except OSError as exc:
+            took, rows, size = float("nan"), None, 0
+            print(f"  /metrics failed: {exc}", flush=True)
+        s = {"t": t, "rss": proc_status(agent.pid), "cluster_rss": proc_status(cluster_pid),
+             "fds": open_fds(agent.pid), "metrics_ms": took * 1000, "rows": rows, "body": size}
+        samples.append(s)
+        print(f"{t / 60:6.1f} {s['rss'] / 2**20:8.1f} {s['cluster_rss'] / 2**20:11.1f} {s['fds']:4d} "
+              f"{s['metrics_ms']:10.1f} {rows if rows is not None else '-':>8} {size / 1000:8.1f}", flush=True)
+        time.sleep(max(0.0, sample_s - (time.monotonic() - t0 - t)))
+    return samples
+
+
+def stop_processes(agent: subprocess.Popen | None, stop: Any, cluster: Any) -> None:
+    """The agent (SIGTERM, then SIGKILL after 15 s), then the cluster (its stop event, then kill after 30 s)."""
+    if agent is not None and agent.poll() is None:
+        agent.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(15)
+        if agent.poll() is None:
+            agent.kill()
+    stop.set()
+    cluster.join(30)
+    if cluster.is_alive():
+        cluster.kill()
+
+
+def write_csv(path: Path, samples: list[dict]) -> None:
+    keys = list(samples[0]) if samples else []
+    path.write_text(",".join(keys) + "\n" + "".join(",".join(str(s[k]) for k in keys) + "\n" for s in samples))
+
+
+def print_growth(r: dict[str, float]) -> None:
+    """The figures after the warm-up (`summarise`)."""
     print(f"\nafter warm-up (from {r['fit_from_s'] / 60:.1f} min, {r['fit_points']} samples):")
     print(f"  agent RSS   {r['rss_first_mb']:.0f} -> {r['rss_last_mb']:.0f} MB (max {r['rss_max_mb']:.0f}); "
           f"growth {r['rss_mb_per_h']:+.1f} MB/h = {r['rss_mb_per_h'] / TARGET_MB_PER_H:.2f} x the "
@@ -319,10 +334,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = r["metrics_last_ms"] / r["metrics_first_ms"] if r["metrics_first_ms"] > 0 else float("nan")
     print(f"  /metrics median {r['metrics_first_ms']:.1f} ms (first third) -> {r['metrics_last_ms']:.1f} ms "
           f"(last third) = {ratio:.2f} x; max {r['metrics_first_max_ms']:.1f} -> {r['metrics_last_max_ms']:.1f} ms")
+
+
+def print_diagnosis(probes: dict[str, Path], diagnose: Path) -> None:
+    print(f"\nwhat grows (bench/helpers/soak_probe.py, files in {diagnose}; the probe's tracing adds its own memory):")
+    for path in probes.values():
+        print("\n".join(soak_probe.diagnose(path)) if path.exists() else f"{path.name}: no probe output")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    duration_s = args.minutes * 60.0
+    warmup_s = (args.warmup_min * 60.0 if args.warmup_min is not None
+                else max(duration_s / 4, 2 * args.retention_s))
+    probe_s = args.sample_s * 3
+    probes = probe_files(args.diagnose)
+    span_s = (duration_s + 120.0) * args.time_scale
+    cluster_probe = (str(probes["cluster"]), probe_s, warmup_s) if probes else None
+    cluster, info, stop = start_cluster(args, span_s, cluster_probe)
+    agent: subprocess.Popen | None = None
+    samples: list[dict] = []
+    tmp = tempfile.TemporaryDirectory(prefix="tierpilot-soak-")
+    try:
+        world = info.get(timeout=600)
+        port = free_port()
+        agent = start_agent(args, world, port, Path(tmp.name), probes, probe_s, warmup_s)
+        url = f"http://127.0.0.1:{port}/metrics"
+        print(f"soak: {world['requests']:,} requests; agent pid {agent.pid} on {url}; scrape {args.scrape_s:g} s, "
+              f"retention {args.retention_s:g} s; KV limits {args.kv_limits}; {args.minutes:g} min, fit after "
+              f"{warmup_s / 60:.1f} min",
+              flush=True)
+        wait_for_agent(agent, url, Path(tmp.name) / "agent.log")
+        samples = take_samples(agent, cluster.pid or 0, url, duration_s, args.sample_s)
+    finally:
+        stop_processes(agent, stop, cluster)
+        tmp.cleanup()
+    if args.csv is not None:
+        write_csv(args.csv, samples)
+    if len(samples) < 3:
+        print("too few samples for a fit")
+        return 1
+    print_growth(summarise(samples, warmup_s))
     if probes:
-        print(f"\nwhat grows (bench/helpers/soak_probe.py, files in {args.diagnose}; the probe's tracing adds its own memory):")
-        for path in probes.values():
-            print("\n".join(soak_probe.diagnose(path)) if path.exists() else f"{path.name}: no probe output")
+        print_diagnosis(probes, args.diagnose)
     return 0
 
 

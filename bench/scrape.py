@@ -16,16 +16,32 @@ with every default bucket list, the `engine` label, `_created` series and the pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from agent.collect.discovery import StaticTargets
+from agent.collect.normalise import normalise, resolve
+from agent.collect.parse import forget_series, parse
+from agent.collect.scrape import new_session
+from agent.collect.shapes import Shapes
+from agent.runtime.app import Agent
+from agent.settings import AgentSettings, load_settings
+from contracts.tier_model import Signal, Target
 
 N_TARGETS = 200
 CYCLES = 5
@@ -140,146 +156,186 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
-    import json
-    import tempfile
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from agent.collect.discovery import StaticTargets
-    from agent.collect.normalise import normalise, resolve
-    from agent.collect.parse import forget_series, parse
-    from agent.collect.scrape import new_session
-    from agent.collect.shapes import Shapes
-    from agent.runtime.app import Agent
-    from agent.settings import load_settings
-    from contracts.tier_model import Signal, Target
-
+def print_machine() -> None:
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
           "(wall times scale with other work on the machine; CPU times much less)")
+
+
+def render_payloads() -> list[str]:
+    """Every target's payload (`render_payload`), with their size printed."""
     t0 = time.perf_counter()
     payloads = [render_payload(i) for i in range(N_TARGETS)]
     sizes = [len(p.encode()) for p in payloads]
     lines = sum(p.count("\n") for p in payloads)
     print(f"payloads: {N_TARGETS} x {statistics.mean(sizes) / 1024:.1f} KiB (vLLM 0.33 + LMCache in-process), "
           f"{lines / N_TARGETS:.0f} lines each; rendered in {time.perf_counter() - t0:.1f}s")
+    return payloads
 
+
+@contextlib.contextmanager
+def payload_server(payloads: list[str]) -> Iterator[int]:
+    """The payloads served by a separate process (SERVER), one path per pod; yields its port."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(payloads, f)
         data_path = f.name
     server = subprocess.Popen([sys.executable, "-c", SERVER, data_path], stdout=subprocess.PIPE,
                               start_new_session=True)
     try:
-        port = int(server.stdout.readline())
-        targets = [Target(f"http://127.0.0.1:{port}/pod/{i}/metrics", "vllm", f"vllm-{i}")
-                   for i in range(N_TARGETS)]
-        clock = [1.0e9]
-        settings = load_settings(scrape={"timeout_s": 10, "interval_s": INTERVAL_S},
-                                 store={"retention_s": RETENTION_S, "window_s": 300})
-        agent = Agent(settings, StaticTargets(targets), clock=lambda: clock[0])
-        rss_before = peak_rss_mb()
-        mappings = agent.mappings
-        wanted = mappings.wanted["vllm"]
-        # fill the 15-minute window first (55 cycles of signals, counters advancing), so the
-        # measured cycles run in steady state: a full store and a full 300 s window
-        base = resolve([s for t, text in zip(targets, payloads, strict=True)
-                        for s in normalise(t, parse(text, wanted), mappings).signals], mappings)
-        total_cycles = int(RETENTION_S / INTERVAL_S)
-        for k in range(total_cycles - CYCLES - 1):
-            clock[0] += INTERVAL_S
-            step = [Signal(s.pod, s.model, s.name, s.le, s.value + (k + 1) * 10.0 if s.kind == "counter" else s.value,
-                           s.kind, s.source) for s in base]
-            agent.store.ingest(step, ts=clock[0])
-
-        async def cycles() -> tuple[list[float], list[float]]:
-            walls, cpus = [], []
-            async with new_session(settings.scrape.concurrency) as session:
-                await agent.cycle.run(session, targets)  # warm-up (connections, caches)
-                for _ in range(CYCLES):
-                    clock[0] += INTERVAL_S
-                    w0, c0 = time.perf_counter(), time.process_time()
-                    snap = await agent.cycle.run(session, targets)
-                    walls.append(time.perf_counter() - w0)
-                    cpus.append(time.process_time() - c0)
-                    assert sum(st.up for st in snap.targets) == N_TARGETS, [s.reason for s in snap.targets if not s.up]
-            return walls, cpus
-
-        walls, cpus = asyncio.run(cycles())
-        wall = statistics.median(walls)
-        cpu = statistics.median(cpus)
-        print(f"steady state (full window) cycle wall time: median {wall * 1000:.0f} ms over {CYCLES} cycles "
-              f"(min {min(walls) * 1000:.0f}, max {max(walls) * 1000:.0f}); target < 1000 ms -> "
-              f"{'PASS' if wall < 1 else 'FAIL'}")
-        print(f"CPU time per target: {cpu / N_TARGETS * 1000:.2f} ms (cycle CPU {cpu * 1000:.0f} ms, "
-              f"includes fetch, parse, normalise, store and snapshot)")
-
-        # parse+normalise vs the reference parser alone, same payloads, same process
-
-        def ours() -> None:
-            for t, text in zip(targets, payloads, strict=True):
-                normalise(t, parse(text, wanted), mappings)
-
-        def reference() -> None:
-            for text in payloads:
-                for fam in text_string_to_metric_families(text):
-                    for _ in fam.samples:
-                        pass
-
-        def best(fn, reps: int = 3) -> float:
-            """Best CPU time of this process (robust on a shared, noisy machine)."""
-            times = []
-            for _ in range(reps):
-                s = time.process_time()
-                fn()
-                times.append(time.process_time() - s)
-            return min(times)
-
-        t_ours, t_ref = best(ours), best(reference)
-        mb = sum(sizes) / 2**20
-        print(f"parse+normalise (CPU time): {t_ours * 1000:.0f} ms for {N_TARGETS} payloads ({mb / t_ours:.1f} MiB/s); "
-              f"text_string_to_metric_families alone: {t_ref * 1000:.0f} ms ({mb / t_ref:.1f} MiB/s); "
-              f"ratio {t_ref / t_ours:.2f}x; target >= 2x -> {'PASS' if t_ref / t_ours >= 2 else 'FAIL'}")
-
-        shapes = Shapes(mappings, agent.cycle.limits)
-
-        def together() -> None:  # what the cycle does: parse and normalise at once, by the payload's shape
-            for t, text in zip(targets, payloads, strict=True):
-                shapes.read(text, t)
-
-        together()
-        together()  # a shape is remembered the second time it is seen
-        t_shape = best(together)
-        print(f"parse and normalise together by shape (a payload seen before, as the cycle reads it): "
-              f"{t_shape * 1000:.0f} ms; ratio to text_string_to_metric_families {t_ref / t_shape:.2f}x; "
-              f"{t_ours / t_shape:.2f}x faster than parse then normalise (same run)")
-
-        def cold() -> None:  # every series new to the parser (a target's first scrape)
-            for t, text in zip(targets, payloads, strict=True):
-                forget_series()
-                normalise(t, parse(text, wanted), mappings)
-
-        t_cold = best(cold)
-        print(f"parse+normalise with every series new (a target's first scrape): {t_cold * 1000:.0f} ms; "
-              f"ratio to text_string_to_metric_families {t_ref / t_cold:.2f}x")
-
-        s0 = time.perf_counter()
-        from agent.collect.snapshot import build_snapshot
-
-        snap = build_snapshot(agent.store.window(now=clock[0]), [], taken_at=clock[0],
-                              kv_bytes_per_token=settings.tiers.kv_bytes_per_token)
-        snap_s = time.perf_counter() - s0
-        text = agent.metrics_text()
-        print(f"window: {agent.store.rows:,} rows in {len(agent.store._frames)} cycles "
-              f"({RETENTION_S / 60:.0f} min at {INTERVAL_S:g}s); snapshot over it {snap_s * 1000:.0f} ms, "
-              f"{len(snap.tiers)} tier series; /metrics {len(text) / 1024:.0f} KiB")
-        rss = peak_rss_mb()
-        print(f"peak RSS: {rss:.0f} MB (before scraping {rss_before:.0f} MB); target < 300 MB -> "
-              f"{'PASS' if rss < 300 else 'FAIL'}")
+        yield int(server.stdout.readline())
     finally:
         server.terminate()
         server.wait(10)
         os.unlink(data_path)
+
+
+@dataclasses.dataclass
+class ScrapeRun:
+    """The agent under test, its settings and targets, the targets' payloads, and the clock the
+    bench advances (`clock[0]`, seconds)."""
+
+    targets: list[Target]
+    payloads: list[str]
+    settings: AgentSettings
+    agent: Agent
+    clock: list[float]
+
+
+def start_agent(port: int, payloads: list[str]) -> ScrapeRun:
+    """An agent scraping the payload server's N_TARGETS paths on `port`, on a clock of its own."""
+    targets = [Target(f"http://127.0.0.1:{port}/pod/{i}/metrics", "vllm", f"vllm-{i}")
+               for i in range(N_TARGETS)]
+    clock = [1.0e9]
+    settings = load_settings(scrape={"timeout_s": 10, "interval_s": INTERVAL_S},
+                             store={"retention_s": RETENTION_S, "window_s": 300})
+    agent = Agent(settings, StaticTargets(targets), clock=lambda: clock[0])
+    return ScrapeRun(targets, payloads, settings, agent, clock)
+
+
+def fill_window(run: ScrapeRun) -> None:
+    """Fill the 15-minute window first (55 cycles of signals, counters advancing), so the measured
+    cycles run in steady state: a full store and a full 300 s window."""
+    mappings = run.agent.mappings
+    wanted = mappings.wanted["vllm"]
+    base = resolve([s for t, text in zip(run.targets, run.payloads, strict=True)
+                    for s in normalise(t, parse(text, wanted), mappings).signals], mappings)
+    total_cycles = int(RETENTION_S / INTERVAL_S)
+    for k in range(total_cycles - CYCLES - 1):
+        run.clock[0] += INTERVAL_S
+        step = [Signal(s.pod, s.model, s.name, s.le, s.value + (k + 1) * 10.0 if s.kind == "counter" else s.value,
+                       s.kind, s.source) for s in base]
+        run.agent.store.ingest(step, ts=run.clock[0])
+
+
+async def timed_cycles(run: ScrapeRun) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of each of CYCLES full scrape cycles, after one to warm up."""
+    walls, cpus = [], []
+    async with new_session(run.settings.scrape.concurrency) as session:
+        await run.agent.cycle.run(session, run.targets)  # warm-up (connections, caches)
+        for _ in range(CYCLES):
+            run.clock[0] += INTERVAL_S
+            w0, c0 = time.perf_counter(), time.process_time()
+            snap = await run.agent.cycle.run(session, run.targets)
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+            assert sum(st.up for st in snap.targets) == N_TARGETS, [s.reason for s in snap.targets if not s.up]
+    return walls, cpus
+
+
+def measure_cycles(run: ScrapeRun) -> None:
+    walls, cpus = asyncio.run(timed_cycles(run))
+    wall = statistics.median(walls)
+    cpu = statistics.median(cpus)
+    print(f"steady state (full window) cycle wall time: median {wall * 1000:.0f} ms over {CYCLES} cycles "
+          f"(min {min(walls) * 1000:.0f}, max {max(walls) * 1000:.0f}); target < 1000 ms -> "
+          f"{'PASS' if wall < 1 else 'FAIL'}")
+    print(f"CPU time per target: {cpu / N_TARGETS * 1000:.2f} ms (cycle CPU {cpu * 1000:.0f} ms, "
+          f"includes fetch, parse, normalise, store and snapshot)")
+
+
+def best(fn: Callable[[], None], reps: int = 3) -> float:
+    """Best CPU time of this process (robust on a shared, noisy machine)."""
+    times = []
+    for _ in range(reps):
+        s = time.process_time()
+        fn()
+        times.append(time.process_time() - s)
+    return min(times)
+
+
+def compare_parsers(run: ScrapeRun) -> None:
+    """parse+normalise vs the reference parser alone, same payloads, same process; then parse and
+    normalise together by shape, and with every series new."""
+    targets, payloads, mappings = run.targets, run.payloads, run.agent.mappings
+    wanted = mappings.wanted["vllm"]
+
+    def ours() -> None:
+        for t, text in zip(targets, payloads, strict=True):
+            normalise(t, parse(text, wanted), mappings)
+
+    def reference() -> None:
+        for text in payloads:
+            for fam in text_string_to_metric_families(text):
+                for _ in fam.samples:
+                    pass
+
+    t_ours, t_ref = best(ours), best(reference)
+    mb = sum(len(p.encode()) for p in payloads) / 2**20
+    print(f"parse+normalise (CPU time): {t_ours * 1000:.0f} ms for {N_TARGETS} payloads ({mb / t_ours:.1f} MiB/s); "
+          f"text_string_to_metric_families alone: {t_ref * 1000:.0f} ms ({mb / t_ref:.1f} MiB/s); "
+          f"ratio {t_ref / t_ours:.2f}x; target >= 2x -> {'PASS' if t_ref / t_ours >= 2 else 'FAIL'}")
+
+    shapes = Shapes(mappings, run.agent.cycle.limits)
+
+    def together() -> None:  # what the cycle does: parse and normalise at once, by the payload's shape
+        for t, text in zip(targets, payloads, strict=True):
+            shapes.read(text, t)
+
+    together()
+    together()  # a shape is remembered the second time it is seen
+    t_shape = best(together)
+    print(f"parse and normalise together by shape (a payload seen before, as the cycle reads it): "
+          f"{t_shape * 1000:.0f} ms; ratio to text_string_to_metric_families {t_ref / t_shape:.2f}x; "
+          f"{t_ours / t_shape:.2f}x faster than parse then normalise (same run)")
+
+    def cold() -> None:  # every series new to the parser (a target's first scrape)
+        for t, text in zip(targets, payloads, strict=True):
+            forget_series()
+            normalise(t, parse(text, wanted), mappings)
+
+    t_cold = best(cold)
+    print(f"parse+normalise with every series new (a target's first scrape): {t_cold * 1000:.0f} ms; "
+          f"ratio to text_string_to_metric_families {t_ref / t_cold:.2f}x")
+
+
+def report_window(run: ScrapeRun) -> None:
+    """The full window: its rows, one snapshot over it, and the size of /metrics."""
+    agent, clock = run.agent, run.clock
+    s0 = time.perf_counter()
+    from agent.collect.snapshot import build_snapshot
+
+    snap = build_snapshot(agent.store.window(now=clock[0]), [], taken_at=clock[0],
+                          kv_bytes_per_token=run.settings.tiers.kv_bytes_per_token)
+    snap_s = time.perf_counter() - s0
+    text = agent.metrics_text()
+    print(f"window: {agent.store.rows:,} rows in {len(agent.store._frames)} cycles "
+          f"({RETENTION_S / 60:.0f} min at {INTERVAL_S:g}s); snapshot over it {snap_s * 1000:.0f} ms, "
+          f"{len(snap.tiers)} tier series; /metrics {len(text) / 1024:.0f} KiB")
+
+
+def main() -> None:
+    print_machine()
+    payloads = render_payloads()
+    with payload_server(payloads) as port:
+        run = start_agent(port, payloads)
+        rss_before = peak_rss_mb()
+        fill_window(run)
+        measure_cycles(run)
+        compare_parsers(run)
+        report_window(run)
+        rss = peak_rss_mb()
+        print(f"peak RSS: {rss:.0f} MB (before scraping {rss_before:.0f} MB); target < 300 MB -> "
+              f"{'PASS' if rss < 300 else 'FAIL'}")
 
 
 if __name__ == "__main__":

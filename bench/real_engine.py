@@ -177,7 +177,7 @@ def spread(xs: list[float], fmt: str) -> str:
             if xs else "n/a")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="example: .venv/bin/python bench/real_engine.py --repeats 3")
     ap.add_argument("--repeats", type=int, default=3, help="calibrate + hold out this many times [3]")
@@ -192,143 +192,228 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.small:
         args.repeats, args.calibration, args.held_out = 1, 60, 80
-    why = engine_available()
-    if why:
-        print(f"real_engine: {why}", file=sys.stderr)
-        return 2
-    calib = stream(CALIBRATION, 11, args.calibration, 1.0)
-    held = stream(HELD_OUT, 23, args.held_out, 1.0)
+    return args
+
+
+def print_streams(args: argparse.Namespace, calib: pl.DataFrame, held: pl.DataFrame) -> None:
     print(f"calibration stream: {calib.height} requests, prompts {calib['input_length'].min()}-"
           f"{calib['input_length'].max()} tokens (mean {calib['input_length'].mean():.0f}), sent one at a time")
     print(f"held-out stream: {held.height} requests, prompts {held['input_length'].min()}-{held['input_length'].max()} "
           f"tokens (mean {held['input_length'].mean():.0f}), open loop at "
           + (f"{args.rate:g} req/s" if args.rate else f"utilisation {args.utilisation:g}"))
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; engine dtype {engine_dtype()}")
-    helds: list[pl.DataFrame] = []
 
-    def pinned(cmd, **kw):
-        return subprocess.Popen(["taskset", "-c", "0", *cmd], **kw)
 
-    spec = EngineSpec(model=tiny_model_dir(), port=free_port(), cpu_bind="0",
-                      extra_args=("--enable-prompt-tokens-details",))
-    fits: list[ServiceFit] = []
-    results: list[HeldOut] = []
-    loads: list[Load] = []
-    rounds: list[tuple[list[Completion], list[Completion], int]] = []
+def pinned(cmd, **kw):
+    """The engine's launcher: its whole process group on core 0."""
+    return subprocess.Popen(["taskset", "-c", "0", *cmd], **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rig:
+    """The running engine and what every repeat needs of it."""
+
+    engine: EngineProcess
+    sender: StreamSender  # max_tokens=1: the response time is the TTFT
+    pgid: int
+    capacity: int  # KV tokens
+    decode: float  # seconds per output token
+
+
+def start_rig(engine: EngineProcess, spec: EngineSpec) -> Rig:
+    """Wait for the engine, read its KV capacity, warm it up and time its decode."""
+    t = engine.wait_healthy()
+    pgid = engine.proc.pid
+    capacity = gpu_tokens(scrape(engine))
+    print(f"engine healthy in {t:.1f} s (pid {pgid}, pinned to core 0), KV capacity {capacity:,} tokens")
+    sender = StreamSender(engine.base_url, model=spec.served_model)
+    warm = PromptBuilder(salt=999_999)
+    sender.send_closed_loop([warm.prompt([i, i + 1, i + 2, i + 3], 1800) for i in range(0, 80, 4)])
+    dec = StreamSender(engine.base_url, model=spec.served_model, max_tokens=33)
+    long = [warm.prompt([7, 8], 600)] * 8
+    d33 = [c.latency_s for c in dec.send_closed_loop(long)]
+    d1 = [c.latency_s for c in sender.send_closed_loop(long)]
+    decode = max((statistics.median(d33) - statistics.median(d1)) / 32, 1e-6)
+    print(f"decode: {decode * 1e3:.2f} ms/token (median of 8 x 33 vs 8 x 1 tokens)")
+    return Rig(engine, sender, pgid, capacity, decode)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """One repeat's traffic: the calibration requests (both halves), the held-out stream and its
+    completions at `rate`, the load of each of the three parts, the engine's /metrics around the
+    held-out stream."""
+
+    cal: list[Completion]
+    held: pl.DataFrame
+    done: list[Completion]
+    rate: float
+    loads: tuple[Load, Load, Load]  # calibration before, held-out, calibration after
+    before: str
+    after: str
+
+
+def send_repeat(rig: Rig, calib: pl.DataFrame, rep: int, args: argparse.Namespace) -> Sent:
+    """Half the calibration before the held-out stream and half after it, so the fit sees the
+    machine's load of the minutes the held-out stream ran in."""
+    builder = PromptBuilder(salt=3 * rep + 1)
+    cal_prompts = list(prompts(calib, builder))
+    half = len(cal_prompts) // 2
+    meter = LoadMeter(rig.pgid)
+    cal = rig.sender.send_closed_loop(cal_prompts[:half])
+    load_c = meter.done()
+    rate = args.rate or args.utilisation / statistics.mean(c.latency_s for c in cal)
+    held = stream(HELD_OUT, 23, args.held_out, rate)
+    before = scrape(rig.engine)
+    meter = LoadMeter(rig.pgid)
+    done = rig.sender.send_open_loop(list(prompts(held, PromptBuilder(salt=3 * rep + 2))),
+                                     [t / 1000 for t in held["timestamp_ms"].to_list()])
+    load_h = meter.done()
+    after = scrape(rig.engine)
+    meter = LoadMeter(rig.pgid)
+    cal += rig.sender.send_closed_loop(cal_prompts[half:])
+    load_c2 = meter.done()
+    return Sent(cal, held, done, rate, (load_c, load_h, load_c2), before, after)
+
+
+def append_samples(path: Path, kind: str, rep: int, completions: list[Completion]) -> None:
+    with open(path, "a") as f:
+        f.writelines(f"{kind},{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
+                     f"{c.latency_s:.6f}\n" for c in completions)
+
+
+def fit_calibration(cal: list[Completion]) -> tuple[ServiceFit, str]:
+    """The twin's model fitted to the calibration TTFTs (FitError when it cannot be), and the
+    same without the attention term, as text."""
+    computed = [c.prompt_tokens - (c.cached_tokens or 0) for c in cal]
+    cached = [c.cached_tokens or 0 for c in cal]
+    lat = [c.latency_s for c in cal]
+    fit = fit_service_latency(computed, cached, lat)
+    try:
+        fit2 = fit_service_latency(computed, cached, lat, attention=False)
+        linear = (f"{fit2.overhead_s * 1e3:.2f} ms + n x {fit2.prefill_s_per_token * 1e6:.2f} us "
+                  f"(r2 {fit2.r2:.3f}, rms {fit2.rms_s * 1e3:.2f} ms)")
+    except FitError as exc:
+        linear = str(exc)
+    return fit, linear
+
+
+def engine_mean_ttft(before: str, after: str) -> float:
+    """The engine's own mean TTFT between two scrapes (from its API server's receipt of a request)."""
+    return ((metric(after, "vllm:time_to_first_token_seconds_sum")
+             - metric(before, "vllm:time_to_first_token_seconds_sum"))
+            / max(metric(after, "vllm:time_to_first_token_seconds_count")
+                  - metric(before, "vllm:time_to_first_token_seconds_count"), 1.0))
+
+
+def held_out_figures(rig: Rig, sent: Sent, fit: ServiceFit) -> tuple[HeldOut, list[float]]:
+    """The engine against the twin with `fit` on the held-out stream; and the twin's TTFTs."""
+    before, after, done = sent.before, sent.after, sent.done
+    q = metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total")
+    h = metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total")
+    twin_hit, twin_ttft = twin_on(sent.held, done, fit, rig.capacity, rig.decode)
+    e50, e95 = quantiles([c.latency_s for c in done])
+    t50, t95 = quantiles(twin_ttft)
+    res = HeldOut(sum(c.cached_tokens or 0 for c in done) / sum(c.prompt_tokens for c in done), h / q,
+                  twin_hit, e50, e95, t50, t95, len(done))
+    return res, twin_ttft
+
+
+def print_repeat(rep: int, repeats: int, sent: Sent, fit: ServiceFit, linear: str, res: HeldOut,
+                 twin_ttft: list[float]) -> None:
+    load_c, load_h, load_c2 = sent.loads
+    # the engine's own TTFT: the client's latency less what the client's side (its threads, the loopback) adds
+    e_ttft = engine_mean_ttft(sent.before, sent.after)
+    print(f"\nrepeat {rep + 1}/{repeats}")
+    print(f"  calibration (before: {load_c.text()}; after: {load_c2.text()})")
+    print(f"    {fit.samples} requests: TTFT = {fit.overhead_s * 1e3:.2f} ms + "
+          f"n x {fit.prefill_s_per_token * 1e6:.2f} us + n(cached + n/2) x "
+          f"{fit.attention_s_per_token2 * 1e9:.2f} ns  (r2 {fit.r2:.3f}, rms {fit.rms_s * 1e3:.2f} ms)")
+    print(f"    without the attention term: {linear}")
+    print(f"  held-out ({load_h.text()}), {res.requests} requests at {sent.rate:.2f} req/s:")
+    print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
+          f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")
+    c_mean = statistics.mean(c.latency_s for c in sent.done)
+    print(f"    TTFT mean: client {c_mean * 1e3:.2f} ms, the engine's own histogram {e_ttft * 1e3:.2f} ms "
+          f"(the client's side adds {(c_mean - e_ttft) * 1e3:+.2f} ms), twin {statistics.mean(twin_ttft) * 1e3:.2f} ms")
+    print(f"    TTFT p50: engine {res.engine_p50 * 1e3:.2f} ms, twin {res.twin_p50 * 1e3:.2f} ms, error {res.p50_err:+.1%}")
+    print(f"    TTFT p95: engine {res.engine_p95 * 1e3:.2f} ms, twin {res.twin_p95 * 1e3:.2f} ms, error {res.p95_err:+.1%}"
+          f"   -> {'within' if res.ok() else 'OUTSIDE'} the targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeat:
+    """One repeat's outcome: what it sent, the fit to its calibration, its held-out figures."""
+
+    rep: int
+    sent: Sent
+    fit: ServiceFit
+    result: HeldOut
+
+
+def run_repeat(rig: Rig, calib: pl.DataFrame, rep: int, args: argparse.Namespace) -> Repeat | None:
+    """Calibrate, hold out, compare and print; None (said on stderr) when requests failed or the fit did."""
+    sent = send_repeat(rig, calib, rep, args)
+    bad = [c for c in sent.cal if not c.ok]
+    if bad:
+        print(f"calibration: {len(bad)} failed requests, first: {bad[0].error}", file=sys.stderr)
+        return None
+    if args.samples:
+        append_samples(args.samples, "cal", rep, sent.cal)
+    try:
+        fit, linear = fit_calibration(sent.cal)
+    except FitError as exc:
+        print(f"calibration: {exc}", file=sys.stderr)
+        return None
+    done = sent.done
+    if any(not c.ok for c in done) or len(done) != sent.held.height:
+        print(f"held-out: {sum(not c.ok for c in done)} failed of {len(done)}", file=sys.stderr)
+        return None
+    if args.samples:
+        append_samples(args.samples, "held", rep, done)
+    res, twin_ttft = held_out_figures(rig, sent, fit)
+    print_repeat(rep, args.repeats, sent, fit, linear, res, twin_ttft)
+    return Repeat(rep, sent, fit, res)
+
+
+def run_engine(spec: EngineSpec, calib: pl.DataFrame, args: argparse.Namespace) -> tuple[Rig, list[Repeat]] | None:
+    """Every repeat on one engine, stopped at the end; None when a repeat failed."""
+    repeats: list[Repeat] = []
     with tempfile.TemporaryDirectory(prefix="tierpilot-bench-engine-") as scratch:
         engine = EngineProcess(spec, Path(scratch), launcher=pinned)
         with engine:
-            t = engine.wait_healthy()
-            pgid = engine.proc.pid
-            text = scrape(engine)
-            capacity = gpu_tokens(text)
-            print(f"engine healthy in {t:.1f} s (pid {pgid}, pinned to core 0), KV capacity {capacity:,} tokens")
-            sender = StreamSender(engine.base_url, model=spec.served_model)
-            warm = PromptBuilder(salt=999_999)
-            sender.send_closed_loop([warm.prompt([i, i + 1, i + 2, i + 3], 1800) for i in range(0, 80, 4)])
-            dec = StreamSender(engine.base_url, model=spec.served_model, max_tokens=33)
-            long = [warm.prompt([7, 8], 600)] * 8
-            d33 = [c.latency_s for c in dec.send_closed_loop(long)]
-            d1 = [c.latency_s for c in sender.send_closed_loop(long)]
-            decode = max((statistics.median(d33) - statistics.median(d1)) / 32, 1e-6)
-            print(f"decode: {decode * 1e3:.2f} ms/token (median of 8 x 33 vs 8 x 1 tokens)")
+            rig = start_rig(engine, spec)
             for rep in range(args.repeats):
-                # half the calibration before the held-out stream and half after it, so the fit sees the
-                # machine's load of the minutes the held-out stream ran in
-                builder = PromptBuilder(salt=3 * rep + 1)
-                cal_prompts = list(prompts(calib, builder))
-                half = len(cal_prompts) // 2
-                meter = LoadMeter(pgid)
-                cal = sender.send_closed_loop(cal_prompts[:half])
-                load_c = meter.done()
-                rate = args.rate or args.utilisation / statistics.mean(c.latency_s for c in cal)
-                held = stream(HELD_OUT, 23, args.held_out, rate)
-                helds.append(held)
-                before = scrape(engine)
-                meter = LoadMeter(pgid)
-                done = sender.send_open_loop(list(prompts(held, PromptBuilder(salt=3 * rep + 2))),
-                                             [t / 1000 for t in held["timestamp_ms"].to_list()])
-                load_h = meter.done()
-                after = scrape(engine)
-                meter = LoadMeter(pgid)
-                cal += sender.send_closed_loop(cal_prompts[half:])
-                load_c2 = meter.done()
-                bad = [c for c in cal if not c.ok]
-                if bad:
-                    print(f"calibration: {len(bad)} failed requests, first: {bad[0].error}", file=sys.stderr)
-                    return 1
-                if args.samples:
-                    with open(args.samples, "a") as f:
-                        f.writelines(f"cal,{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
-                                     f"{c.latency_s:.6f}\n" for c in cal)
-                computed = [c.prompt_tokens - (c.cached_tokens or 0) for c in cal]
-                cached = [c.cached_tokens or 0 for c in cal]
-                lat = [c.latency_s for c in cal]
-                try:
-                    fit = fit_service_latency(computed, cached, lat)
-                except FitError as exc:
-                    print(f"calibration: {exc}", file=sys.stderr)
-                    return 1
-                try:
-                    fit2 = fit_service_latency(computed, cached, lat, attention=False)
-                    linear = (f"{fit2.overhead_s * 1e3:.2f} ms + n x {fit2.prefill_s_per_token * 1e6:.2f} us "
-                              f"(r2 {fit2.r2:.3f}, rms {fit2.rms_s * 1e3:.2f} ms)")
-                except FitError as exc:
-                    linear = str(exc)
-                fits.append(fit)
-                loads += [load_c, load_h, load_c2]
-                if any(not c.ok for c in done) or len(done) != held.height:
-                    print(f"held-out: {sum(not c.ok for c in done)} failed of {len(done)}", file=sys.stderr)
-                    return 1
-                rounds.append((cal, done, rep))
-                if args.samples:
-                    with open(args.samples, "a") as f:
-                        f.writelines(f"held,{rep},{c.index},{c.sent_s:.4f},{c.prompt_tokens},{c.cached_tokens},"
-                                     f"{c.latency_s:.6f}\n" for c in done)
-                # the engine's own TTFT (from its API server's receipt of a request): the client's
-                # latency less what the client's side (its threads, the loopback) adds
-                e_ttft = ((metric(after, "vllm:time_to_first_token_seconds_sum")
-                           - metric(before, "vllm:time_to_first_token_seconds_sum"))
-                          / max(metric(after, "vllm:time_to_first_token_seconds_count")
-                                - metric(before, "vllm:time_to_first_token_seconds_count"), 1.0))
-                q = metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total")
-                h = metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total")
-                twin_hit, twin_ttft = twin_on(held, done, fit, capacity, decode)
-                e50, e95 = quantiles([c.latency_s for c in done])
-                t50, t95 = quantiles(twin_ttft)
-                res = HeldOut(sum(c.cached_tokens or 0 for c in done) / sum(c.prompt_tokens for c in done), h / q,
-                              twin_hit, e50, e95, t50, t95, len(done))
-                results.append(res)
-                print(f"\nrepeat {rep + 1}/{args.repeats}")
-                print(f"  calibration (before: {load_c.text()}; after: {load_c2.text()})")
-                print(f"    {fit.samples} requests: TTFT = {fit.overhead_s * 1e3:.2f} ms + "
-                      f"n x {fit.prefill_s_per_token * 1e6:.2f} us + n(cached + n/2) x "
-                      f"{fit.attention_s_per_token2 * 1e9:.2f} ns  (r2 {fit.r2:.3f}, rms {fit.rms_s * 1e3:.2f} ms)")
-                print(f"    without the attention term: {linear}")
-                print(f"  held-out ({load_h.text()}), {res.requests} requests at {rate:.2f} req/s:")
-                print(f"    GPU hit ratio: engine {res.engine_hit:.4f} (counters {res.engine_counter_hit:.4f}), "
-                      f"twin {res.twin_hit:.4f}, error {res.hit_err:+.4f} (target +-{HIT_TARGET})")
-                c_mean = statistics.mean(c.latency_s for c in done)
-                print(f"    TTFT mean: client {c_mean * 1e3:.2f} ms, the engine's own histogram {e_ttft * 1e3:.2f} ms "
-                      f"(the client's side adds {(c_mean - e_ttft) * 1e3:+.2f} ms), twin {statistics.mean(twin_ttft) * 1e3:.2f} ms")
-                print(f"    TTFT p50: engine {e50 * 1e3:.2f} ms, twin {t50 * 1e3:.2f} ms, error {res.p50_err:+.1%}")
-                print(f"    TTFT p95: engine {e95 * 1e3:.2f} ms, twin {t95 * 1e3:.2f} ms, error {res.p95_err:+.1%}"
-                      f"   -> {'within' if res.ok() else 'OUTSIDE'} the targets")
-    pooled = ServiceFit(statistics.median(f.overhead_s for f in fits),
-                        statistics.median(f.prefill_s_per_token for f in fits),
-                        statistics.median(f.attention_s_per_token2 for f in fits), fits[0].samples,
-                        statistics.median(f.r2 for f in fits), statistics.median(f.rms_s for f in fits))
-    print(f"\nprofile (median of {len(fits)} fits): overhead {pooled.overhead_s * 1e3:.2f} ms, prefill "
-          f"{pooled.prefill_s_per_token * 1e6:.2f} us/token, attention {pooled.attention_s_per_token2 * 1e9:.2f} "
-          f"ns/token^2, decode {decode * 1e3:.2f} ms/token")
+                outcome = run_repeat(rig, calib, rep, args)
+                if outcome is None:
+                    return None
+                repeats.append(outcome)
+    return rig, repeats
+
+
+def pooled_fit(fits: list[ServiceFit]) -> ServiceFit:
+    """The median of the repeats' fits, term by term."""
+    return ServiceFit(statistics.median(f.overhead_s for f in fits),
+                      statistics.median(f.prefill_s_per_token for f in fits),
+                      statistics.median(f.attention_s_per_token2 for f in fits), fits[0].samples,
+                      statistics.median(f.r2 for f in fits), statistics.median(f.rms_s for f in fits))
+
+
+def cross_check(rig: Rig, repeats: list[Repeat], pooled: ServiceFit) -> list[HeldOut]:
+    """Every held-out stream replayed again with the pooled profile, one line each."""
     cross = []
-    for (_cal, done, rep), res, held in zip(rounds, results, helds, strict=True):
-        twin_hit, twin_ttft = twin_on(held, done, pooled, capacity, decode)
+    for r in repeats:
+        twin_hit, twin_ttft = twin_on(r.sent.held, r.sent.done, pooled, rig.capacity, rig.decode)
         t50, t95 = quantiles(twin_ttft)
+        res = r.result
         cross.append(HeldOut(res.engine_hit, res.engine_counter_hit, twin_hit, res.engine_p50, res.engine_p95,
                              t50, t95, res.requests))
-        print(f"  on held-out {rep + 1}: hit error {cross[-1].hit_err:+.4f}, p50 {cross[-1].p50_err:+.1%}, "
+        print(f"  on held-out {r.rep + 1}: hit error {cross[-1].hit_err:+.4f}, p50 {cross[-1].p50_err:+.1%}, "
               f"p95 {cross[-1].p95_err:+.1%}")
+    return cross
+
+
+def print_summary(results: list[HeldOut], cross: list[HeldOut]) -> None:
     print("\nsummary over repeats (median [min .. max]), the profile's fit per repeat:")
     print(f"  hit ratio error   {spread([r.hit_err for r in results], '{:+.4f}')}")
     print(f"  TTFT p50 error    {spread([r.p50_err for r in results], '{:+.1%}')}")
@@ -337,8 +422,32 @@ def main(argv: list[str] | None = None) -> int:
           f"{spread([r.engine_p95 * 1e3 for r in results], '{:.2f}')} ms")
     print(f"  within targets    {sum(r.ok() for r in results)}/{len(results)} repeats "
           f"(with the median profile: {sum(r.ok() for r in cross)}/{len(cross)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    why = engine_available()
+    if why:
+        print(f"real_engine: {why}", file=sys.stderr)
+        return 2
+    calib = stream(CALIBRATION, 11, args.calibration, 1.0)
+    print_streams(args, calib, stream(HELD_OUT, 23, args.held_out, 1.0))
+    spec = EngineSpec(model=tiny_model_dir(), port=free_port(), cpu_bind="0",
+                      extra_args=("--enable-prompt-tokens-details",))
+    ran = run_engine(spec, calib, args)
+    if ran is None:
+        return 1
+    rig, repeats = ran
+    fits = [r.fit for r in repeats]
+    pooled = pooled_fit(fits)
+    print(f"\nprofile (median of {len(fits)} fits): overhead {pooled.overhead_s * 1e3:.2f} ms, prefill "
+          f"{pooled.prefill_s_per_token * 1e6:.2f} us/token, attention {pooled.attention_s_per_token2 * 1e9:.2f} "
+          f"ns/token^2, decode {rig.decode * 1e3:.2f} ms/token")
+    cross = cross_check(rig, repeats, pooled)
+    print_summary([r.result for r in repeats], cross)
     if args.write_profile:
-        args.write_profile.write_text(profile_text(pooled, decode, capacity, fits, loads))
+        loads = [load for r in repeats for load in r.sent.loads]
+        args.write_profile.write_text(profile_text(pooled, rig.decode, rig.capacity, fits, loads))
         print(f"wrote {args.write_profile}")
     return 0
 

@@ -50,25 +50,18 @@ import polars as pl
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
-from agent.runtime.tuning.schema import defaults
+from helpers.drift_figures import drift_figures  # bench/ is on the path from here
+
 from contracts.knobs import Knobs
 from simulator.cluster import ClusterSpec
 from simulator.synthetic import synthetic
-from tuners.drift import DriftDetector, DriftSettings, SignalDetector, workload_signals
 from tuners.evaluators import EvaluationCache, TwinEvaluator, evaluation_from_summary, run_trials
 from tuners.objective import ObjectiveSpec
 from tuners.offline import load_workload
 from tuners.optuna_tuner import OptunaTuner
 from tuners.space import DeploymentLimits, SearchSpace
-
-# the detector measured bare: the schema's settings with a fixed level, no refractory period and no
-# minimum shift (the agent's tracking and refractory are measured by bench/live_tuning.py)
-BARE_DRIFT = {"track": 0.0, "refractory": 0, "min_rel_shift": 0.0}
-
-
-def bare_drift(**kw: Any) -> DriftSettings:
-    return defaults(DriftSettings, **{**BARE_DRIFT, **kw})
 
 L2_TOKENS = 64 * 8192  # a 64 GiB shared pool (Llama-3.1-8B bf16: 8,192 tokens per GiB): eviction matters
 GPU_TOKENS = 8 * 8192  # GPU prefix cache per pod
@@ -297,54 +290,6 @@ def expected_random_regret(grid_values: np.ndarray, optimum: float, n: int) -> f
     i = np.arange(m)
     p = ((m - i) / m) ** n - ((m - i - 1) / m) ** n
     return float(100.0 * (np.dot(p, v) / optimum - 1.0))
-
-
-# -- drift -----------------------------------------------------------------------------------
-def drift_figures(seeds: int) -> None:
-    print("\n== drift detection (Page-Hinkley, warm-up 20, delta 0.5, threshold 16 noise units) ==")
-    windows = alarms = 0
-    for preset in ("rag", "sessions", "short"):
-        for seed in range(1, seeds + 1):
-            sig = workload_signals(synthetic(preset, seed=seed, duration_s=1200.0), 10.0)
-            det = DriftDetector(bare_drift())
-            alarms += sum(1 for s in sig if det.update(s, s["t"]))
-            windows += len(sig)
-    print(f"stationary presets (rag, sessions, short; {seeds} seeds, 20 min, 10 s windows): "
-          f"{alarms} false alarms in {windows} windows ({1000 * alarms / windows:.2f} per 1,000 windows)")
-    delays = []
-    for seed in range(1, seeds + 1):
-        wl = synthetic("shift", seed=seed, duration_s=1200.0)
-        sig = workload_signals(wl, 10.0)
-        change = 600.0 + sig[0]["t"]
-        det = DriftDetector(bare_drift())
-        hits = [(e.at, e.signal) for s in sig if (e := det.update(s, s["t"]))]
-        after = [h for h in hits if h[0] >= change]
-        delays.append(after[0][0] - change if after else float("nan"))
-        early = len(hits) - len(after)
-        print(f"  shift preset seed {seed}: change at {change:.0f} s, alarm(s) {hits}, false before change: {early}")
-    print(f"shift preset detection delay: mean {np.nanmean(delays):.1f} s (windows of 10 s), "
-          f"max {np.nanmax(delays):.1f} s, missed {sum(np.isnan(delays))}/{len(delays)}")
-    n, runs = 1000, 40
-    for method in ("page_hinkley", "cusum"):
-        fa = 0
-        for s in range(runs):  # a detector re-learns after each alarm, so every alarm counts
-            rng = np.random.default_rng(s)
-            det1 = SignalDetector("x", bare_drift(method=method))
-            fa += sum(1 for v in 0.5 + 0.03 * rng.standard_normal(n) if det1.update(float(v)))
-        parts = []
-        for k in (2, 3, 4):
-            ds = []
-            for s in range(runs):
-                rng = np.random.default_rng(1000 + s)
-                x = 0.5 + 0.03 * rng.standard_normal(300)
-                x[100:] -= 0.03 * k
-                det1 = SignalDetector("x", bare_drift(method=method))
-                i = next((i for i, v in enumerate(x) if det1.update(float(v))), None)
-                if i is not None and i >= 100:
-                    ds.append(i - 100)
-            parts.append(f"{k} sigma: {statistics.mean(ds):.1f} pts ({len(ds)}/{runs} found)")
-        print(f"gaussian, {method}: {1000 * fa / (runs * n):.3f} false alarms per 1,000 points; delay "
-              + "; ".join(parts))
 
 
 # -- main ------------------------------------------------------------------------------------

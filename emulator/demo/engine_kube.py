@@ -90,7 +90,7 @@ class KubeWorld:
 
     def _on_event(self, ev: PodEvent) -> None:
         self.events.append(ev)
-        if ev.what in ("started", "stopped", "restarted", "failed"):
+        if ev.what in ("started", "stopped", "restarted", "failed", "unready", "backoff"):
             self.progress(f"kubelet: {ev.what} {ev.pod}" + (f" ({ev.reason})" if ev.what != "started" else ""))
 
     def create(self, objects: Iterable[dict[str, Any]]) -> None:
@@ -104,15 +104,16 @@ class KubeWorld:
         return self.server.write_kubeconfig(path, NAMESPACE)
 
     def wait_pods(self, deployments: list[str], timeout_s: float | None = None) -> dict[str, str]:
-        """Block until each Deployment's first replica runs and is ready; its pod IP by Deployment."""
+        """Block until each Deployment's first replica runs and is ready; its pod IP by Deployment.
+        A pod that could not start, or exited before it was ready, fails it at once."""
         assert self.kubelet is not None
         deadline = self.clock() + (timeout_s or self.ready_timeout_s * max(1, len(deployments)))
         while True:
             pods = {name: self.kubelet.pods.get(name, {}).get(0) for name in deployments}
-            ready = {n: p.ip for n, p in pods.items() if p is not None and self._published(p.name)}
+            ready = {n: p.ip for n, p in pods.items() if p is not None and p.ready and self._published(p.name)}
             if len(ready) == len(deployments):
                 return ready
-            failed = [e for e in self.events if e.what == "failed"]
+            failed = [e for e in self.events if e.what in ("failed", "unready")]  # could not start, or crashed
             if failed:
                 raise EngineError(f"kubelet: pod {failed[-1].pod} failed: {failed[-1].reason}")
             if self.clock() > deadline:

@@ -10,7 +10,10 @@ and args, the environment from env and envFrom, ConfigMap volumes as files). Eac
   rolled, one replica at a time (maxSurge 0, maxUnavailable 1: a replica keeps its pod IP, so its
   ports are free only once the old process is gone): stop the old process, start the new command
   line, wait until its readiness probe answers, then the next replica;
-- a replica whose process exited is started again (restartPolicy Always);
+- a replica whose process exited is started again (restartPolicy Always), after the kubelet's
+  back-off once it keeps crashing (CrashLoopBackOff: kubelet_status.py); a replica is Ready once
+  its readiness probe answers, and an updated replica that is not Ready holds the roll (the
+  replicas still on the old template keep running);
 - a pod with a ConfigMap volume whose ConfigMap does not exist (and is not `optional`) waits,
   not started (ContainerCreating, "MountVolume.SetUp failed"), until the ConfigMap appears;
 - a ConfigMap change rewrites the files of every pod that mounts it, atomically, as the kubelet
@@ -23,74 +26,36 @@ and args, the environment from env and envFrom, ConfigMap volumes as files). Eac
 
 Pods get stable loopback IPs (127.0.0.N per Deployment and replica ordinal), so several replicas
 bind the same port; each running pod is published as a Pod object (labels, annotations,
-status.podIP) so the agent's discovery finds it, and the Deployment's status is written once its
-replicas are ready. The container runtime is injected (`ProcessRuntime`: real child processes;
-tests use fakes).
+status.podIP, readiness, restarts) so the agent's discovery finds it, and the Deployment's status
+says how many of its pods are ready, with the controller's conditions (a rollout that makes no
+progress for `progressDeadlineSeconds` reports `ProgressDeadlineExceeded`). The container runtime
+is injected (container_runtime.py: real child processes; tests use fakes).
 """
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from emulator.engines.child import ChildProcess, Launcher, http_status
+from emulator.engines.child import EngineError
+from emulator.engines.container_runtime import PodProcess, ProcessRuntime, Runtime
+from emulator.engines.kubelet_status import (
+    BACKOFF_RESET_S,
+    PROGRESS_DEADLINE_S,
+    ReplicaCounts,
+    deployment_status,
+    pod_status,
+    restart_delay,
+    same_status,
+)
 from emulator.engines.podspec import Image, PodCommand, PodInfo, PodSpecError, pod_command, template_hash
 
 log = logging.getLogger("tierpilot.kubelet")
-
-
-class Runtime(Protocol):
-    """Starts and stops containers (`ProcessRuntime`, or a fake in tests)."""
-
-    def start(self, pod: str, cmd: PodCommand) -> Any: ...
-
-    def wait_ready(self, handle: Any) -> float: ...
-
-    def running(self, handle: Any) -> bool: ...
-
-    def stop(self, handle: Any) -> None: ...
-
-
-class PodProcess(ChildProcess):
-    kind = "pod"
-
-    def __init__(self, name: str, cmd: PodCommand, scratch: Path, **kw: Any) -> None:
-        super().__init__(scratch, f"{name}.log", **kw)
-        self.name, self.spec = name, cmd
-
-    def start(self) -> PodProcess:
-        self._launch(self.spec.argv, self.spec.env)
-        return self
-
-    def _healthy(self) -> bool:
-        return self.spec.ready_url is None or self.probe(self.spec.ready_url, 2.0) == 200
-
-
-class ProcessRuntime:
-    """Containers as real process groups (logs in `scratch/<pod>.log`)."""
-
-    def __init__(self, scratch: Path, *, launcher: Launcher = subprocess.Popen,
-                 probe: Callable[[str, float], int] = http_status, ready_timeout_s: float = 240.0) -> None:
-        self.scratch, self.launcher, self.probe, self.ready_timeout_s = Path(scratch), launcher, probe, ready_timeout_s
-        self.scratch.mkdir(parents=True, exist_ok=True)
-
-    def start(self, pod: str, cmd: PodCommand) -> PodProcess:
-        return PodProcess(pod, cmd, self.scratch, launcher=self.launcher, probe=self.probe).start()
-
-    def wait_ready(self, handle: PodProcess) -> float:
-        return handle.wait_healthy(self.ready_timeout_s)
-
-    def running(self, handle: PodProcess) -> bool:
-        return handle.proc is not None and handle.proc.poll() is None
-
-    def stop(self, handle: PodProcess) -> None:
-        handle.stop()
 
 
 @dataclass
@@ -103,12 +68,20 @@ class Pod:
     cmd: PodCommand
     handle: Any
     configmaps: tuple[str, ...]  # the ConfigMaps its volumes project
+    container: str = "main"
+    image: str = "-"
     restarts: int = 0
+    ready: bool = False
+    started_at: float = 0.0
+    crashes: int = 0  # exits in a row, each soon after its start (the back-off's count)
+    restart_at: float | None = None  # exited: when the back-off lets it start again
 
 
 @dataclass(frozen=True)
 class PodEvent:
-    """Something the kubelet did: `started`, `stopped`, `restarted` (the process had exited), `files`."""
+    """Something the kubelet did: `started`, `stopped`, `restarted` (the process had exited),
+    `backoff` (it keeps crashing: CrashLoopBackOff), `unready` (it did not answer its readiness
+    probe), `files`, `waiting`, `failed`."""
 
     what: str
     pod: str
@@ -152,6 +125,8 @@ class Kubelet:
         self._ips: dict[tuple[str, int], str] = {}
         self._cm_seen: dict[str, dict[str, str]] = {}
         self._waiting: set[str] = set()  # pods whose ConfigMap volume is absent, not started yet
+        # Deployment -> (template hash, when its rollout last made progress, ready updated replicas then)
+        self._progress: dict[str, tuple[str, float, int]] = {}
         self._stamp = 0
         self._lock = threading.Lock()
 
@@ -228,17 +203,50 @@ class Kubelet:
         for ordinal in range(replicas):
             pod = pods.get(ordinal)
             if pod is not None and pod.template_hash == want:
-                if not self.runtime.running(pod.handle):
-                    self.runtime.stop(pod.handle)
-                    pod.handle = self.runtime.start(pod.name, pod.cmd)
-                    pod.restarts += 1
-                    self._event("restarted", pod.name, "the process exited (restartPolicy Always)")
-                    self.runtime.wait_ready(pod.handle)
+                self._keep_running(pod)
                 continue
             if pod is not None:
+                if any(p.template_hash == want and not p.ready for p in pods.values()):
+                    break  # maxUnavailable 1: an updated replica that is not Ready holds the roll
                 self._stop(name, ordinal, "pod template changed")
             self._start(name, ordinal, template, want, configmaps)
-        self._write_status(name, obj, replicas)
+        self._write_status(name, obj, replicas, want)
+
+    def _keep_running(self, pod: Pod) -> None:
+        """restartPolicy Always: an exited container starts again, after the back-off."""
+        if pod.restart_at is None and self.runtime.running(pod.handle):
+            return
+        now = self.clock()
+        if pod.restart_at is None:  # found exited
+            if now - pod.started_at >= BACKOFF_RESET_S:
+                pod.crashes = 0
+            pod.crashes += 1
+            pod.ready = False
+            delay = restart_delay(pod.crashes)
+            pod.restart_at = now + delay
+            if delay > 0:
+                message = f"back-off {delay:g}s restarting failed container={pod.container} pod={pod.name}"
+                self._event("backoff", pod.name, message)
+                self._publish_status(pod, "CrashLoopBackOff", message)
+        if now < pod.restart_at:
+            return
+        pod.restart_at = None
+        self.runtime.stop(pod.handle)
+        pod.handle = self.runtime.start(pod.name, pod.cmd)
+        pod.restarts += 1
+        pod.started_at = now
+        self._event("restarted", pod.name, "the process exited (restartPolicy Always)")
+        self._await_ready(pod)
+        self._publish_status(pod)
+
+    def _await_ready(self, pod: Pod) -> None:
+        try:
+            self.runtime.wait_ready(pod.handle)
+        except EngineError as exc:  # it exited or never answered: not Ready; the next pass restarts it
+            pod.ready = False
+            self._event("unready", pod.name, str(exc))
+        else:
+            pod.ready = True
 
     def _start(self, name: str, ordinal: int, template: dict[str, Any], want: str,
                configmaps: dict[str, dict[str, str]]) -> None:
@@ -269,11 +277,13 @@ class Kubelet:
                 projected.append(cm)
             elif "emptyDir" in vol:
                 (pod_dir / "volumes" / vol["name"]).mkdir(parents=True, exist_ok=True)
+        main = ((template.get("spec") or {}).get("containers") or [{}])[0]
         handle = self.runtime.start(pod_name, cmd)
-        pod = Pod(pod_name, name, ordinal, want, info.ip, cmd, handle, tuple(projected))
+        pod = Pod(pod_name, name, ordinal, want, info.ip, cmd, handle, tuple(projected),
+                  container=main.get("name") or "main", image=main.get("image") or "-", started_at=self.clock())
         self.pods[name][ordinal] = pod
         self._event("started", pod_name, " ".join(cmd.argv[-4:]))
-        self.runtime.wait_ready(handle)
+        self._await_ready(pod)
         self._publish_pod(pod, info)
 
     def _stop(self, name: str, ordinal: int, reason: str) -> None:
@@ -313,22 +323,39 @@ class Kubelet:
         body = {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": pod.name, "namespace": self.namespace, "labels": dict(info.labels),
                              "annotations": dict(info.annotations)},
-                "spec": {"containers": [{"name": "main", "image": "-"}]},
-                "status": {"phase": "Running", "podIP": pod.ip,
-                           "conditions": [{"type": "Ready", "status": "True"}]}}
+                "spec": {"containers": [{"name": pod.container, "image": pod.image}]},
+                "status": pod_status(pod.ip, pod.container, pod.image, ready=pod.ready, restarts=pod.restarts)}
         try:
             self.core.create_namespaced_pod(self.namespace, body)
         except Exception as exc:  # noqa: BLE001 - see _stop
             log.debug("create pod %s: %s", pod.name, exc)
 
-    def _write_status(self, name: str, obj: dict[str, Any], replicas: int) -> None:
+    def _publish_status(self, pod: Pod, waiting: str | None = None, message: str = "") -> None:
+        if not self.publish:
+            return
+        status = pod_status(pod.ip, pod.container, pod.image, ready=pod.ready, restarts=pod.restarts,
+                            waiting=waiting, message=message)
+        try:
+            self.core.patch_namespaced_pod_status(pod.name, self.namespace, {"status": status})
+        except Exception as exc:  # noqa: BLE001 - see _stop
+            log.debug("status of pod %s: %s", pod.name, exc)
+
+    def _write_status(self, name: str, obj: dict[str, Any], replicas: int, template: str) -> None:
+        pods = self.pods.get(name, {}).values()
+        updated = [p for p in pods if p.template_hash == template]
+        counts = ReplicaCounts(len(pods), len(updated), sum(p.ready for p in updated))
+        now = self.clock()
+        seen, since, ready_then = self._progress.get(name, (template, now, -1))
+        if seen != template or counts.ready > ready_then:  # a new rollout, or one more replica ready
+            since, ready_then = now, counts.ready
+        self._progress[name] = (template, since, ready_then)
+        spec = obj.get("spec") or {}
+        deadline = float(spec.get("progressDeadlineSeconds") or PROGRESS_DEADLINE_S)
         if not self.publish:
             return
         gen = (obj.get("metadata") or {}).get("generation", 1)
-        status = obj.get("status") or {}
-        want = {"observedGeneration": gen, "replicas": replicas, "updatedReplicas": replicas,
-                "readyReplicas": replicas, "availableReplicas": replicas}
-        if all(status.get(k) == v for k, v in want.items()):
+        want = deployment_status(gen, replicas, counts, f"{name}-{template}", deadline_exceeded=now - since > deadline)
+        if same_status(obj.get("status") or {}, want):
             return
         try:
             self.apps.patch_namespaced_deployment_status(name, self.namespace, {"status": want})

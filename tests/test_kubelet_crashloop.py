@@ -13,7 +13,7 @@ from contracts.actuator import RolloutTimeoutError
 from emulator.engines.child import EngineError
 from emulator.engines.kubelet import Kubelet
 from emulator.engines.kubelet_status import ReplicaCounts, deployment_status, restart_delay
-from tests.support.kube import NS, FakeTime, actuator_for, serve
+from tests.support.kube import NS, FakeTime, KubectlPatchError, actuator_for, kubectl, serve
 from tests.test_kubelet import GIB, IMAGE, FakeRuntime, engine_view, vllm_deployment
 
 
@@ -43,8 +43,6 @@ def kube(shared_dir):
 
 
 def make_kubelet(kube, tmp_path, fake: FakeTime, limit_bytes: int = 8 * GIB) -> Kubelet:
-    for kind in ("Deployment", "ConfigMap", "Pod"):
-        kube.emu.resources[kube.resource(kind)] = {}
     kube.manual_rollout("Deployment", NS, "vllm")  # the status is the kubelet's to write
     api = kube.api_client()
     return Kubelet(k8s.AppsV1Api(api), k8s.CoreV1Api(api), NS, tmp_path, IMAGE, CrashingRuntime(limit_bytes),
@@ -90,6 +88,11 @@ def test_a_crashing_container_backs_off_and_its_pod_shows_crash_loop_back_off(ku
     assert (status["updatedReplicas"], status["readyReplicas"], status["availableReplicas"]) == (1, 0, 0)
     assert {c["type"]: c["reason"] for c in status["conditions"]} == {
         "Available": "MinimumReplicasAvailable", "Progressing": "ReplicaSetUpdated"}  # 1 replica, 1 may be down
+    # what an operator reads with the real kubectl
+    columns = ("READY:.status.containerStatuses[0].ready,REASON:.status.containerStatuses[0].state.waiting.reason,"
+               "RESTARTS:.status.containerStatuses[0].restartCount")
+    row = kubectl(kube, "get", "pods", "--no-headers", "-o", f"custom-columns={columns}").split()
+    assert row == ["false", "CrashLoopBackOff", "2"], row
 
 
 def test_a_container_that_ran_ten_minutes_restarts_at_once(kube, tmp_path):
@@ -140,10 +143,19 @@ def test_a_change_that_crashes_the_engine_is_held_at_one_replica_and_rolled_back
         if len(kubelet.pods["vllm"]) == 2:
             seen.append((pod_state(kube, 0), engine_view(kubelet.pods["vllm"][1].cmd.argv, {})))
 
-    fake.on_sleep.append(kubelet_pass)
+    def rollout_status(_t: float) -> None:  # once the deadline has passed, as kubectl reads it
+        status = kube.get("Deployment", NS, "vllm")["status"]
+        if not watched and any(c["reason"] == "ProgressDeadlineExceeded" for c in status.get("conditions", [])):
+            with pytest.raises(KubectlPatchError) as out:
+                kubectl(kube, "rollout", "status", "deployment/vllm", "--timeout=5s")
+            watched.append(str(out.value))
+
+    watched: list[str] = []
+    fake.on_sleep.extend([kubelet_pass, rollout_status])
     start = fake.t
     with pytest.raises(RolloutTimeoutError) as err:
         act.apply(good.replace(cpu_gib=64.0))
+    assert watched and 'deployment "vllm" exceeded its progress deadline' in watched[0], watched
     message = str(err.value)
     assert "progress deadline exceeded" in message and "has timed out progressing" in message
     assert "rolled back to the last good configuration" in message

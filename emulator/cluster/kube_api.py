@@ -9,7 +9,8 @@ replaces the writes:
   kubectl's own semantics), so every patch the agent sends is checked against kubectl. A failed
   JSON Patch `test` becomes HTTP 422 (as kube-apiserver answers), strategic merge on a custom
   resource HTTP 415; `?dryRun=All` computes and returns the result without storing it.
-- resourceVersion on every write, metadata.generation on spec changes, 409 on a stale PUT.
+- resourceVersion on every write, metadata.generation on spec changes, 409 on a stale PUT;
+  a LIST answers `<Kind>List` with its apiVersion, as kube-apiserver does (kubectl needs both).
 - Custom resources can be validated against a schema (`schemas`: plural -> a jsonschema
   validator; HTTP 422).
 - A rollout controller completes Deployment / StatefulSet / IEC status after a spec change
@@ -52,6 +53,7 @@ KIND_RESOURCES: dict[str, tuple[str, str, str]] = {
     "InferenceEndpointConfig": ("inference.sagemaker.aws.amazon.com", "v1", "inferenceendpointconfigs"),
 }
 WORKLOADS = ("deployments", "statefulsets", "inferenceendpointconfigs")
+LIST_KINDS = {plural: f"{kind}List" for kind, (_group, _version, plural) in KIND_RESOURCES.items()}
 
 
 def kubectl_path() -> str:
@@ -207,8 +209,9 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(await self._put(request))
         if method == "POST" and not request.name:
             return aiohttp.web.json_response(await self._create(request), status=201)
-        if method == "GET" and not request.name and request.params.get("labelSelector"):
-            return aiohttp.web.json_response(self._list_selected(request))
+        if method == "GET" and not request.name and request.resource is not None \
+                and request.resource.plural in LIST_KINDS:
+            return aiohttp.web.json_response(self._list(request))
         return await super()._handle(request)
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
@@ -228,12 +231,17 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
                                                "code": 500, "reason": "InternalError", "message": fault.message}}
         # "close": end the stream; the client sees the server hang up
 
-    def _list_selected(self, request: rendering.Request) -> dict[str, Any]:
-        wanted = dict(part.split("=", 1) for part in request.params["labelSelector"].split(",") if "=" in part)
+    def _list(self, request: rendering.Request) -> dict[str, Any]:
+        """A LIST as kube-apiserver answers it: `<Kind>List` with its apiVersion (kubectl reads them),
+        the namespace's objects (every namespace's without one), filtered by `labelSelector`."""
+        selector = request.params.get("labelSelector") or ""
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
         items = [o.raw for (r, ns, _), o in self._objects.items()
-                 if r == request.resource and not o.deleted and ns == request.namespace
+                 if r == request.resource and not o.deleted and request.namespace in (None, ns)
                  and all(o.raw.get("metadata", {}).get("labels", {}).get(k) == v for k, v in wanted.items())]
-        return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+        res = request.resource
+        return {"kind": LIST_KINDS[res.plural], "apiVersion": f"{res.group}/{res.version}" if res.group else res.version,
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     async def _patch(self, request: rendering.Request) -> dict[str, Any]:
         async with self._lock:

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from agent.collect.counter_math import counter_delta, counter_increase, histogram_quantile
-from agent.collect.store import CounterResetDetector, WindowStore
+from agent.collect.resets import CounterResetDetector
+from agent.collect.store import WindowStore
 from contracts.tier_model import NO_LE, Signal
 
 INF = math.inf

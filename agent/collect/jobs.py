@@ -40,11 +40,12 @@ from agent.collect.lmcache_check import missing_lmcache
 from agent.collect.mapping import MappingSet
 from agent.collect.normalise import Normalised, normalise, resolve
 from agent.collect.parse import Limits, ParseError, Payload, parse
+from agent.collect.resets import CounterResetDetector
 from agent.collect.roles import KIND_NAMES, KIND_ROLES, detect_kind, detect_role, seen_summary
 from agent.collect.scrape import Backoff, FetchFailure, fetch
 from agent.collect.shapes import Shapes
 from agent.collect.snapshot import build_snapshot
-from agent.collect.store import CounterResetDetector, WindowStore
+from agent.collect.store import WindowStore
 from agent.settings import AgentSettings
 from contracts.redact import redact_text
 from contracts.tier_model import AUTO_ROLE, Signal, Snapshot, Target, TargetStatus

@@ -59,49 +59,24 @@ SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+SERIES_KEY = ["pod", "model", "signal", "le", "source"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """The last `ingest_frame`'s series as columns (the key columns, values and kinds, all read
+    at `ts`), not yet written into the per-series dict."""
+
+    keys: pl.DataFrame
+    values: pl.Series
+    kinds: pl.Series
+    ts: float
+
+
 @dataclass(frozen=True, slots=True)
 class IngestReport:
     rows: int
     resets: tuple[str, ...]  # pods with at least one counter that went down
-
-
-class CounterResetDetector:
-    """Remembers the last value of every counter series of each origin (target) and reports the
-    series that went down since. Pure state object, no clock.
-
-    `restarted(origin)` tells a process restart from one odd series: at least half of the
-    origin's counters that had counted something went down (after a real restart nearly all do;
-    only rarely hit ones, e.g. a quiet histogram bucket, can climb past their old value)."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, dict[tuple, float]] = {}
-        self._restarted: dict[str, bool] = {}
-
-    def observe(self, origin: str, signals: Iterable[Signal]) -> int:
-        prev = self._last.get(origin, {})
-        cur: dict[tuple, float] = {}
-        resets = counted = 0
-        for s in signals:
-            if s.kind != "counter":
-                continue
-            key = (s.model, s.name, s.le if s.le == s.le else None, s.source)
-            cur[key] = s.value
-            before = prev.get(key)
-            if before is not None and before > 0:
-                counted += 1
-            if before is not None and s.value < before:
-                resets += 1
-        self._last[origin] = cur
-        self._restarted[origin] = resets > 0 and 2 * resets >= counted
-        return resets
-
-    def restarted(self, origin: str) -> bool:
-        """The last `observe` of `origin` saw its process restart."""
-        return self._restarted.get(origin, False)
-
-    def forget(self, origin: str) -> None:
-        self._last.pop(origin, None)
-        self._restarted.pop(origin, None)
 
 
 class WindowStore:
@@ -125,6 +100,7 @@ class WindowStore:
         # read bytes) when the pod's engine last restarted: its lifetime "last" is reported since
         # then, so lifetime splits against the engine's own counters stay consistent
         self._bases: dict[tuple[str, str], float] = {}
+        self._pending: _Pending | None = None  # ingest_frame's last cycle, until _settle()
         self._lock = threading.Lock()
         self._cache: tuple[tuple[float, float, int], pl.DataFrame] | None = None
 
@@ -144,6 +120,7 @@ class WindowStore:
         late): their first values are lifetime totals, never increases."""
         cycle_ts = self.clock() if ts is None else ts
         read_at = read_at or {}
+        self._settle()
         if restarted:
             self._rebase(restarted)
         signals = list(signals)
@@ -201,27 +178,17 @@ class WindowStore:
         """`ingest` of one cycle given as a frame (columns pod, model, signal, le, source, kind,
         value; `le` null for non-buckets), all read at `ts`: the same rows, deltas and resets,
         computed column-wise (the Prometheus source's path: 100k+ series per cycle). A counter
-        series first seen after an earlier read counts from zero (see below)."""
+        series first seen after an earlier read counts from zero (see below).
+
+        The cycle's last values stay columns (`_Pending`) until something reads the per-series
+        state (`_settle`): the next cycle takes its previous values from them with a join (or none,
+        when it has the same series in the same order), so no Python object is made per series."""
         cycle_ts = self.clock() if ts is None else ts
-        cols = [rows[c].to_list() for c in ("pod", "model", "signal", "le", "source")]
-        kinds = rows["kind"].to_list()
-        values = rows["value"].to_list()
-        keys = list(zip(*cols, strict=True))
-        last = self._last
-        prev = [last.get(k) for k in keys]
-        seen = self._seen
-        # a counter series new since the previous read was born in between: from zero. A
-        # Prometheus source has every target's history, so absent at the previous read means not
-        # yet born (`(x unless x offset w) or increase(x[w])` counts it the same way)
-        before = max(seen.values(), default=None)
-        if before is not None and before < cycle_ts:
-            prev = [p if p is not None or kind != "counter" else (before, 0.0)
-                    for p, kind in zip(prev, kinds, strict=True)]
-        prev_ts = [None if p is None else p[0] for p in prev]
-        prev_value = [None if p is None else p[1] for p in prev]
+        keys = rows.select(SERIES_KEY)
+        kinds, values = rows["kind"], rows["value"]
+        prev_ts, prev_value = self._previous(keys, kinds, cycle_ts)
         frame = rows.select("pod", "model", "signal", "le", "source", "kind", "value").with_columns(
-            ts=pl.lit(cycle_ts, pl.Float64), prev_ts=pl.Series(prev_ts, dtype=pl.Float64),
-            prev_value=pl.Series(prev_value, dtype=pl.Float64))
+            ts=pl.lit(cycle_ts, pl.Float64), prev_ts=prev_ts, prev_value=prev_value)
         counted = (pl.col("kind") == "counter") & pl.col("prev_value").is_not_null() & (pl.col("ts") > pl.col("prev_ts"))
         frame = frame.with_columns(
             delta=pl.when(counted).then(
@@ -233,15 +200,81 @@ class WindowStore:
         for pod, name in resets.select("pod", "signal").iter_rows():
             self._bases.pop((pod, name), None)  # the daemon itself restarted
         reset_pods = set(resets.filter(pl.col("delta").is_not_null())["pod"].to_list())
-        self._counters.update(k for k, kind in zip(keys, kinds, strict=True) if kind == "counter")
-        last.update(zip(keys, ((cycle_ts, v) for v in values), strict=True))
-        seen.update(dict.fromkeys(zip(cols[0], cols[4], strict=True), cycle_ts))
+        self._pending = _Pending(keys, values, kinds, cycle_ts)
+        reads = rows.select("pod", "source").unique(maintain_order=True)
+        self._seen.update(dict.fromkeys(reads.iter_rows(), cycle_ts))
         out = frame.select(list(SCHEMA)).cast(SCHEMA)  # type: ignore[arg-type]
         with self._lock:
             self._frames.append((cycle_ts, out))
             self._prune_locked(cycle_ts)
             self._cache = None
         return IngestReport(out.height, tuple(sorted(reset_pods)))
+
+    def _previous(self, keys: pl.DataFrame, kinds: pl.Series, cycle_ts: float) -> tuple[pl.Series, pl.Series]:
+        """Each row's previous (ts, value), null for none. The previous cycle's pending rows answer
+        by a join; the rest, the per-series dict. A Prometheus source has every target's history,
+        so a counter series absent at the previous read was not yet born: it counts from zero
+        (`(x unless x offset w) or increase(x[w])` counts it the same way)."""
+        p = self._pending
+        n = keys.height
+        if p is not None and not keys["le"].is_nan().any() and p.keys.equals(keys):
+            self._pending = None  # the same series in the same order: every row's previous value
+            was_counter = (p.kinds == "counter") & (kinds != "counter")
+            if was_counter.any():  # a series that was a counter stays one (as `ingest` keeps it)
+                self._counters.update(keys.filter(was_counter).iter_rows())
+            return pl.repeat(p.ts, n, dtype=pl.Float64, eager=True), p.values.rename("prev_value")
+        prev_ts = pl.Series("prev_ts", [None] * n, dtype=pl.Float64)
+        prev_value = pl.Series("prev_value", [None] * n, dtype=pl.Float64)
+        missing = pl.Series([True] * n)
+        if p is not None and not keys["le"].is_nan().any() and not p.keys["le"].is_nan().any():
+            old = p.keys.with_columns(_value=p.values, _kind=p.kinds, _old_row=pl.int_range(p.keys.height))
+            joined = keys.with_columns(_kind_now=kinds).join(old, on=SERIES_KEY, how="left", nulls_equal=True,
+                                                             maintain_order="left")
+            if joined.height == n:  # unique keys: one previous row at most per series
+                found = joined["_old_row"].is_not_null()
+                prev_ts = pl.when(found).then(pl.lit(p.ts)).otherwise(None).alias("prev_ts")
+                prev_ts = joined.select(prev_ts.cast(pl.Float64)).to_series()
+                prev_value = joined["_value"].rename("prev_value")
+                missing = ~found
+                self._settle_rows(p, old.join(keys, on=SERIES_KEY, how="anti", nulls_equal=True)["_old_row"])
+                changed = joined.filter((pl.col("_kind") == "counter") & (pl.col("_kind_now") != "counter"))
+                self._counters.update(changed.select(SERIES_KEY).iter_rows())  # it was a counter once
+                self._pending = None
+        self._settle()
+        if missing.any():
+            prev_ts, prev_value = self._from_dict(keys, kinds, missing, prev_ts, prev_value, cycle_ts)
+        return prev_ts, prev_value
+
+    def _from_dict(self, keys: pl.DataFrame, kinds: pl.Series, missing: pl.Series, prev_ts: pl.Series,
+                   prev_value: pl.Series, cycle_ts: float) -> tuple[pl.Series, pl.Series]:
+        """`_previous` for the rows in `missing`, from the per-series dict."""
+        idx = missing.arg_true()
+        sub = keys[idx]
+        last = self._last
+        prev = [last.get(k) for k in zip(*(sub[c].to_list() for c in SERIES_KEY), strict=True)]
+        before = max(self._seen.values(), default=None)
+        if before is not None and before < cycle_ts:
+            prev = [q if q is not None or kind != "counter" else (before, 0.0)
+                    for q, kind in zip(prev, kinds[idx].to_list(), strict=True)]
+        ts_list, value_list = prev_ts.to_list(), prev_value.to_list()
+        for i, q in zip(idx.to_list(), prev, strict=True):
+            if q is not None:
+                ts_list[i], value_list[i] = q
+        return pl.Series("prev_ts", ts_list, dtype=pl.Float64), pl.Series("prev_value", value_list, dtype=pl.Float64)
+
+    def _settle(self) -> None:
+        """Write the pending cycle's last values (and its counter series) into the per-series dict."""
+        p, self._pending = self._pending, None
+        if p is not None:
+            self._settle_rows(p, None)
+
+    def _settle_rows(self, p: _Pending, rows: pl.Series | None) -> None:
+        keys, values, kinds = (p.keys, p.values, p.kinds) if rows is None else (p.keys[rows], p.values[rows], p.kinds[rows])
+        if not keys.height:
+            return
+        tuples = list(zip(*(keys[c].to_list() for c in SERIES_KEY), strict=True))
+        self._last.update(zip(tuples, ((p.ts, v) for v in values.to_list()), strict=True))
+        self._counters.update(k for k, kind in zip(tuples, kinds.to_list(), strict=True) if kind == "counter")
 
     def _rebase(self, restarted: Collection[tuple[str, str]]) -> None:
         pods = {p for p, _ in restarted}
@@ -262,14 +295,21 @@ class WindowStore:
             self._frames.popleft()
             dropped = True
         if dropped:  # series not seen for a whole retention are forgotten
+            if self._pending is not None and self._pending.ts < horizon:
+                self._settle()
             self._last = {k: v for k, v in self._last.items() if v[0] >= horizon}
-            self._counters &= self._last.keys()
+            gone = self._counters - self._last.keys()
+            if gone and self._pending is not None:  # the pending cycle's series are still there
+                p = self._pending
+                gone -= set(zip(*(p.keys[c].to_list() for c in SERIES_KEY), strict=True))
+            self._counters -= gone
             self._seen = {k: v for k, v in self._seen.items() if v >= horizon}
 
     def forget_pods(self, pods: Iterable[str]) -> None:
         """Drop the remembered last values of pods that are gone (their rows age out)."""
         gone = set(pods)
         with self._lock:
+            self._settle()
             self._last = {k: v for k, v in self._last.items() if k[0] not in gone}
             self._bases = {k: v for k, v in self._bases.items() if k[0] not in gone}
             self._seen = {k: v for k, v in self._seen.items() if k[0] not in gone}
@@ -360,4 +400,4 @@ class WindowStore:
 # -- pure helpers over frames ---------------------------------------------------------------
 
 
-__all__ = ["SCHEMA", "CounterResetDetector", "IngestReport", "WindowStore"]
+__all__ = ["SCHEMA", "IngestReport", "WindowStore"]

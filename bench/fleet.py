@@ -85,11 +85,14 @@ def replica(mine: list, cycles: int, shapes: bool = True) -> tuple[float, float,
     from agent.collect.discovery import StaticTargets
     from agent.collect.scrape import new_session
     from agent.runtime.app import Agent
+    from agent.runtime.process import configure_process, freeze_startup
     from agent.settings import load_settings
 
+    configure_process()  # as `tierpilot run` sets its process up
     clock = [1.0e9]
     settings = load_settings(env={}, scrape={"timeout_s": 120, "concurrency": 256})
     agent = Agent(settings, StaticTargets(mine), clock=lambda: clock[0])
+    freeze_startup()
     if not shapes:
         agent.cycle.shapes.max_chars = 0  # nothing is remembered
     failed: list[str] = []
@@ -145,8 +148,11 @@ def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30,
                    profile: str | None = None) -> None:
     from agent.collect.discovery import StaticTargets
     from agent.runtime.app import Agent
+    from agent.runtime.process import configure_process, freeze_startup
     from agent.settings import load_settings
     from tests.support.prometheus import start_prometheus
+
+    configure_process()  # as `tierpilot run` sets its process up
 
     small = min(200, n_targets)
     configs = [{"targets": [f"127.0.0.1:{port}"],
@@ -178,6 +184,7 @@ def via_prometheus(port: int, n_targets: int, cycles: int, interval_s: int = 30,
                                          prometheus={"url": prom.url, "roles": {"vllm": selector}, "backfill": False,
                                                      "timeout_s": 120, "aggregate": aggregate})
                 agent = Agent(settings, StaticTargets(()))
+                freeze_startup()
                 agent.scrape_now()  # warm-up (and the store's first read)
                 cycle_walls, cpus, waits = [], [], []
                 for _ in range(cycles):

@@ -40,6 +40,7 @@ from agent.collect.parse import forget_series, parse
 from agent.collect.scrape import new_session
 from agent.collect.shapes import Shapes
 from agent.runtime.app import Agent
+from agent.runtime.process import configure_process, freeze_startup
 from agent.settings import AgentSettings, load_settings
 from contracts.tier_model import Signal, Target
 
@@ -208,7 +209,9 @@ def start_agent(port: int, payloads: list[str]) -> ScrapeRun:
     clock = [1.0e9]
     settings = load_settings(scrape={"timeout_s": 10, "interval_s": INTERVAL_S},
                              store={"retention_s": RETENTION_S, "window_s": 300})
+    configure_process()  # as `tierpilot run` sets its process up
     agent = Agent(settings, StaticTargets(targets), clock=lambda: clock[0])
+    freeze_startup()
     return ScrapeRun(targets, payloads, settings, agent, clock)
 
 

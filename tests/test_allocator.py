@@ -2,6 +2,7 @@
 capacity curve's pass) go back to the system instead of staying resident in the heap arenas."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -70,3 +71,24 @@ def test_rebuilds_of_the_capacity_curve_leave_rss_flat_once_pinned() -> None:
     assert out.returncode == 0, out.stderr
     grown_mb = float(out.stdout.split()[-1])
     assert grown_mb < 24, f"RSS grew {grown_mb:.0f} MB over 6 rebuilds of a 1M-block curve"
+
+
+def test_tierpilot_run_sets_the_collector_up_before_and_freezes_what_it_assembled(tmp_path):
+    """`tierpilot run` (here with --check-config, which assembles the runtime and returns): the
+    collector's thresholds are raised before the agent is built, and what it built is frozen."""
+    probe = textwrap.dedent("""
+        import gc, sys
+        from agent.cli import main
+        from agent.runtime.process import GC_THRESHOLDS
+        assert gc.get_threshold() != GC_THRESHOLDS and gc.get_freeze_count() == 0
+        sys.argv = ["tierpilot", "run", "--check-config"]
+        try:
+            main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 10_000)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "HOME": str(tmp_path)}, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == ["True", "True"], out.stdout + out.stderr

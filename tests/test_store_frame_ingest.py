@@ -11,6 +11,7 @@ import random
 import polars as pl
 import pytest
 
+import agent.collect.store as store_module
 from agent.collect.counter_math import counter_delta
 from agent.collect.store import SCHEMA, IngestReport, WindowStore
 from contracts.tier_model import NO_LE, Signal
@@ -109,6 +110,18 @@ def same(a: WindowStore, b: WindowStore) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_column_wise_ingest_equals_the_per_series_reference(seed):
+    run_against_the_reference(seed)
+
+
+def test_series_sharing_a_hash_are_told_apart_by_their_keys(monkeypatch):
+    """The join's hash is a row's position: every reordered cycle pairs rows of different series,
+    which the key check must catch (and fall back to the per-series dict)."""
+    monkeypatch.setattr(store_module, "series_hash", lambda: pl.int_range(pl.len(), dtype=pl.UInt64))
+    for seed in range(3):
+        run_against_the_reference(seed)
+
+
+def run_against_the_reference(seed: int) -> None:
     rng = random.Random(seed)
     series = universe(rng)
     values = {s: 0.0 for s in series}

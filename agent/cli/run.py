@@ -73,15 +73,15 @@ def run(config: Path | None, dry_run: bool, host: str | None, port: int | None, 
     if overrides:
         settings = _settings(config, **overrides)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from agent.runtime.allocator import pin_mmap_threshold
     from agent.runtime.assembly import build_runtime
+    from agent.runtime.process import configure_process, freeze_startup
 
-    pin_mmap_threshold()  # large transient arrays go back to the system when freed (agent/runtime/allocator.py)
-
+    configure_process()  # the allocator and the garbage collector (agent/runtime/process.py)
     try:
         runtime = build_runtime(settings)
     except (ValueError, OSError) as exc:
         raise click.ClickException(" ".join(str(exc).split())) from None
+    freeze_startup()
     if not has_target_source(settings):  # the same warning whether checking or running
         click.echo("warning: no targets configured (targets.static, targets.file, targets.kubernetes.enabled "
                    "or source: prometheus); the agent serves only its own health metrics", err=True)

@@ -17,7 +17,7 @@ Window semantics (used by the snapshot, the tuner's live evaluator and the drift
   window's start): only its share inside the window counts, as if the increase were spread evenly
   over its interval (Prometheus extrapolates `increase()` to the window's edges likewise).
 
-The read API (all pure functions over `window()`; pod/model None means all of them, summed):
+The read API (store_reads.py, pure functions over `window()`; pod/model None means all, summed):
 `ttft_bucket_deltas`, `ttft_quantiles`, `hit_ratios`, `cumulative_hit_ratios`,
 `prompt_token_rate`, `request_rate`, `prompt_length_mix`.
 """
@@ -29,21 +29,16 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
-from agent.collect.counter_math import counter_delta, histogram_quantile
-from agent.collect.tiers import cumulative_hit_ratios as _cumulative
-from agent.collect.tiers import derive_tiers, prompt_lookups
+from agent.collect.counter_math import counter_delta
+from agent.collect.store_reads import WindowReads
 from agent.collect.window import (
-    bucket_increases,
-    bucket_shares,
-    select,
-    signal_rate,
-    signal_values,
     since_engine_start,
     window_aggregate,
 )
-from contracts.tier_model import QUANTILES, Signal
+from contracts.tier_model import Signal
 
 SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Float64(),
@@ -60,6 +55,11 @@ SCHEMA: dict[str, pl.DataType] = {
 
 
 SERIES_KEY = ["pod", "model", "signal", "le", "source"]
+
+
+def series_hash() -> pl.Expr:
+    """A 64-bit hash of a row's series key (a join key; equal keys are checked after the join)."""
+    return pl.struct(SERIES_KEY).hash()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ class IngestReport:
     resets: tuple[str, ...]  # pods with at least one counter that went down
 
 
-class WindowStore:
+class WindowStore(WindowReads):
     """Thread-safe rolling store. `clock` gives seconds (injectable for tests)."""
 
     def __init__(self, retention_s: float = 900.0, window_s: float = 300.0,
@@ -223,27 +223,43 @@ class WindowStore:
             if was_counter.any():  # a series that was a counter stays one (as `ingest` keeps it)
                 self._counters.update(keys.filter(was_counter).iter_rows())
             return pl.repeat(p.ts, n, dtype=pl.Float64, eager=True), p.values.rename("prev_value")
-        prev_ts = pl.Series("prev_ts", [None] * n, dtype=pl.Float64)
-        prev_value = pl.Series("prev_value", [None] * n, dtype=pl.Float64)
-        missing = pl.Series([True] * n)
-        if p is not None and not keys["le"].is_nan().any() and not p.keys["le"].is_nan().any():
-            old = p.keys.with_columns(_value=p.values, _kind=p.kinds, _old_row=pl.int_range(p.keys.height))
-            joined = keys.with_columns(_kind_now=kinds).join(old, on=SERIES_KEY, how="left", nulls_equal=True,
-                                                             maintain_order="left")
-            if joined.height == n:  # unique keys: one previous row at most per series
-                found = joined["_old_row"].is_not_null()
-                prev_ts = pl.when(found).then(pl.lit(p.ts)).otherwise(None).alias("prev_ts")
-                prev_ts = joined.select(prev_ts.cast(pl.Float64)).to_series()
-                prev_value = joined["_value"].rename("prev_value")
-                missing = ~found
-                self._settle_rows(p, old.join(keys, on=SERIES_KEY, how="anti", nulls_equal=True)["_old_row"])
-                changed = joined.filter((pl.col("_kind") == "counter") & (pl.col("_kind_now") != "counter"))
-                self._counters.update(changed.select(SERIES_KEY).iter_rows())  # it was a counter once
-                self._pending = None
+        joined = self._join_pending(p, keys, kinds) if p is not None and not keys["le"].is_nan().any() else None
+        if joined is None:
+            prev_ts = pl.Series("prev_ts", [None] * n, dtype=pl.Float64)
+            prev_value = pl.Series("prev_value", [None] * n, dtype=pl.Float64)
+            missing = pl.Series([True] * n)
+        else:
+            prev_ts, prev_value, missing = joined
         self._settle()
         if missing.any():
             prev_ts, prev_value = self._from_dict(keys, kinds, missing, prev_ts, prev_value, cycle_ts)
         return prev_ts, prev_value
+
+    def _join_pending(self, p: _Pending, keys: pl.DataFrame, kinds: pl.Series
+                      ) -> tuple[pl.Series, pl.Series, pl.Series] | None:
+        """(prev ts, prev value, rows not found) from the pending cycle, joined on a hash of the
+        key columns and checked key by key; its rows this cycle lacks go to the per-series dict.
+        None (nothing changed) when the join is not one-to-one or a hash is shared by two series."""
+        if p.keys["le"].is_nan().any():
+            return None
+        key_hash = series_hash()
+        old = p.keys.select(pl.all().name.prefix("_old_"), _h=key_hash, _value=p.values, _kind=p.kinds,
+                            _old_row=pl.int_range(pl.len(), dtype=pl.UInt32))
+        joined = keys.with_columns(_h=key_hash, _kind_now=kinds).join(old, on="_h", how="left", maintain_order="left")
+        if joined.height != keys.height:
+            return None
+        found = joined["_old_row"].is_not_null()
+        same = joined.select(pl.all_horizontal(pl.col(c).eq_missing(pl.col(f"_old_{c}")) for c in SERIES_KEY))
+        if not (same.to_series() | ~found).all():
+            return None
+        prev_ts = joined.select(pl.when(found).then(pl.lit(p.ts, pl.Float64)).alias("prev_ts")).to_series()
+        matched = np.zeros(p.keys.height, dtype=bool)
+        matched[joined["_old_row"].drop_nulls().to_numpy()] = True
+        self._pending = None
+        self._settle_rows(p, pl.Series(np.flatnonzero(~matched)))
+        changed = joined.filter((pl.col("_kind") == "counter") & (pl.col("_kind_now") != "counter"))
+        self._counters.update(changed.select(SERIES_KEY).iter_rows())  # it was a counter once
+        return prev_ts, joined["_value"].rename("prev_value"), ~found
 
     def _from_dict(self, keys: pl.DataFrame, kinds: pl.Series, missing: pl.Series, prev_ts: pl.Series,
                    prev_value: pl.Series, cycle_ts: float) -> tuple[pl.Series, pl.Series]:
@@ -256,11 +272,13 @@ class WindowStore:
         if before is not None and before < cycle_ts:
             prev = [q if q is not None or kind != "counter" else (before, 0.0)
                     for q, kind in zip(prev, kinds[idx].to_list(), strict=True)]
-        ts_list, value_list = prev_ts.to_list(), prev_value.to_list()
-        for i, q in zip(idx.to_list(), prev, strict=True):
-            if q is not None:
-                ts_list[i], value_list[i] = q
-        return pl.Series("prev_ts", ts_list, dtype=pl.Float64), pl.Series("prev_value", value_list, dtype=pl.Float64)
+        at = [(i, q) for i, q in zip(idx.to_list(), prev, strict=True) if q is not None]
+        if not at:
+            return prev_ts, prev_value
+        rows = pl.Series([i for i, _ in at], dtype=pl.UInt32)
+        prev_ts = prev_ts.clone().scatter(rows, pl.Series([q[0] for _, q in at], dtype=pl.Float64))
+        prev_value = prev_value.clone().scatter(rows, pl.Series([q[1] for _, q in at], dtype=pl.Float64))
+        return prev_ts, prev_value
 
     def _settle(self) -> None:
         """Write the pending cycle's last values (and its counter series) into the per-series dict."""
@@ -350,51 +368,6 @@ class WindowStore:
         with self._lock:
             self._cache = (key, out)
         return out
-
-    # -- the read API for the tuner and drift detector ---------------------------------------
-    def values(self, pod: str | None = None, model: str | None = None,
-               window_s: float | None = None) -> tuple[dict[str, float], dict[str, str]]:
-        """Signal -> window value (counters: increase; gauges: latest), and signal -> source."""
-        return signal_values(select(self.window(window_s), pod, model))
-
-    def ttft_bucket_deltas(self, pod: str | None = None, model: str | None = None,
-                           window_s: float | None = None) -> list[tuple[float, float]]:
-        """(upper bound, cumulative count observed in the window), ascending, +Inf last."""
-        return bucket_increases(select(self.window(window_s), pod, model), "ttft_seconds")
-
-    def ttft_quantiles(self, pod: str | None = None, model: str | None = None,
-                       window_s: float | None = None, qs: Sequence[float] = QUANTILES) -> dict[float, float]:
-        buckets = self.ttft_bucket_deltas(pod, model, window_s)
-        return {q: histogram_quantile(q, buckets) for q in qs}
-
-    def hit_ratios(self, pod: str | None = None, model: str | None = None,
-                   window_s: float | None = None) -> dict[str, float]:
-        """Tier-conditional hit ratio per tier over the window (tiers without traffic absent)."""
-        values, sources = self.values(pod, model, window_s)
-        out = {}
-        for t in derive_tiers(values, sources):
-            r = t.hit_ratio
-            if r is not None:
-                out[t.tier] = r
-        return out
-
-    def cumulative_hit_ratios(self, pod: str | None = None, model: str | None = None,
-                              window_s: float | None = None) -> dict[str, float]:
-        values, sources = self.values(pod, model, window_s)
-        return _cumulative(derive_tiers(values, sources), prompt_lookups(values))
-
-    def prompt_token_rate(self, pod: str | None = None, model: str | None = None,
-                          window_s: float | None = None) -> float | None:
-        return signal_rate(select(self.window(window_s), pod, model), "prompt_tokens")
-
-    def request_rate(self, pod: str | None = None, model: str | None = None,
-                     window_s: float | None = None) -> float | None:
-        return signal_rate(select(self.window(window_s), pod, model), "requests")
-
-    def prompt_length_mix(self, pod: str | None = None, model: str | None = None,
-                          window_s: float | None = None) -> list[tuple[float, float, float]]:
-        """(lower, upper, share of requests) per `vllm:request_prompt_tokens` bucket in the window."""
-        return bucket_shares(bucket_increases(select(self.window(window_s), pod, model), "prompt_length_tokens"))
 
 
 # -- pure helpers over frames ---------------------------------------------------------------

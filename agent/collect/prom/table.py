@@ -168,12 +168,7 @@ def stage_frame(answers: Iterable[tuple[Part, pl.DataFrame]]) -> StageFrames:
     keys = [*target, "model", "signal", "le", "source", "kind", "rule"]
     # several series of one target and model left after the server's aggregation (two scrape
     # targets of one pod in one role, several model labels): combined as the rule says
-    plain = rows.filter(~pl.col("part").is_in(["mean_sum", "mean_count"]))
-    how = {"sum": pl.col("value").sum(), "max": pl.col("value").max(), "mean": pl.col("value").mean()}
-    combined = pl.concat([
-        plain.filter(pl.col("agg") == name).group_by(keys, maintain_order=True).agg(
-            value=expr, buckets=pl.col("buckets").first(), part=pl.col("part").first())
-        for name, expr in how.items()], how="vertical_relaxed")
+    combined = _combine(rows.filter(~pl.col("part").is_in(["mean_sum", "mean_count"])), keys)
     means = rows.filter(pl.col("part").is_in(["mean_sum", "mean_count"]))
     if means.height:
         m = means.group_by(keys, maintain_order=True).agg(
@@ -184,6 +179,26 @@ def stage_frame(answers: Iterable[tuple[Part, pl.DataFrame]]) -> StageFrames:
         combined = pl.concat([combined, m], how="vertical_relaxed")
     combined = _with_inf_buckets(combined, keys)
     return StageFrames(combined.select(list(FRAME_SCHEMA)), suspects)
+
+
+COMBINE = {"sum": pl.col("value").sum(), "max": pl.col("value").max(), "mean": pl.col("value").mean()}
+ONE_ROW = {"sum": pl.col("value").fill_null(0.0), "max": pl.col("value"), "mean": pl.col("value")}  # each of one row
+
+
+def _combine(plain: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The rows of each series combined as its rule says (sum, max or mean), one block per
+    aggregation, each in first-seen order. When no series has two rows (the usual case once the
+    server has aggregated) each row is its own result, with no grouping."""
+    single = not plain.select(pl.struct(keys).hash()).to_series().is_duplicated().any()
+    blocks = []
+    for name, expr in COMBINE.items():
+        rows = plain.filter(pl.col("agg") == name)
+        if single:  # a shared hash only sends us the grouping way
+            blocks.append(rows.select(*keys, value=ONE_ROW[name], buckets="buckets", part="part"))
+        else:
+            blocks.append(rows.group_by(keys, maintain_order=True).agg(
+                value=expr, buckets=pl.col("buckets").first(), part=pl.col("part").first()))
+    return pl.concat(blocks, how="vertical_relaxed")
 
 
 def _with_inf_buckets(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:

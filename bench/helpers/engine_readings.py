@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from emulator.engines.engine import EngineProcess
+from emulator.engines.tier_probe import ProbeError, kv_cache_tokens
 
 
 def cpu_model() -> str:
@@ -79,11 +80,11 @@ def metric(text: str, name: str) -> float:
 
 
 def gpu_tokens(text: str) -> int:
-    m = re.search(r'^vllm:cache_config_info{[^}]*num_gpu_blocks="(\d+)"', text, re.MULTILINE)
-    b = re.search(r'^vllm:cache_config_info{[^}]*block_size="(\d+)"', text, re.MULTILINE)
-    if not (m and b):
-        raise SystemExit("the engine's /metrics has no cache_config_info with num_gpu_blocks and block_size")
-    return int(m.group(1)) * int(b.group(1))
+    """The engine's KV cache in tokens (tier_probe's reading); a one-line exit without it."""
+    try:
+        return kv_cache_tokens(text)
+    except ProbeError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def scrape(engine: EngineProcess) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from heapq import heappop, heappush
-from itertools import filterfalse, islice, takewhile
+from itertools import filterfalse, takewhile
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -27,6 +27,7 @@ from simulator.counters import MissTotals
 from simulator.fastloop_tiers import LogTiers
 from simulator.policies import FIFO, LRU
 from simulator.router import PrefixAwareRouter, RoundRobinRouter, SessionRouter
+from simulator.tier_lookup import cpu_l2_runs
 
 if TYPE_CHECKING:
     from simulator.twin import Twin
@@ -253,26 +254,8 @@ def _lookup(chunks: list[int], known: int, in_gpu: Callable[[int], bool] | None,
     if not cpu_on:
         b = len(list(takewhile(in_l2, rest)))
         return g, _EMPTY, rest[:b] if b else _EMPTY, g + b
-    m = len(rest)
-    j = 0
-    cpu_keys = []
-    l2_keys = []
-    while j < m:
-        a = len(list(takewhile(in_cpu, islice(rest, j, None)))) if j else len(list(takewhile(in_cpu, rest)))
-        if a:
-            cpu_keys += rest[j:j + a]
-            j += a
-            if j >= m:
-                break
-        b = len(list(takewhile(in_l2, islice(rest, j, None))))
-        if not b:
-            break
-        run_ = rest[j:j + b]
-        if any(map(in_cpu, run_)):
-            run_ = run_[:list(map(in_cpu, run_)).index(True)]
-        l2_keys += run_
-        j += len(run_)
-    return g, cpu_keys, l2_keys, g + j
+    cpu_keys, l2_keys, k = cpu_l2_runs(rest, in_cpu, in_l2)
+    return g, cpu_keys, l2_keys, g + k
 
 
 def _attribute_misses(computed: list[int], ncomp: int, cold: int, idx: int, npods: int, g_in: list, c_in: list,

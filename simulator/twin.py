@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from heapq import heapify
-from itertools import islice, takewhile
+from itertools import takewhile
 from typing import Any
 
 from contracts.events import AllBlocksCleared, BlockRemoved, EventSink
@@ -23,6 +23,7 @@ from simulator.policies import LRU, Policy, make_policy
 from simulator.profile import HardwareProfile, get_profile
 from simulator.records import Request, WorkloadError
 from simulator.router import Router, make_router
+from simulator.tier_lookup import cpu_l2_runs
 from simulator.twin_step import step
 
 
@@ -240,27 +241,7 @@ class Twin:
         if cpu is None:
             b = len(list(takewhile(in_l2, rest)))
             return g, _EMPTY, rest[:b], g + b
-        cpu_res = cpu._resident
-        in_cpu = cpu_res.__contains__
-        m = len(rest)
-        k = 0
-        cpu_keys: list[int] = []
-        l2_keys: list[int] = []
-        while k < m:
-            a = len(list(takewhile(in_cpu, islice(rest, k, None)))) if k else len(list(takewhile(in_cpu, rest)))
-            if a:
-                cpu_keys += rest[k:k + a]
-                k += a
-                if k >= m:
-                    break
-            b = len(list(takewhile(in_l2, islice(rest, k, None))))
-            if not b:
-                break
-            run = rest[k:k + b]
-            if any(map(in_cpu, run)):  # the CPU serves the rest of this run
-                run = run[:list(map(in_cpu, run)).index(True)]
-            l2_keys += run
-            k += len(run)
+        cpu_keys, l2_keys, k = cpu_l2_runs(rest, cpu._resident.__contains__, in_l2)
         return g, cpu_keys, l2_keys, g + k
 
     def _service_s(self, cpu_chunks: int, l2_chunks: int, computed_tokens: int,

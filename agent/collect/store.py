@@ -217,13 +217,14 @@ class WindowStore(WindowReads):
         (`(x unless x offset w) or increase(x[w])` counts it the same way)."""
         p = self._pending
         n = keys.height
-        if p is not None and not keys["le"].is_nan().any() and p.keys.equals(keys):
+        joinable = p is not None and not keys["le"].is_nan().any()  # NaN `le`: no key equals it in the dict
+        if joinable and p.keys.equals(keys):
             self._pending = None  # the same series in the same order: every row's previous value
             was_counter = (p.kinds == "counter") & (kinds != "counter")
             if was_counter.any():  # a series that was a counter stays one (as `ingest` keeps it)
                 self._counters.update(keys.filter(was_counter).iter_rows())
             return pl.repeat(p.ts, n, dtype=pl.Float64, eager=True), p.values.rename("prev_value")
-        joined = self._join_pending(p, keys, kinds) if p is not None and not keys["le"].is_nan().any() else None
+        joined = self._join_pending(p, keys, kinds) if joinable else None
         if joined is None:
             prev_ts = pl.Series("prev_ts", [None] * n, dtype=pl.Float64)
             prev_value = pl.Series("prev_value", [None] * n, dtype=pl.Float64)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from agent.collect.counter_math import histogram_quantile
+from agent.collect.counter_math import histogram_quantiles
 from agent.collect.tiers import cumulative_hit_ratios as _cumulative
 from agent.collect.tiers import derive_tiers, prompt_lookups
 from agent.collect.window import bucket_increases, bucket_shares, select, signal_rate, signal_values
@@ -32,7 +32,7 @@ class WindowReads:
     def ttft_quantiles(self, pod: str | None = None, model: str | None = None,
                        window_s: float | None = None, qs: Sequence[float] = QUANTILES) -> dict[float, float]:
         buckets = self.ttft_bucket_deltas(pod, model, window_s)
-        return {q: histogram_quantile(q, buckets) for q in qs}
+        return dict(zip(qs, histogram_quantiles(qs, buckets), strict=True))
 
     def hit_ratios(self, pod: str | None = None, model: str | None = None,
                    window_s: float | None = None) -> dict[str, float]:

@@ -11,8 +11,10 @@ with ok / MISSED against each target, then the worst over every run:
 
 - the GPU, CPU and L2 capacity curves (simulator/capacity/) of the rebuilt stream against the true
   one: the largest gap in hit ratio at every size of a 41-point grid up to the larger useful size
-  (target: within 0.02);
-- a twin replay's mean TTFT, rebuilt against true (target: within 5%);
+  (target: within 0.02). Both keep the pods that served each request, as the tuner's curves do
+  (tuners/planning/capacity_source.py);
+- a twin replay's mean TTFT, rebuilt against true, the rebuilt stream routed afresh as the
+  planner's trials replay it (target: within 5%);
 - requests: true, rebuilt from stores, synthesised from the counters;
 - throughput: block references per second, bare event decoding (msgspec, `decode_payload`) and
   decoding + recording + rebuilding, on one core, in the same run (target: >= 1 M refs/s);
@@ -47,6 +49,7 @@ from emulator.demo.deployment import demo_deployment
 from emulator.demo.scenarios import SCENARIOS, scenario
 from emulator.demo.sim_run import WORKLOADS, workload
 from simulator.capacity import tier_curves
+from simulator.records import observed_placement
 from simulator.replay import replay
 
 ALL = (*WORKLOADS, *SCENARIOS)
@@ -218,8 +221,9 @@ def run(name: str, seed: int, spec: RebuildSpec, shaped: bool = False) -> dict:
     decoded_refs = sum(len(e.hashes) for _pod, b in decoded for e in b.events if hasattr(e, "block_size"))
     del decoded
     true_curves = tier_curves(frame, cluster, knobs, run=truth)
-    re_run = replay(rebuilt, cluster, knobs)
-    re_curves = tier_curves(rebuilt, cluster, knobs, run=re_run)
+    re_run = replay(rebuilt, cluster, knobs)  # routed afresh, as the planner's trials replay it
+    placed = observed_placement(rebuilt, cluster.pods)  # as the tuner's capacity curves take it
+    re_curves = tier_curves(rebuilt, cluster, knobs, placement=placed)
     gaps = {t: curve_gap(true_curves[t], re_curves[t]) for t in ("gpu", "cpu", "l2")
             if true_curves[t].lookup_tokens or re_curves[t].lookup_tokens}
     ttft_true = float(truth.requests["ttft_s"].mean())
@@ -231,7 +235,7 @@ def run(name: str, seed: int, spec: RebuildSpec, shaped: bool = False) -> dict:
         "ttft_true": ttft_true, "ttft_re": ttft_re, "refs": refs, "gpu_refs": gpu_refs,
         "decoded_refs": decoded_refs, "t_decode": t_decode, "t_record": t_record, "t_rebuild": t_rebuild,
         "bytes": recorder.nbytes(), "span": span, "pods": cluster.pods, "chunk": knobs.chunk_tokens,
-        "outliers": window.outliers, "speed": speed,
+        "outliers": window.outliers, "speed": speed, "placed": placed is not None,
     }
 
 
@@ -278,7 +282,8 @@ def main() -> None:
             worst, err = max(o["gaps"].values(), default=0.0), o["ttft_re"] / o["ttft_true"] - 1.0
             print(f"| {name} | {seed} | {o['chunk']} | {o['requests']} ({o['stored']} + {o['synth']}) | {gap[0]} | "
                   f"{gap[1]} | {gap[2]} | {worst:.4f} {verdict(worst <= CURVE_TARGET)} | {o['ttft_true'] * 1000:.0f} -> "
-                  f"{o['ttft_re'] * 1000:.0f} ms ({err:+.1%}) {verdict(abs(err) <= TTFT_TARGET)} |", flush=True)
+                  f"{o['ttft_re'] * 1000:.0f} ms ({err:+.1%}) {verdict(abs(err) <= TTFT_TARGET)} |"
+                  + ("" if o["placed"] else " (no placement: curves routed)"), flush=True)
             print(f"  ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
     summary(rows)
     sp = rows[0]["speed"]

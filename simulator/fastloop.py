@@ -26,7 +26,7 @@ import polars as pl
 from simulator.counters import MissTotals
 from simulator.fastloop_tiers import LogTiers
 from simulator.policies import FIFO, LRU
-from simulator.router import PrefixAwareRouter, RoundRobinRouter, SessionRouter
+from simulator.router import PlacedRouter, PrefixAwareRouter, RoundRobinRouter, SessionRouter
 from simulator.tier_lookup import cpu_l2_runs
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def supports(twin: Twin) -> bool:
     """Whether `run` models this twin exactly (otherwise use `Twin._process`)."""
     if twin._sink is not None or twin._native:
         return False
-    if not isinstance(twin._router, (PrefixAwareRouter, RoundRobinRouter, SessionRouter)):
+    if not isinstance(twin._router, (PrefixAwareRouter, RoundRobinRouter, SessionRouter, PlacedRouter)):
         return False
     tiers = [p.gpu for p in twin._pods] + [p.cpu for p in twin._pods] + [twin._l2]
     return all(t is None or type(t) in _LOG_TYPES for t in tiers) and all(

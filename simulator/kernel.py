@@ -20,7 +20,7 @@ import numpy as np
 
 from simulator import fastloop
 from simulator.policies import LRU
-from simulator.router import PrefixAwareRouter, RoundRobinRouter
+from simulator.router import PlacedRouter, PrefixAwareRouter, RoundRobinRouter
 
 if TYPE_CHECKING:
     from simulator.twin import Twin
@@ -50,13 +50,23 @@ def supports(twin: Twin) -> bool:
     fresh_router = not isinstance(router, PrefixAwareRouter) or not any(router._seen)
     return (twin._now == 0.0 and not twin._heap and not any(twin._loads) and fresh_router
             and all(t is None or not len(t) for t in tiers) and all(p.free_at == 0.0 for p in twin._pods)
-            and (not isinstance(router, RoundRobinRouter) or router._next == 0))
+            and (not isinstance(router, (RoundRobinRouter, PlacedRouter)) or router._next == 0))
 
 
 def _session_pods(sessions: list[int | None], pods: int) -> np.ndarray:
     """SessionRouter's fixed pod per session id (-1: no session, the least-loaded pod)."""
     return np.array([-1 if s is None else ((((s & _MASK) * 0x9E3779B97F4A7C15) & _MASK) >> 32) % pods
                      for s in sessions], dtype=np.int64)
+
+
+def _fixed_pods(router, sessions: list[int | None], pods: int, total: int) -> np.ndarray:
+    """Each request's pod, for the routers that fix it before the run (-1: the least-loaded pod):
+    SessionRouter's per session id, PlacedRouter's as given (it must cover every request)."""
+    if isinstance(router, PlacedRouter):
+        if len(router.placement) < total:
+            raise ValueError(f"placement: covers {len(router.placement)} requests, not {total}")
+        return np.asarray(router.placement[:total], dtype=np.int64)
+    return _session_pods(sessions, pods)
 
 
 def _config(twin: Twin) -> tuple[np.ndarray, np.ndarray]:
@@ -109,8 +119,8 @@ def run(
     st, fst = np.zeros(16, np.int64), np.zeros(4, np.float64)
     loads, free_at = np.zeros(pods, np.int64), np.zeros(pods, np.float64)
     g_ev, c_ev = np.zeros(pods, np.int64), np.zeros(pods, np.int64)
-    sess = (_session_pods(sessions, pods) if icfg[core.I_ROUTER] == core.ROUTER_SESSION
-            else np.zeros(0, np.int64))
+    sess = _fixed_pods(twin._router, sessions, pods, total) if icfg[core.I_ROUTER] == core.ROUTER_SESSION \
+        else np.zeros(0, np.int64)
     out_i, out_f = np.empty((total, 10), np.int64), np.empty((total, 5), np.float64)
     args = (np.asarray(times, np.float64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), flat,
             offsets, colds, freshes, sess, cfg, icfg, tiers, mem, np.zeros(n_ids, np.int64), loads, free_at, heap,
@@ -129,6 +139,8 @@ def run(
     if total:
         twin._now = float(fst[core.FS_NOW])
     _write_back(twin, core, total > 0, tiers, mem, st, fst, loads, free_at, heap, g_ev, c_ev)
+    if isinstance(twin._router, PlacedRouter):
+        twin._router._next = total
     return out_i, out_f
 
 
@@ -143,6 +155,7 @@ def _write_back(twin: Twin, core, served: bool, tiers, mem, st, fst, loads, free
             seen.update(np.flatnonzero(mem[:, q]).tolist())
     elif isinstance(router, RoundRobinRouter):
         router._next = int(st[core.S_NEXT])
+
     tier_objs = [p.gpu for p in pods] + [p.cpu for p in pods] + [twin._l2]
     for t, tier in enumerate(tier_objs):
         if tier is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+import numpy as np
 import polars as pl
 
 WORKLOAD_SCHEMA: dict[str, pl.DataType] = {
@@ -14,6 +15,22 @@ WORKLOAD_SCHEMA: dict[str, pl.DataType] = {
     "session_id": pl.Int64(),  # null where the request belongs to no known session
     "phase": pl.Int32(),  # 0 for traces; the phase index of a synthetic schedule
 }
+
+# Optional, beside the schema: the pod (0-based, dense) that served each request, where a stream
+# observed on a fleet knows it (agent/kvevents/rebuild/layout.py). Replays route afresh; the
+# capacity curves of the stream as served take it (`observed_placement`).
+PLACEMENT_COLUMN = "served_by"
+
+
+def observed_placement(frame: pl.DataFrame, pods: int) -> np.ndarray | None:
+    """The frame's `PLACEMENT_COLUMN` as pod indices, when it has one that fits `pods` pods (no
+    nulls, every index below `pods`) and the frame is in arrival order; None otherwise."""
+    if PLACEMENT_COLUMN not in frame.columns or not frame.height or not frame["timestamp_ms"].is_sorted():
+        return None
+    col = frame[PLACEMENT_COLUMN]
+    if col.null_count() or int(col.min()) < 0 or int(col.max()) >= pods:
+        return None
+    return col.to_numpy().astype(np.int64)
 
 
 class WorkloadError(ValueError):

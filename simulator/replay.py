@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -192,15 +192,22 @@ def replay(
     progress: ProgressFn | None = None,
     event_sink: EventSink | None = None,
     streams: StreamCache | None = None,
+    placement: Sequence[int] | np.ndarray | None = None,
 ) -> ReplayResult:
     """Replay a workload frame (see `simulator.workload`) on a fresh twin. `streams`: keeps the
     frame's per-stream work (checked frame, columns, chunk hashes) for the next replay of the same
-    frame object, as the trials of a search do (`simulator.streams`); results are the same."""
+    frame object, as the trials of a search do (`simulator.streams`); results are the same.
+    `placement`: each request's pod (arrival order), replayed as observed instead of routed."""
     streams = streams if streams is not None else StreamCache()
     stream = streams.stream(workload)
     frame, times, prompts, outputs, sessions = (stream.frame, stream.times, stream.prompts, stream.outputs,
                                                 stream.sessions)
     twin = Twin(cluster, knobs, profile, event_sink=event_sink)
+    if placement is not None:
+        if len(placement) != len(times) or not workload["timestamp_ms"].is_sorted():
+            raise ValueError(f"placement: {len(placement)} pods for {len(times)} requests; it needs one per "
+                             "request of a workload in arrival order")
+        twin.place(placement)
     # hash values only matter to events: without a sink the twin runs on dense ids
     arrays = streams.chunks(workload, knobs.chunk_tokens, dense=event_sink is None)
     total = len(times)

@@ -127,6 +127,30 @@ class KvAwareRouter(Router):
         return min(range(self.pods), key=lambda p: (estimate(p), loads[p], p))
 
 
+class PlacedRouter(Router):
+    """Not a strategy: each request goes to the pod given for it, in arrival order (an observed
+    placement replayed as it happened, e.g. the pods that served a stream rebuilt from their KV
+    events). One pod per `choose` call; choosing past the end of the placement is an error."""
+
+    name = "placed"
+    needs_loads = False
+
+    def __init__(self, pods: int, settings: RouterSettings, placement: Sequence[int]) -> None:
+        super().__init__(pods, settings)
+        self.placement = [int(q) for q in placement]
+        bad = [q for q in self.placement if not 0 <= q < pods]
+        if bad:
+            raise ValueError(f"placement: pod index {bad[0]} outside the cluster's {pods} pods")
+        self._next = 0
+
+    def choose(self, chunks, session_id, loads, estimate, remembered=None) -> int:
+        i = self._next
+        if i >= len(self.placement):
+            raise ValueError(f"placement: request {i + 1} has no pod (the placement covers {len(self.placement)})")
+        self._next = i + 1
+        return self.placement[i]
+
+
 ROUTERS: dict[str, type[Router]] = {
     r.name: r for r in (RoundRobinRouter, SessionRouter, PrefixAwareRouter, KvAwareRouter)
 }

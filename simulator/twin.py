@@ -9,7 +9,7 @@ not model the window between arrival and the end of prefill). See docs/twin.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from heapq import heapify
 from itertools import takewhile
 from typing import Any
@@ -22,7 +22,7 @@ from simulator.counters import L2Totals, MissTotals, PodTotals, l2_metrics, pod_
 from simulator.policies import LRU, Policy, make_policy
 from simulator.profile import HardwareProfile, get_profile
 from simulator.records import Request, WorkloadError
-from simulator.router import Router, make_router
+from simulator.router import PlacedRouter, Router, make_router
 from simulator.tier_lookup import cpu_l2_runs
 from simulator.twin_step import step
 
@@ -171,6 +171,11 @@ class Twin:
         age out; every chunk counts as never seen again, as a real chunk-size change behaves.
         """
         self._configure(knobs, first=False)
+
+    def place(self, placement: Sequence[int]) -> None:
+        """Send the next requests to these pods, one each in arrival order, instead of routing them
+        (`PlacedRouter`: a placement observed on the fleet, replayed as it happened)."""
+        self._router = PlacedRouter(len(self._pods), self.cluster.router, placement)
 
     # -- pods ----------------------------------------------------------------------------------
     @property

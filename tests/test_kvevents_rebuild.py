@@ -25,7 +25,7 @@ from contracts.knobs import Knobs
 from emulator.cluster.kv_publisher import TwinEventPublisher, open_pod_publishers
 from simulator.chunking import BLOCK_TOKENS, chunk_hashes
 from simulator.cluster import ClusterSpec
-from simulator.records import WORKLOAD_SCHEMA, check_workload
+from simulator.records import PLACEMENT_COLUMN, WORKLOAD_SCHEMA, check_workload
 from simulator.synthetic import synthetic
 from simulator.twin import Twin
 
@@ -154,7 +154,12 @@ def test_rebuilt_frame_replays_the_same_chunks(chunk: int) -> None:
     r = rebuild(recorder.arrays("m"), -1.0, 1e6, join_s=1.0)
     assert _got(r) == _expected(sent, chunk)
     frame = to_frame(r, output_tokens=200)
-    assert frame.schema == pl.Schema(WORKLOAD_SCHEMA)
+    assert frame.schema == pl.Schema({**WORKLOAD_SCHEMA, PLACEMENT_COLUMN: pl.Int32()})
+    # each request keeps the engine that served it, numbered densely (one number per engine)
+    order = np.argsort(r.ts, kind="stable")
+    served = dict(zip(frame[PLACEMENT_COLUMN].to_list(), (r.engines[r.eng[i]] for i in order), strict=False))
+    assert sorted(served) == list(range(len(PODS)))
+    assert [served[q] for q in frame[PLACEMENT_COLUMN].to_list()] == [r.engines[r.eng[i]] for i in order]
     _ids, _offsets, tokens = block_ids(r, 16)
     assert (tokens == r.lengths * _announced(chunk)).all()
     # the rebuilt prompt's chunks are a renaming of the engine's blocks: equal exactly where they are equal

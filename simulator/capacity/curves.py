@@ -195,16 +195,19 @@ def _tier_pass(keys: np.ndarray, starts: np.ndarray, req: np.ndarray, counted: n
 
 def tier_curves(workload: pl.DataFrame, cluster: ClusterSpec, knobs: Knobs, *,
                 profile: HardwareProfile | str | None = None, run: ReplayResult | None = None,
-                sample_rate: float = 1.0) -> dict[str, TierCurve]:
+                sample_rate: float = 1.0, placement: np.ndarray | None = None) -> dict[str, TierCurve]:
     """The GPU, CPU and L2 curves of a workload under `knobs` (one pass per tier).
 
     `run`: a replay (or observed run) of this workload at `knobs` giving each request's pod and
-    its GPU and CPU hits; None replays it once. `sample_rate` < 1: SHARDS sampling of the keys
-    (fleet scale), hits rescaled; 1.0 is exact.
+    its GPU and CPU hits; None replays it once, routing each request, or sending it to its pod in
+    `placement` (the pods that served an observed stream: `simulator.records.observed_placement`).
+    `sample_rate` < 1: SHARDS sampling of the keys (fleet scale), hits rescaled; 1.0 is exact.
     """
+    if placement is not None and not workload["timestamp_ms"].is_sorted():
+        raise ValueError("placement: needs the workload in arrival order")
     frame = check_workload(workload)
     if run is None:
-        run = replay(frame, cluster, knobs, profile=profile)
+        run = replay(frame, cluster, knobs, profile=profile, placement=placement)
     c = knobs.chunk_tokens
     caps = run.capacities
     ids, offsets = _dense_chunks(frame, c)

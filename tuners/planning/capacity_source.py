@@ -1,6 +1,7 @@
 """Capacity candidates from the capacity curves, for the planner.
 
-Over the whole observed history (not a replay window), at the configuration in force:
+Over the whole observed history (not a replay window), at the configuration in force, with each
+request on the pod that served it where the history knows it (a stream rebuilt from KV events):
 - `cpu_candidates(current)`: the CPU curve's knee, the size where the next GiB buys less mean TTFT
   than the memory price, and the size from which every reuse hits, within the operator's headroom
   (priced by the planner's twin);
@@ -25,6 +26,7 @@ from simulator.capacity import TierCurve, capacity_candidates, knee_gib, tier_cu
 from simulator.capacity.table import curve_points
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
+from simulator.records import observed_placement
 from tuners.metrics import TunerMetrics
 from tuners.planning.planner import CapacitySource
 from tuners.space.limits import DeploymentLimits
@@ -54,7 +56,8 @@ class CurveCapacity:
         last_ts = int(frame["timestamp_ms"][-1]) if frame.height else 0
         key = (frame.height, last_ts, current)
         if key != self._key:
-            self.curves = tier_curves(frame, self.cluster, current, profile=self.profile)
+            self.curves = tier_curves(frame, self.cluster, current, profile=self.profile,
+                                      placement=observed_placement(frame, self.cluster.pods))
             self._key = key
             if self.metrics is not None:
                 self.metrics.set_capacity_curves(curve_points(self.curves, cap_gib={"cpu": self.headroom_gib}))

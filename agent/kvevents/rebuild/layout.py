@@ -25,7 +25,7 @@ import polars as pl
 from agent.kvevents.rebuild.chains import Rebuilt
 from agent.kvevents.rebuild.log import mix64
 from simulator.chunking import BLOCK_TOKENS
-from simulator.records import WORKLOAD_SCHEMA
+from simulator.records import PLACEMENT_COLUMN, WORKLOAD_SCHEMA
 
 TAIL_HASH_BASE = 1 << 62  # ids of partial last blocks: never shared, apart from every stored block
 TAIL_IDS = 64  # at most this many tail ids a request (a tail is under one engine block)
@@ -75,7 +75,8 @@ def covered(ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[
 
 def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, tails: np.ndarray | None = None
              ) -> pl.DataFrame:
-    """The rebuilt requests as a workload frame (arrival order; `timestamp_ms` from their ts).
+    """The rebuilt requests as a workload frame (arrival order; `timestamp_ms` from their ts), with
+    the engine that served each (`PLACEMENT_COLUMN`, engines numbered densely: each its own cache).
     `tails`: tokens added to each prompt past its whole blocks (an estimate: see history.py)."""
     if r.requests == 0:
         return pl.DataFrame(schema=WORKLOAD_SCHEMA)
@@ -98,5 +99,6 @@ def to_frame(r: Rebuilt, *, output_tokens: int, default_block: int = 16, tails: 
         "hash_ids": hash_col.cast(pl.List(pl.Int64())),
         "session_id": pl.Series([None] * r.requests, dtype=pl.Int64()),
         "phase": np.zeros(r.requests, dtype=np.int32),
-    }, schema=WORKLOAD_SCHEMA)
+        PLACEMENT_COLUMN: np.unique(r.eng, return_inverse=True)[1].astype(np.int32),
+    }, schema={**WORKLOAD_SCHEMA, PLACEMENT_COLUMN: pl.Int32()})
     return frame.sort("timestamp_ms", maintain_order=True)

@@ -92,3 +92,25 @@ def test_tierpilot_run_sets_the_collector_up_before_and_freezes_what_it_assemble
                          env={**os.environ, "HOME": str(tmp_path)}, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-2:] == ["True", "True"], out.stdout + out.stderr
+
+
+def test_the_emulated_demo_sets_the_agent_s_process_up_as_tierpilot_run_does(tmp_path):
+    """`tierpilot demo` runs the agent in its own process: the collector's thresholds are raised
+    before the loop starts (the loop itself is replaced here by a probe)."""
+    probe = textwrap.dedent("""
+        import gc, sys
+        import emulator.demo.loop as loop
+        from agent.cli import main
+        from agent.runtime.process import GC_THRESHOLDS
+        assert gc.get_threshold() != GC_THRESHOLDS
+        loop.run_demo = lambda settings: print("loop", gc.get_threshold() == GC_THRESHOLDS)
+        sys.argv = ["tierpilot", "demo", "--duration", "30", "--no-live", "--report-dir", sys.argv[1]]
+        try:
+            main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+    """)
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "report")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env={**os.environ, "HOME": str(tmp_path)}, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == ["loop", "True"], out.stdout + out.stderr

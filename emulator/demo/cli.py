@@ -85,8 +85,10 @@ def demo(engine: str, duration: float | None, pods: int, trace: Path | None, see
                                 live_view=wants_live_view(no_live, sys.stdout), pods_port=pods_port)
     except DemoSettingsError as exc:
         raise click.ClickException(str(exc)) from None
+    from agent.runtime.process import configure_process
     from emulator.demo.loop import run_demo
 
+    configure_process()  # the agent runs in this process: set it up as `tierpilot run` does
     try:
         run_demo(settings)
     except DemoSettingsError as exc:  # e.g. a --pods-port that is taken

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from emulator.engines.child import EngineError
+from emulator.engines.configmap_volume import project_configmap
 from emulator.engines.engine import EngineSpec, engine_command, engine_python
 from emulator.engines.images import deployment, engine_container, images
-from emulator.engines.kubelet import Kubelet, ProcessRuntime, project_configmap
+from emulator.engines.kubelet import Kubelet, ProcessRuntime
 from emulator.engines.podspec import (
     Image,
     PodInfo,
@@ -56,8 +58,15 @@ class FakeRuntime:
         self.live.add(pod)
         return pod
 
+    answering = True  # False: containers run but their readiness probe fails
+
     def wait_ready(self, handle):
+        if not self.answering:
+            raise EngineError(f"pod {handle} did not answer its readiness probe")
         return 0.0
+
+    def probe(self, handle):
+        return handle in self.live and self.answering
 
     def running(self, handle):
         return handle in self.live
@@ -223,6 +232,28 @@ def test_an_exited_process_is_started_again_and_deleted_deployments_stop(kube, k
     assert kubelet.pods["vllm"][0].restarts == 1
     kube.edit("Deployment", NS, "vllm", lambda o: o["spec"].update(replicas=0))
     assert [e.what for e in kubelet.sync()] == ["stopped"]
+
+
+def test_a_running_pod_that_was_not_ready_turns_ready_when_its_probe_answers_and_the_roll_goes_on(kube, kubelet):
+    kube.manual_rollout("Deployment", NS, "vllm")
+    kubelet.runtime.answering = False  # started, but slower to answer than the kubelet waits
+    kube.put(vllm_deployment(replicas=2))
+    assert [e.what for e in kubelet.sync()] == ["started", "unready", "started", "unready"]
+    assert [e.what for e in kubelet.sync()] == []  # still running, still not Ready: no restart
+    assert kube.get("Deployment", NS, "vllm")["status"].get("readyReplicas", 0) == 0
+    kubelet.runtime.answering = True
+    assert [e.what for e in kubelet.sync()] == ["ready", "ready"]
+    assert kube.get("Deployment", NS, "vllm")["status"]["readyReplicas"] == 2
+    ready = {c["type"]: c["status"] for p in kube.objects_of("Pod") for c in p["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    # a rollout whose first updated replica is slow to answer holds until it is Ready
+    kubelet.runtime.answering = False
+    kube.edit("Deployment", NS, "vllm", lambda o: o["spec"]["template"]["metadata"]["labels"].update(v="2"))
+    assert [e.what for e in kubelet.sync()] == ["stopped", "started", "unready"]
+    assert [e.what for e in kubelet.sync()] == []  # held: replica 1 keeps the old template
+    kubelet.runtime.answering = True
+    assert [e.what for e in kubelet.sync()] == ["ready", "stopped", "started"]
+    assert kube.get("Deployment", NS, "vllm")["status"]["readyReplicas"] == 2
 
 
 def test_env_composition_and_expansion_follow_the_kubelet():

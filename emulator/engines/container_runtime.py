@@ -18,6 +18,8 @@ class Runtime(Protocol):
 
     def wait_ready(self, handle: Any) -> float: ...
 
+    def probe(self, handle: Any) -> bool: ...
+
     def running(self, handle: Any) -> bool: ...
 
     def stop(self, handle: Any) -> None: ...
@@ -37,6 +39,10 @@ class PodProcess(ChildProcess):
     def _healthy(self) -> bool:
         return self.spec.ready_url is None or self.probe(self.spec.ready_url, 2.0) == 200
 
+    def ready(self) -> bool:
+        """One readiness probe: running, and its ready URL (if any) answers 200."""
+        return self.proc is not None and self.proc.poll() is None and self._healthy()
+
 
 class ProcessRuntime:
     """Containers as real process groups (logs in `scratch/<pod>.log`)."""
@@ -51,6 +57,9 @@ class ProcessRuntime:
 
     def wait_ready(self, handle: PodProcess) -> float:
         return handle.wait_healthy(self.ready_timeout_s)
+
+    def probe(self, handle: PodProcess) -> bool:
+        return handle.ready()
 
     def running(self, handle: PodProcess) -> bool:
         return handle.proc is not None and handle.proc.poll() is None

@@ -12,12 +12,13 @@ and args, the environment from env and envFrom, ConfigMap volumes as files). Eac
   line, wait until its readiness probe answers, then the next replica;
 - a replica whose process exited is started again (restartPolicy Always), after the kubelet's
   back-off once it keeps crashing (CrashLoopBackOff: kubelet_status.py); a replica is Ready once
-  its readiness probe answers, and an updated replica that is not Ready holds the roll (the
-  replicas still on the old template keep running);
+  its readiness probe answers (a running replica that is not Ready is probed again each pass),
+  and an updated replica that is not Ready holds the roll (the replicas still on the old template
+  keep running);
 - a pod with a ConfigMap volume whose ConfigMap does not exist (and is not `optional`) waits,
   not started (ContainerCreating, "MountVolume.SetUp failed"), until the ConfigMap appears;
 - a ConfigMap change rewrites the files of every pod that mounts it, atomically, as the kubelet
-  does (a `..data` symlink swapped to a new directory). A process that re-reads its file (the
+  does (a `..data` symlink swapped to a new directory: configmap_volume.py). A process that re-reads its file (the
   emulated Curvine master re-reads nothing: it reads its TOML at start) sees it; one that reads at
   start sees it at its next start, which is why a restart-requiring file change is paired with a
   pod-template annotation (the agent's config hash) that rolls the pods. Environment variables
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.engines.child import EngineError
+from emulator.engines.configmap_volume import project_configmap
 from emulator.engines.container_runtime import PodProcess, ProcessRuntime, Runtime
 from emulator.engines.kubelet_status import (
     BACKOFF_RESET_S,
@@ -87,28 +89,6 @@ class PodEvent:
     pod: str
     at: float
     reason: str = ""
-
-
-def project_configmap(target: Path, data: Mapping[str, str], stamp: str) -> None:
-    """The kubelet's atomic writer: keys as symlinks into `..data`, itself a symlink swapped at once."""
-    target.mkdir(parents=True, exist_ok=True)
-    fresh = target / f"..{stamp}"
-    fresh.mkdir()
-    for key, value in data.items():
-        (fresh / key).write_text(value)
-    tmp = target / "..data_tmp"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(fresh.name)
-    old = (target / "..data").resolve() if (target / "..data").is_symlink() else None
-    tmp.replace(target / "..data")
-    for key in data:
-        link = target / key
-        if not link.is_symlink():
-            link.symlink_to(f"..data/{key}")
-    if old is not None and old != fresh.resolve():
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
 
 
 class Kubelet:
@@ -213,8 +193,13 @@ class Kubelet:
         self._write_status(name, obj, replicas, want)
 
     def _keep_running(self, pod: Pod) -> None:
-        """restartPolicy Always: an exited container starts again, after the back-off."""
+        """restartPolicy Always: an exited container starts again, after the back-off. A running
+        container that is not Ready is probed again each pass, and turns Ready when it answers."""
         if pod.restart_at is None and self.runtime.running(pod.handle):
+            if not pod.ready and self.runtime.probe(pod.handle):
+                pod.ready = True
+                self._event("ready", pod.name, "the readiness probe succeeded")
+                self._publish_status(pod)
             return
         now = self.clock()
         if pod.restart_at is None:  # found exited
@@ -363,7 +348,7 @@ class Kubelet:
             log.debug("status of %s: %s", name, exc)
 
 
-__all__ = ["Kubelet", "Pod", "PodEvent", "PodProcess", "ProcessRuntime", "Runtime", "project_configmap"]
+__all__ = ["Kubelet", "Pod", "PodEvent", "PodProcess", "ProcessRuntime", "Runtime"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,12 +12,13 @@ from prometheus_client import CollectorRegistry
 from agent.k8s import stores, textconf
 from agent.k8s.api import ConflictError, ObjectRef, classify_api_error
 from agent.k8s.backoff import Backoff
+from agent.k8s.last_good import LastGood
 from agent.k8s.mapping import KNOB_NAMES, MappingError, load_mappings, parse_mappings
 from agent.k8s.metrics import ActuationCollector, ActuationMetrics
 from agent.k8s.reapply import Budget
 from agent.k8s.rollout import assess_deployment, assess_iec, assess_statefulset, wait_for_rollout
 from agent.k8s.settings import ActuationConfigError, load_settings, settings_from_mapping
-from agent.k8s.targets import LastGood, Target
+from agent.k8s.targets import Target
 from contracts.actuator import PermanentActuationError, RetriableActuationError, TargetGoneError
 from contracts.knobs import Knobs
 from tests.conftest import REPO_ROOT

@@ -14,13 +14,14 @@ from typing import Any
 from agent.k8s.api import KubeApi
 from agent.k8s.backoff import Backoff
 from agent.k8s.events import EventRecorder
+from agent.k8s.last_good import LastGood
 from agent.k8s.mapping import KindMapping, load_mappings
 from agent.k8s.metrics import ActuationMetrics
 from agent.k8s.patches import LAST_GOOD_ANNOTATION, annotations_patch
 from agent.k8s.reapply import ReapplyGuard
 from agent.k8s.rollout import ASSESSORS, wait_for_rollout
 from agent.k8s.settings import ActuationSettings
-from agent.k8s.targets import ENV_OF_FIELD, LastGood, Target, workload_hash
+from agent.k8s.targets import ENV_OF_FIELD, Target, workload_hash
 from agent.k8s.writes import Writer, Written, rolled
 from contracts.actuator import (
     ActuationError,

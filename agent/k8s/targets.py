@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +13,7 @@ from agent.k8s import stores, textconf
 from agent.k8s.api import ObjectRef
 from agent.k8s.envsources import EnvValue
 from agent.k8s.mapping import KindMapping, RefusedValue, Setting
-from agent.k8s.patches import CONFIG_HASH_ANNOTATION, LAST_GOOD_ANNOTATION, Patch, resolve
+from agent.k8s.patches import CONFIG_HASH_ANNOTATION, Patch, resolve
 from agent.k8s.settings import ActuationSettings, TargetSpec
 from contracts.actuator import PermanentActuationError, RefusedConfigError
 from contracts.knobs import Knobs
@@ -23,7 +22,6 @@ SESSION_KEY = "session_key"
 # The actuator attaches to an `overridden_by_env` target's object what the containers of its restart
 # workloads set: {workload: {container: {variable: envsources.EnvValue}}} (envsources.workload_env).
 ENV_OF_FIELD = "x-tierpilot-restart-env"
-LAST_GOOD_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,37 +374,3 @@ class Target:
 
 def workload_hash(obj: Mapping[str, Any]) -> str | None:
     return resolve(obj, "/spec/template/metadata/annotations", {}).get(CONFIG_HASH_ANNOTATION)
-
-
-# -- the last-good record -----------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class LastGood:
-    """What `tierpilot.io/last-good` holds on one target: the knobs and the exact tokens that
-    expressed them there (plus the restart workloads' config-hash annotations)."""
-
-    knobs: Knobs
-    tokens: Mapping[str, str | None]
-    restart: Mapping[str, str | None]
-    marked_at: str
-    by: str
-
-    def to_json(self) -> str:
-        return json.dumps({"v": LAST_GOOD_VERSION, "knobs": self.knobs.to_dict(), "tokens": dict(self.tokens),
-                           "restart": dict(self.restart), "markedAt": self.marked_at, "by": self.by},
-                          sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str, *, where: str) -> LastGood:
-        try:
-            data = json.loads(text)
-            return cls(knobs=Knobs.from_mapping(data["knobs"], source=f"{where} {LAST_GOOD_ANNOTATION}"),
-                       tokens=dict(data["tokens"]), restart=dict(data.get("restart") or {}),
-                       marked_at=str(data.get("markedAt", "")), by=str(data.get("by", "")))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PermanentActuationError(f"{where}: annotation {LAST_GOOD_ANNOTATION} is unreadable: {exc}") from None
-
-    @classmethod
-    def from_object(cls, obj: Mapping[str, Any], *, where: str) -> LastGood | None:
-        text = (obj.get("metadata", {}).get("annotations") or {}).get(LAST_GOOD_ANNOTATION)
-        return None if text is None else cls.from_json(text, where=where)

@@ -18,7 +18,7 @@ from emulator.cluster.curvine_config import quota_from_toml
 from emulator.cluster.curvine_quota import QuotaError
 from tests.support.kube import NS, FakeTime, actuator_for, configmap, deployment, serve
 from tuners.space import SearchSpace
-from tuners.space_modes import follow_deployment
+from tuners.space.modes import follow_deployment
 
 GIB = 1 << 30
 # as vLLM's docs and the project's engine launcher write it: compact, with keys the agent does not own

@@ -16,7 +16,7 @@ from tuners.planning.capacity_source import HeadroomCapacity
 from tuners.planning.horizon import RegimeHorizon, estimate_horizon
 from tuners.planning.planner import decide, price
 from tuners.space import CandidateError, DeploymentLimits, SearchSpace
-from tuners.space_modes import follow_deployment
+from tuners.space.modes import follow_deployment
 
 
 def names(space: SearchSpace) -> list[str]:

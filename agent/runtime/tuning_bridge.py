@@ -38,7 +38,7 @@ from agent.settings import DriftSection
 from contracts.knobs import Knobs
 from tuners.objective import TtftObservations
 from tuners.space import WATERMARKS_PARAM, SearchSpace
-from tuners.space_modes import follow_deployment
+from tuners.space.modes import follow_deployment
 
 LONG_PROMPT_TOKENS = DriftSection.model_fields["long_prompt_tokens"].default  # the schema's (tuner.drift)
 # The unified signals (agent/collect/mapping.py) behind PodCounters' three fields:
@@ -202,7 +202,7 @@ def restrict_space(space: SearchSpace, tunable: Iterable[str], fixed: Knobs, *,
     """Keep the dimensions whose knobs are all in `tunable`; every other knob takes its value
     from `fixed` (what the cluster runs), so a candidate never asks for an unowned change. With the
     actuator's `accepted` values and `coupled` knobs, the space follows the deployment mode
-    (`tuners.space_modes.follow_deployment`): only values the targets can express, coupled knobs as one
+    (`tuners.space.modes.follow_deployment`): only values the targets can express, coupled knobs as one
     dimension."""
     space = dataclasses.replace(space, fixed=fixed)
     if accepted or coupled:

@@ -9,8 +9,10 @@ replaces the writes:
   kubectl's own semantics), so every patch the agent sends is checked against kubectl. A failed
   JSON Patch `test` becomes HTTP 422 (as kube-apiserver answers), strategic merge on a custom
   resource HTTP 415; `?dryRun=All` computes and returns the result without storing it.
-- resourceVersion on every write, metadata.generation on spec changes, 409 on a stale PUT;
-  a LIST answers `<Kind>List` with its apiVersion, as kube-apiserver does (kubectl needs both).
+- resourceVersion on every write, metadata.generation on spec changes, creationTimestamp once,
+  409 on a stale PUT; a LIST answers `<Kind>List` with its apiVersion, as kube-apiserver does
+  (kubectl needs both), and a GET that asks for a Table (`kubectl get` without -o) gets
+  kube-apiserver's columns (kube_tables.py).
 - Custom resources can be validated against a schema (`schemas`: plural -> a jsonschema
   validator; HTTP 422).
 - A rollout controller completes Deployment / StatefulSet / IEC status after a spec change
@@ -26,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import datetime as dt
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -41,6 +45,8 @@ import aiohttp.web
 import attrs
 import kmock
 from kmock._internal import rendering
+
+from emulator.cluster.kube_tables import table, wants_table
 
 KIND_RESOURCES: dict[str, tuple[str, str, str]] = {
     "Deployment": ("apps", "v1", "deployments"),
@@ -53,6 +59,7 @@ KIND_RESOURCES: dict[str, tuple[str, str, str]] = {
     "InferenceEndpointConfig": ("inference.sagemaker.aws.amazon.com", "v1", "inferenceendpointconfigs"),
 }
 WORKLOADS = ("deployments", "statefulsets", "inferenceendpointconfigs")
+TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"
 LIST_KINDS = {plural: f"{kind}List" for kind, (_group, _version, plural) in KIND_RESOURCES.items()}
 
 
@@ -113,12 +120,16 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
     rollout: dict[tuple[str, str, str], str] = attrs.field(factory=dict)  # (plural, ns, name) -> auto|manual
     log: list[dict[str, Any]] = attrs.field(factory=list)
     watch_faults: dict[int, Fault] = attrs.field(factory=dict)
+    wall: Callable[[], float] = attrs.field(default=time.time)  # creationTimestamp, and AGE in tables
     _rv: int = attrs.field(default=1000)
 
     # -- helpers --
     def _next_rv(self) -> str:
         self._rv += 1
         return str(self._rv)
+
+    def _now(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.wall(), dt.UTC)
 
     def take_fault(self, method: str, plural: str | None, name: str | None) -> Fault | None:
         for fault in self.faults:
@@ -138,7 +149,10 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
     async def store(self, resource: Any, obj: dict[str, Any], event: str) -> dict[str, Any]:
         key = (resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
         obj["metadata"]["resourceVersion"] = self._next_rv()
-        if key in self._objects and not self._objects[key].deleted:
+        live = self._live(key)
+        created = (live or {}).get("metadata", {}).get("creationTimestamp") or self._now().strftime(TIMESTAMP)
+        obj["metadata"].setdefault("creationTimestamp", created)  # set once, kept by every update
+        if live is not None:
             self._objects[key].history.append(obj)
         else:
             self._objects[key] = obj
@@ -209,10 +223,23 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(await self._put(request))
         if method == "POST" and not request.name:
             return aiohttp.web.json_response(await self._create(request), status=201)
+        if method == "GET" and wants_table(request.headers.get("Accept", "")):
+            return aiohttp.web.json_response(self._table(request))
         if method == "GET" and not request.name and request.resource is not None \
                 and request.resource.plural in LIST_KINDS:
             return aiohttp.web.json_response(self._list(request))
         return await super()._handle(request)
+
+    def _table(self, request: rendering.Request) -> dict[str, Any]:
+        """`kubectl get` without -o: the objects as kube-apiserver prints them (kube_tables.py)."""
+        if request.name:
+            live = self._live(self._key(request))
+            if live is None:
+                raise _status(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            items = [live]
+        else:
+            items = self._list(request)["items"]
+        return table(request.resource.plural, items, str(self._rv), self._now())
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
         fault = self.watch_faults.pop(id(request), None)

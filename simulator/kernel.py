@@ -155,7 +155,6 @@ def _write_back(twin: Twin, core, served: bool, tiers, mem, st, fst, loads, free
             seen.update(np.flatnonzero(mem[:, q]).tolist())
     elif isinstance(router, RoundRobinRouter):
         router._next = int(st[core.S_NEXT])
-
     tier_objs = [p.gpu for p in pods] + [p.cpu for p in pods] + [twin._l2]
     for t, tier in enumerate(tier_objs):
         if tier is not None:

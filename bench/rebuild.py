@@ -223,7 +223,7 @@ def run(name: str, seed: int, spec: RebuildSpec, shaped: bool = False) -> dict:
     true_curves = tier_curves(frame, cluster, knobs, run=truth)
     re_run = replay(rebuilt, cluster, knobs)  # routed afresh, as the planner's trials replay it
     placed = observed_placement(rebuilt, cluster.pods)  # as the tuner's capacity curves take it
-    re_curves = tier_curves(rebuilt, cluster, knobs, placement=placed)
+    re_curves = tier_curves(rebuilt, cluster, knobs)
     gaps = {t: curve_gap(true_curves[t], re_curves[t]) for t in ("gpu", "cpu", "l2")
             if true_curves[t].lookup_tokens or re_curves[t].lookup_tokens}
     ttft_true = float(truth.requests["ttft_s"].mean())

@@ -8,7 +8,6 @@ from simulator.capacity import TierCurve, tier_curves
 from simulator.capacity.table import curve_points
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile, get_profile
-from simulator.records import observed_placement
 from tuners.metrics import TunerMetrics
 
 
@@ -22,6 +21,6 @@ def publish_capacity_curves(metrics: TunerMetrics, history: pl.DataFrame, cluste
     if history.height == 0:
         return None
     prof = get_profile(profile) if profile is not None else cluster.hardware
-    curves = tier_curves(history, cluster, knobs, profile=prof, placement=observed_placement(history, cluster.pods))
+    curves = tier_curves(history, cluster, knobs, profile=prof)
     metrics.set_capacity_curves(curve_points(curves, cap_gib={"cpu": prof.host_memory_gib}, points=points))
     return curves

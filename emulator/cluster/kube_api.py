@@ -149,9 +149,9 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
     async def store(self, resource: Any, obj: dict[str, Any], event: str) -> dict[str, Any]:
         key = (resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
         obj["metadata"]["resourceVersion"] = self._next_rv()
-        live = self._live(key)
-        created = (live or {}).get("metadata", {}).get("creationTimestamp") or self._now().strftime(TIMESTAMP)
-        obj["metadata"].setdefault("creationTimestamp", created)  # set once, kept by every update
+        live = self._objects[key] if key in self._objects and not self._objects[key].deleted else None
+        created = live.raw["metadata"].get("creationTimestamp") if live is not None else None
+        obj["metadata"].setdefault("creationTimestamp", created or self._now().strftime(TIMESTAMP))  # kept by updates
         if live is not None:
             self._objects[key].history.append(obj)
         else:

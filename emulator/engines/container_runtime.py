@@ -39,10 +39,6 @@ class PodProcess(ChildProcess):
     def _healthy(self) -> bool:
         return self.spec.ready_url is None or self.probe(self.spec.ready_url, 2.0) == 200
 
-    def ready(self) -> bool:
-        """One readiness probe: running, and its ready URL (if any) answers 200."""
-        return self.proc is not None and self.proc.poll() is None and self._healthy()
-
 
 class ProcessRuntime:
     """Containers as real process groups (logs in `scratch/<pod>.log`)."""
@@ -59,7 +55,8 @@ class ProcessRuntime:
         return handle.wait_healthy(self.ready_timeout_s)
 
     def probe(self, handle: PodProcess) -> bool:
-        return handle.ready()
+        """One readiness probe: running, and its ready URL (if any) answers 200."""
+        return self.running(handle) and handle._healthy()
 
     def running(self, handle: PodProcess) -> bool:
         return handle.proc is not None and handle.proc.poll() is None

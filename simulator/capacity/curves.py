@@ -31,7 +31,7 @@ from simulator.chunking import chunk_hash_array
 from simulator.cluster import ClusterSpec
 from simulator.models import GIB
 from simulator.profile import HardwareProfile
-from simulator.records import check_workload
+from simulator.records import check_workload, observed_placement
 from simulator.replay import ReplayResult, replay
 
 TIERS: tuple[str, ...] = ("gpu", "cpu", "l2")
@@ -199,15 +199,17 @@ def tier_curves(workload: pl.DataFrame, cluster: ClusterSpec, knobs: Knobs, *,
     """The GPU, CPU and L2 curves of a workload under `knobs` (one pass per tier).
 
     `run`: a replay (or observed run) of this workload at `knobs` giving each request's pod and
-    its GPU and CPU hits; None replays it once, routing each request, or sending it to its pod in
-    `placement` (the pods that served an observed stream: `simulator.records.observed_placement`).
+    its GPU and CPU hits; None replays it once, sending each request to its pod in `placement`,
+    by default the pods that served an observed stream (`simulator.records.observed_placement`: a
+    frame rebuilt from KV events knows them), else routing it.
     `sample_rate` < 1: SHARDS sampling of the keys (fleet scale), hits rescaled; 1.0 is exact.
     """
-    if placement is not None and not workload["timestamp_ms"].is_sorted():
-        raise ValueError("placement: needs the workload in arrival order")
     frame = check_workload(workload)
     if run is None:
-        run = replay(frame, cluster, knobs, profile=profile, placement=placement)
+        if placement is None:
+            placement = observed_placement(workload, cluster.pods)
+        # the frame as given: a placement follows its order, which replay checks
+        run = replay(workload, cluster, knobs, profile=profile, placement=placement)
     c = knobs.chunk_tokens
     caps = run.capacities
     ids, offsets = _dense_chunks(frame, c)

@@ -26,7 +26,6 @@ from simulator.capacity import TierCurve, capacity_candidates, knee_gib, tier_cu
 from simulator.capacity.table import curve_points
 from simulator.cluster import ClusterSpec
 from simulator.profile import HardwareProfile
-from simulator.records import observed_placement
 from tuners.metrics import TunerMetrics
 from tuners.planning.planner import CapacitySource
 from tuners.space.limits import DeploymentLimits
@@ -56,8 +55,7 @@ class CurveCapacity:
         last_ts = int(frame["timestamp_ms"][-1]) if frame.height else 0
         key = (frame.height, last_ts, current)
         if key != self._key:
-            self.curves = tier_curves(frame, self.cluster, current, profile=self.profile,
-                                      placement=observed_placement(frame, self.cluster.pods))
+            self.curves = tier_curves(frame, self.cluster, current, profile=self.profile)
             self._key = key
             if self.metrics is not None:
                 self.metrics.set_capacity_curves(curve_points(self.curves, cap_gib={"cpu": self.headroom_gib}))
